@@ -1,0 +1,44 @@
+# Thin wrapper over CMake + CTest + pytest.
+#   make run        build, then run the main job on the built-in default
+#   make test       build, then run every test (C tests through CTest, Python oracles through pytest)
+#   make test SAN=1 the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make bench      every benchmark
+SAN ?= 0
+JOBS ?= $(shell nproc)
+ifeq ($(SAN),1)
+BUILD ?= build-san
+CMAKE_FLAGS += -DDSV4_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+SAN_ENV = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1
+else
+BUILD ?= build
+CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=Release
+SAN_ENV =
+endif
+PYTEST_ARGS ?=
+
+.PHONY: all deps build run test test-c test-py bench clean
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/dsv4 info
+	./$(BUILD)/dsv4 bench formats --quick
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python $(SAN_ENV) \
+	  python3 -m pytest -q tests/python $(PYTEST_ARGS)
+
+bench: build
+	./$(BUILD)/dsv4 bench formats
+
+clean:
+	rm -rf build build-san

@@ -1,0 +1,95 @@
+#include "bench.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void *bench_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64)) return NULL;
+    return p;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void bench_fill_random_f32(float *x, size_t n, uint64_t seed, float scale)
+{
+    for (size_t i = 0; i < n; i++) x[i] = scale * ((float)(splitmix(&seed) >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f);
+}
+
+void bench_fill_random_u8(uint8_t *x, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (uint8_t)(splitmix(&seed) >> 56);
+}
+
+double bench_read_bandwidth(size_t bytes, int threads, int reps)
+{
+    size_t n = bytes / sizeof(uint64_t);
+    uint64_t *a = bench_alloc(n * sizeof(uint64_t));
+    if (!a) return 0.0;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; i++) a[i] = i * 2654435761u;
+    double best = 0.0;
+    volatile uint64_t sink = 0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t acc = 0;
+        double t0 = bench_now();
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(^ : acc)
+        for (size_t i = 0; i < n; i++) acc ^= a[i];
+        double dt = bench_now() - t0;
+        sink ^= acc;
+        double gbs = (double)(n * sizeof(uint64_t)) / dt * 1e-9;
+        if (gbs > best) best = gbs;
+    }
+    (void)sink;
+    free(a);
+    return best;
+}
+
+int bench_opt_int(int argc, char **argv, const char *name, int dflt)
+{
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], name)) return atoi(argv[i + 1]);
+    return dflt;
+}
+
+int bench_opt_flag(int argc, char **argv, const char *name)
+{
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], name)) return 1;
+    return 0;
+}
+
+const char *bench_opt_str(int argc, char **argv, const char *name, const char *dflt)
+{
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], name)) return argv[i + 1];
+    return dflt;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}

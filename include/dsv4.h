@@ -1,0 +1,15 @@
+/* libdsv4 — DeepSeek-V4 inference in C.
+ *
+ * The public API. Every function returns a dsv4_status; on failure dsv4_last_error() holds a
+ * readable, thread-local message and no output has been written. Sizes are explicit, tensors are
+ * non-owning views (dsv4/tensor.h), engines and contexts are opaque handles.
+ *
+ * Families of operations each have a header under dsv4/; this one includes them all. */
+#ifndef DSV4_H
+#define DSV4_H
+
+#include "dsv4/core.h"
+#include "dsv4/formats.h"
+#include "dsv4/tensor.h"
+
+#endif

@@ -1,0 +1,71 @@
+/* Status codes, error messages, execution contexts and backend selection. */
+#ifndef DSV4_CORE_H
+#define DSV4_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DSV4_API __attribute__((visibility("default")))
+#else
+#define DSV4_API
+#endif
+
+typedef enum dsv4_status {
+    DSV4_OK = 0,
+    DSV4_ERR_INVALID_ARG = 1, /* null pointer, bad enum, bad option */
+    DSV4_ERR_SHAPE = 2,       /* shapes disagree with the contract */
+    DSV4_ERR_DTYPE = 3,       /* wrong element type */
+    DSV4_ERR_STRIDE = 4,      /* layout the kernel cannot consume (strides, alignment) */
+    DSV4_ERR_RANGE = 5,       /* index or value out of its allowed range */
+    DSV4_ERR_NO_MEMORY = 6,   /* allocation failed (never inside a hot path) */
+    DSV4_ERR_CAPACITY = 7,    /* a fixed-size pool (e.g. KV pages) is exhausted */
+    DSV4_ERR_IO = 8,          /* file cannot be opened / read / mapped */
+    DSV4_ERR_FORMAT = 9,      /* malformed or hostile file contents */
+    DSV4_ERR_UNSUPPORTED = 10,/* valid request the selected backend / build cannot do */
+    DSV4_ERR_BACKEND = 11,    /* the backend (e.g. the CUDA runtime) reported a failure */
+    DSV4_ERR_NOT_FOUND = 12   /* named thing (backend, tensor, file) does not exist */
+} dsv4_status;
+
+/* Message of the last failure on this thread ("" if none). Valid until the next failing call. */
+DSV4_API const char *dsv4_last_error(void);
+DSV4_API const char *dsv4_status_name(dsv4_status status);
+DSV4_API void dsv4_clear_error(void);
+DSV4_API const char *dsv4_version(void);
+
+/* ---- execution context -------------------------------------------------------------------
+ * A context names the backend that runs the ops and how many CPU threads they may use.
+ * Passing NULL as a context means the default one: backend from $DSV4_BACKEND (else "cpu"),
+ * threads from $DSV4_THREADS (else all cores). Results never depend on the thread count. */
+typedef struct dsv4_ctx dsv4_ctx;
+
+typedef struct dsv4_ctx_options {
+    const char *backend; /* NULL: $DSV4_BACKEND or "cpu" */
+    int threads;         /* 0: $DSV4_THREADS or all cores */
+    int device;          /* device ordinal for accelerator backends */
+} dsv4_ctx_options;
+
+DSV4_API dsv4_status dsv4_ctx_create(const dsv4_ctx_options *options, dsv4_ctx **out);
+DSV4_API void dsv4_ctx_destroy(dsv4_ctx *ctx);
+DSV4_API const char *dsv4_ctx_backend_name(const dsv4_ctx *ctx);
+DSV4_API int dsv4_ctx_threads(const dsv4_ctx *ctx);
+
+/* Registered backends, in registration order ("cpu", "cpu-ref", and "cuda" when built with it). */
+DSV4_API int dsv4_backend_count(void);
+DSV4_API const char *dsv4_backend_name(int index);
+/* DSV4_OK if the backend can run here (e.g. a CUDA device is present), else why not. */
+DSV4_API dsv4_status dsv4_backend_available(const char *name);
+
+/* CPU facts for `dsv4 info`: the instruction sets found and the one the cpu backend uses. */
+DSV4_API const char *dsv4_cpu_features(void);
+DSV4_API const char *dsv4_cpu_isa(void);
+DSV4_API int dsv4_default_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,134 @@
+"""ctypes plumbing shared by every module of the binding: library loading, errors, contexts and
+tensor views over numpy arrays. Nothing here is DeepSeek-specific."""
+import ctypes
+import os
+import pathlib
+
+import numpy as np
+
+MAX_DIMS = 5
+
+# dsv4_dtype (include/dsv4/tensor.h)
+F32, BF16, F8_E4M3, E8M0, FP4X2, I32, I64, U8 = range(8)
+
+_NUMPY_KINDS = {
+    F32: np.float32, BF16: np.uint16, F8_E4M3: np.uint8, E8M0: np.uint8, FP4X2: np.uint8,
+    I32: np.int32, I64: np.int64, U8: np.uint8,
+}
+
+
+class DSV4Error(ValueError):
+    """A failed libdsv4 call; `status` is the dsv4_status code, the message is the library's."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _find_library():
+    env = os.environ.get("DSV4_LIB")
+    if env:
+        return env
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for cand in (root / "build" / "libdsv4.so", root / "build-san" / "libdsv4.so"):
+        if cand.exists():
+            return str(cand)
+    raise OSError("libdsv4.so not found: run `make` first or set DSV4_LIB")
+
+
+lib = ctypes.CDLL(_find_library())
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("stride", ctypes.c_int64 * MAX_DIMS),
+        ("device", ctypes.c_int),
+        ("device_index", ctypes.c_int32),
+    ]
+
+
+class CtxOptions(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_char_p), ("threads", ctypes.c_int), ("device", ctypes.c_int)]
+
+
+lib.dsv4_last_error.restype = ctypes.c_char_p
+lib.dsv4_backend_name.restype = ctypes.c_char_p
+lib.dsv4_ctx_backend_name.restype = ctypes.c_char_p
+lib.dsv4_cpu_isa.restype = ctypes.c_char_p
+lib.dsv4_cpu_features.restype = ctypes.c_char_p
+lib.dsv4_ctx_create.argtypes = [ctypes.POINTER(CtxOptions), ctypes.POINTER(ctypes.c_void_p)]
+lib.dsv4_ctx_destroy.argtypes = [ctypes.c_void_p]
+
+
+def check(status):
+    if status != 0:
+        raise DSV4Error(status, lib.dsv4_last_error().decode("utf-8", "replace"))
+
+
+_contexts = {}
+
+
+def ctx(backend=None, threads=None):
+    """A cached library context for (backend, threads); None means the library default."""
+    if backend is None and threads is None:
+        return None
+    key = (backend, threads or 0)
+    c = _contexts.get(key)
+    if c is None:
+        opts = CtxOptions(backend.encode() if backend else None, threads or 0, 0)
+        handle = ctypes.c_void_p()
+        check(lib.dsv4_ctx_create(ctypes.byref(opts), ctypes.byref(handle)))
+        c = _contexts[key] = handle
+    return c
+
+
+def backends():
+    return [lib.dsv4_backend_name(i).decode() for i in range(lib.dsv4_backend_count())]
+
+
+def tensor(arr, dtype, shape=None):
+    """A dsv4_tensor view of a numpy array (no copy). `dtype` is the library dtype; the numpy
+    array must have the matching item size. Strides must be non-negative whole elements."""
+    if not isinstance(arr, np.ndarray):
+        raise DSV4Error(1, f"expected a numpy array, got {type(arr).__name__}")
+    want = np.dtype(_NUMPY_KINDS[dtype])
+    if arr.dtype.itemsize != want.itemsize or arr.dtype.kind != want.kind:
+        raise DSV4Error(3, f"array dtype {arr.dtype} does not hold {_dtype_name(dtype)} (expected {want})")
+    if arr.ndim > MAX_DIMS:
+        raise DSV4Error(2, f"{arr.ndim} dims; at most {MAX_DIMS}")
+    t = Tensor()
+    t.data = arr.ctypes.data if arr.size else None
+    t.dtype = dtype
+    t.ndim = arr.ndim
+    for i in range(arr.ndim):
+        st = arr.strides[i]
+        if st < 0 or st % arr.itemsize:
+            raise DSV4Error(4, f"stride {st} bytes of dim {i} is negative or not a whole element")
+        t.shape[i] = arr.shape[i]
+        t.stride[i] = st // arr.itemsize
+    return t
+
+
+def _dtype_name(d):
+    return ["f32", "bf16", "f8_e4m3", "e8m0", "fp4x2", "i32", "i64", "u8"][d]
+
+
+def as_array(x, np_dtype, name):
+    """Accept anything array-like of the right numpy dtype without silently changing bits."""
+    a = np.asarray(x)
+    if a.dtype != np.dtype(np_dtype):
+        if np.dtype(np_dtype).kind == "f" and a.dtype.kind in "fiu" and a.dtype != np.float64 or (
+            np.dtype(np_dtype) == np.float32 and a.dtype == np.float64
+        ):
+            a = a.astype(np_dtype)
+        else:
+            raise DSV4Error(3, f"{name}: expected {np.dtype(np_dtype)}, got {a.dtype}")
+    return a
+
+
+def ptr(a):
+    return ctypes.c_void_p(a.ctypes.data if a.size else 0)

@@ -1,0 +1,83 @@
+/* AVX2 format kernels; bit-identical to the scalar reference. FP4 paths stay scalar here. */
+#include "backends/cpu/cpu_formats.h"
+#include "backends/cpu/simd_avx2.h"
+#include "formats/codec.h"
+
+static void encode_span(dsv4_scalar_format fmt, const float *x, int64_t n, void *codes)
+{
+    int64_t i = 0;
+    if (fmt == DSV4_FMT_E4M3) {
+        uint8_t *o = codes;
+        for (; i + 8 <= n; i += 8) _mm_storel_epi64((__m128i *)(o + i), v256_e4m3_encode(_mm256_loadu_ps(x + i)));
+    } else if (fmt == DSV4_FMT_BF16) {
+        uint16_t *o = codes;
+        for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(o + i), v256_bf16_encode(_mm256_loadu_ps(x + i)));
+    }
+    size_t cs = fmt == DSV4_FMT_BF16 ? 2 : 1;
+    dsv4_ref_encode_span(fmt, x + i, n - i, (char *)codes + (size_t)i * cs);
+}
+
+static void decode_span(dsv4_scalar_format fmt, const void *codes, int64_t n, float *x)
+{
+    int64_t i = 0;
+    if (fmt == DSV4_FMT_E4M3) {
+        const uint8_t *c = codes;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, v256_e4m3_decode(c + i));
+    } else if (fmt == DSV4_FMT_BF16) {
+        const uint16_t *c = codes;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, v256_bf16_decode(c + i));
+    }
+    size_t cs = fmt == DSV4_FMT_BF16 ? 2 : 1;
+    dsv4_ref_decode_span(fmt, (const char *)codes + (size_t)i * cs, n - i, x + i);
+}
+
+static float hmax256(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+static void quantize_row(dsv4_qrule rule, const float *x, int64_t k, uint8_t *codes, uint8_t *scales)
+{
+    const dsv4_qrule_params *p = &dsv4_qrules[rule];
+    if (p->fp4) { dsv4_ref_quantize_row(rule, x, k, codes, scales); return; }
+    const int g = p->group;
+    const __m256 absmask = _mm256_castsi256_ps(V256_I(0x7FFFFFFF));
+    for (int64_t b = 0; b < k / g; b++) {
+        const float *xb = x + b * g;
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < g; i += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + i), absmask), m);
+        int e = dsv4_qrule_exponent(p, hmax256(m));
+        __m256 inv = _mm256_set1_ps(dsv4_pow2f(-e));
+        for (int i = 0; i < g; i += 8)
+            _mm_storel_epi64((__m128i *)(codes + b * g + i), v256_e4m3_encode(_mm256_mul_ps(_mm256_loadu_ps(xb + i), inv)));
+        scales[b] = (uint8_t)(e + 127);
+    }
+}
+
+static void dequantize_row(dsv4_qrule rule, const uint8_t *codes, const uint8_t *scales, int64_t k, float *x)
+{
+    const dsv4_qrule_params *p = &dsv4_qrules[rule];
+    if (p->fp4) { dsv4_ref_dequantize_row(rule, codes, scales, k, x); return; }
+    for (int64_t b = 0; b < k / p->group; b++) {
+        __m256 s = _mm256_set1_ps(dsv4_e8m0_to_f32(scales[b]));
+        for (int i = 0; i < p->group; i += 8) {
+            int64_t j = b * p->group + i;
+            _mm256_storeu_ps(x + j, _mm256_mul_ps(v256_e4m3_decode(codes + j), s));
+        }
+    }
+}
+
+static void dequant_fp8_b128_row(const uint8_t *w, int64_t k, const uint8_t *srow, int64_t ss1, float *out)
+{
+    int64_t j = 0;
+    for (; j + 8 <= k; j += 8)
+        _mm256_storeu_ps(out + j, _mm256_mul_ps(v256_e4m3_decode(w + j), _mm256_set1_ps(dsv4_e8m0_to_f32(srow[(j / 128) * ss1]))));
+    for (; j < k; j++) out[j] = dsv4_e4m3_to_f32(w[j]) * dsv4_e8m0_to_f32(srow[(j / 128) * ss1]);
+}
+
+const dsv4_cpu_format_kernels dsv4_cpu_format_kernels_avx2 = {
+    encode_span, decode_span, quantize_row, dequantize_row, dequant_fp8_b128_row, dsv4_ref_dequant_fp4_g32_row,
+};

@@ -1,0 +1,61 @@
+/* The dispatch table. One dsv4_backend per backend, registered at start-up through the list the
+ * build generates (dsv4_backend_list.inc); shared code reaches kernels only through it and never
+ * names a backend. An op family is a struct of function pointers defined in its own header
+ * (core/ops_<family>.h); a NULL family or entry means "this backend does not do it", which the
+ * op layer turns into DSV4_ERR_UNSUPPORTED.
+ *
+ * Backend entry points receive raw pointers and sizes that the op layer (src/ops) has already
+ * validated against the contract; they only check what depends on the backend. */
+#ifndef DSV4_CORE_BACKEND_H
+#define DSV4_CORE_BACKEND_H
+
+#include "dsv4/formats.h"
+#include "dsv4/tensor.h"
+
+/* How one call may run: CPU threads, device ordinal and stream (accelerators). */
+typedef struct dsv4_exec {
+    int threads;
+    int device;
+    void *stream;
+} dsv4_exec;
+
+struct dsv4_format_ops;    /* core/ops_formats.h */
+struct dsv4_attention_ops; /* core/ops_attention.h */
+struct dsv4_linear_ops;    /* core/ops_linear.h */
+struct dsv4_layer_ops;     /* core/ops_layer.h */
+struct dsv4_memory_ops;    /* core/ops_memory.h (device memory of accelerator backends) */
+
+typedef struct dsv4_backend {
+    const char *name;
+    dsv4_device_kind device;
+    dsv4_status (*available)(void); /* NULL: always */
+    const struct dsv4_memory_ops *memory;
+    const struct dsv4_format_ops *formats;
+    const struct dsv4_attention_ops *attention;
+    const struct dsv4_linear_ops *linear;
+    const struct dsv4_layer_ops *layer;
+} dsv4_backend;
+
+/* Registry and contexts (core/dispatch.c). */
+const dsv4_backend *dsv4_backend_find(const char *name);
+/* Resolve a (possibly NULL) context into its backend and execution settings. */
+dsv4_status dsv4_ctx_resolve(const dsv4_ctx *ctx, const dsv4_backend **backend, dsv4_exec *exec);
+
+/* Look up an op family; fails with a message naming the op and the backend. */
+#define DSV4_BACKEND_FAMILY(b, family, op)                                                        \
+    ((b)->family ? DSV4_OK                                                                         \
+                 : dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: backend '%s' does not implement it", op, (b)->name))
+#define DSV4_BACKEND_ENTRY_CHECK(b, family, entry, op)                                            \
+    (((b)->family && (b)->family->entry)                                                           \
+         ? DSV4_OK                                                                                 \
+         : dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: backend '%s' does not implement it", op, (b)->name))
+
+/* CPU facts (core/cpu.c). Levels are cumulative. */
+typedef enum dsv4_isa { DSV4_ISA_SCALAR = 0, DSV4_ISA_AVX2 = 1, DSV4_ISA_AVX512 = 2 } dsv4_isa;
+/* The ISA the cpu backend uses: the best one present, capped by $DSV4_CPU_ISA
+ * (scalar|avx2|avx512) so tests can run every path on one machine. */
+dsv4_isa dsv4_cpu_isa_level(void);
+/* AVX-512 BF16 dot products (vdpbf16ps) present and allowed. */
+int dsv4_cpu_has_avx512bf16(void);
+
+#endif

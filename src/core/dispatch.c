@@ -1,0 +1,123 @@
+/* Backend registry and execution contexts. The list of backends comes from the build
+ * (generated dsv4_backend_list.inc); this file never names one. */
+#include "core/backend.h"
+#include "core/error.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#define DSV4_BACKEND_ENTRY(id) extern const dsv4_backend dsv4_backend_##id;
+#include "dsv4_backend_list.inc"
+#undef DSV4_BACKEND_ENTRY
+
+static const dsv4_backend *const registry[] = {
+#define DSV4_BACKEND_ENTRY(id) &dsv4_backend_##id,
+#include "dsv4_backend_list.inc"
+#undef DSV4_BACKEND_ENTRY
+};
+enum { REGISTRY_SIZE = (int)(sizeof registry / sizeof registry[0]) };
+
+struct dsv4_ctx {
+    const dsv4_backend *backend;
+    dsv4_exec exec;
+};
+
+int dsv4_backend_count(void) { return REGISTRY_SIZE; }
+const char *dsv4_backend_name(int i) { return i >= 0 && i < REGISTRY_SIZE ? registry[i]->name : NULL; }
+
+const dsv4_backend *dsv4_backend_find(const char *name)
+{
+    for (int i = 0; i < REGISTRY_SIZE; i++)
+        if (name && strcmp(registry[i]->name, name) == 0) return registry[i];
+    return NULL;
+}
+
+static dsv4_status backend_lookup(const char *name, const dsv4_backend **out)
+{
+    const dsv4_backend *b = dsv4_backend_find(name);
+    if (!b) {
+        char known[256] = "";
+        size_t o = 0;
+        for (int i = 0; i < REGISTRY_SIZE && o < sizeof known; i++)
+            o += (size_t)snprintf(known + o, sizeof known - o, "%s%s", i ? ", " : "", registry[i]->name);
+        return dsv4_fail(DSV4_ERR_NOT_FOUND, "backend '%s' is not built in (have: %s)", name ? name : "(null)", known);
+    }
+    if (b->available) DSV4_TRY(b->available());
+    *out = b;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_backend_available(const char *name)
+{
+    const dsv4_backend *b = NULL;
+    return backend_lookup(name, &b);
+}
+
+static dsv4_status ctx_init(dsv4_ctx *c, const dsv4_ctx_options *o)
+{
+    const char *name = o && o->backend ? o->backend : getenv("DSV4_BACKEND");
+    if (!name || !*name) name = "cpu";
+    const dsv4_backend *b = NULL;
+    DSV4_TRY(backend_lookup(name, &b));
+    int threads = o ? o->threads : 0;
+    if (threads < 0) return dsv4_fail(DSV4_ERR_INVALID_ARG, "context: threads must be >= 0 (got %d)", threads);
+    c->backend = b;
+    c->exec.threads = threads > 0 ? threads : dsv4_default_threads();
+    c->exec.device = o ? o->device : 0;
+    c->exec.stream = NULL;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_ctx_create(const dsv4_ctx_options *options, dsv4_ctx **out)
+{
+    DSV4_CHECK_ARG(out, "ctx_create: null output pointer");
+    dsv4_ctx tmp;
+    DSV4_TRY(ctx_init(&tmp, options));
+    dsv4_ctx *c = malloc(sizeof *c);
+    if (!c) return dsv4_fail(DSV4_ERR_NO_MEMORY, "ctx_create: out of memory");
+    *c = tmp;
+    *out = c;
+    return DSV4_OK;
+}
+
+void dsv4_ctx_destroy(dsv4_ctx *ctx) { free(ctx); }
+
+static dsv4_ctx default_ctx;
+static dsv4_status default_status;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static char default_error[512];
+
+static void default_init(void)
+{
+    default_status = ctx_init(&default_ctx, NULL);
+    if (default_status != DSV4_OK) snprintf(default_error, sizeof default_error, "%s", dsv4_last_error());
+}
+
+dsv4_status dsv4_ctx_resolve(const dsv4_ctx *ctx, const dsv4_backend **backend, dsv4_exec *exec)
+{
+    if (!ctx) {
+        pthread_once(&default_once, default_init);
+        if (default_status != DSV4_OK)
+            return dsv4_fail(default_status, "default context: %s", default_error);
+        ctx = &default_ctx;
+    }
+    *backend = ctx->backend;
+    *exec = ctx->exec;
+    return DSV4_OK;
+}
+
+const char *dsv4_ctx_backend_name(const dsv4_ctx *ctx)
+{
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    return dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? b->name : NULL;
+}
+
+int dsv4_ctx_threads(const dsv4_ctx *ctx)
+{
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    return dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? ex.threads : 0;
+}

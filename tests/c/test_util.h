@@ -1,0 +1,65 @@
+/* Minimal test harness for the C tests: CHECK records a failure and goes on; main returns
+ * the failure count through TEST_DONE. Each test prints "N passed, M failed". */
+#ifndef DSV4_TEST_UTIL_H
+#define DSV4_TEST_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int test_failures, test_checks;
+
+#define CHECK(cond, ...)                                                     \
+    do {                                                                     \
+        test_checks++;                                                       \
+        if (!(cond)) {                                                       \
+            test_failures++;                                                 \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                    \
+            fprintf(stderr, "\n");                                           \
+        }                                                                    \
+    } while (0)
+
+/* Expect a status and a non-empty error message. */
+#define CHECK_STATUS(expr, want)                                                              \
+    do {                                                                                      \
+        dsv4_clear_error();                                                                   \
+        dsv4_status got_ = (expr);                                                            \
+        CHECK(got_ == (want), "%s returned %d (%s), expected %d", #expr, (int)got_,           \
+              dsv4_last_error(), (int)(want));                                                \
+        if ((want) != DSV4_OK) CHECK(dsv4_last_error()[0] != 0, "%s: empty error message", #expr); \
+    } while (0)
+
+#define TEST_DONE()                                                                    \
+    do {                                                                               \
+        printf("%d passed, %d failed\n", test_checks - test_failures, test_failures); \
+        return test_failures ? 1 : 0;                                                  \
+    } while (0)
+
+/* Deterministic per-run random numbers: seeded from the time unless DSV4_TEST_SEED is set;
+ * the seed is printed so a failure can be replayed. */
+static uint64_t test_rng_state;
+static inline uint64_t test_rand_u64(void)
+{
+    uint64_t z = (test_rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline void test_seed(void)
+{
+    const char *s = getenv("DSV4_TEST_SEED");
+    test_rng_state = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    printf("seed %llu (DSV4_TEST_SEED to replay)\n", (unsigned long long)test_rng_state);
+}
+static inline float test_randn(void)
+{
+    double u1 = ((double)(test_rand_u64() >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (double)(test_rand_u64() >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+#endif
