@@ -1,0 +1,126 @@
+"""Independent float64 / ml_dtypes oracles of the number formats, written from the spec
+(shared/spec/README.md contracts 2-4), not from the C code. Shared by every Python test."""
+import os
+import time
+
+import ml_dtypes
+import numpy as np
+
+E4M3 = ml_dtypes.float8_e4m3fn
+BF16 = ml_dtypes.bfloat16
+E2M1 = ml_dtypes.float4_e2m1fn
+E8M0 = ml_dtypes.float8_e8m0fnu
+
+RULES = {  # group, max code, amax floor, quotient floor
+    "kv64": (64, 448.0, 1e-4, 0.0),
+    "act128": (128, 448.0, 1e-4, 0.0),
+    "mx32": (32, 448.0, 1e-10, 1e-10),
+    "fp4_32": (32, 6.0, 6.0 * 2.0**-126, 0.0),
+}
+
+
+def rng(request_name=""):
+    """A fresh generator per test; the seed is printed (pytest -s / on failure) for replay."""
+    seed = int(os.environ.get("DSV4_TEST_SEED", time.time_ns() % (2**32)))
+    print(f"seed {seed} {request_name}")
+    return np.random.default_rng(seed)
+
+
+def poison(shape, dtype, value=None):
+    """An output buffer full of a recognizable bad pattern (NaN for floats, 0xA5.. otherwise)."""
+    a = np.empty(shape, dtype)
+    if np.dtype(dtype).kind == "f":
+        a.fill(np.nan if value is None else value)
+    else:
+        a.view(np.uint8).fill(0xA5 if value is None else value)
+    return a
+
+
+# ---- element codecs ----------------------------------------------------------------------
+def e4m3_decode(codes):
+    return np.asarray(codes, np.uint8).view(E4M3).astype(np.float64)
+
+
+def e4m3_encode(x):
+    """float -> E4M3FN code with the contract's saturation (|x| >= 448 and +-Inf -> +-448)."""
+    x = np.asarray(x, np.float32)
+    sat = np.where(np.isnan(x), x, np.clip(x, -448.0, 448.0)).astype(np.float32)
+    return sat.astype(E4M3).view(np.uint8)
+
+
+def bf16_encode(x):
+    return np.asarray(x, np.float32).astype(BF16).view(np.uint16)
+
+
+def bf16_decode(bits):
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def bf16_round(x):
+    """float64/32 -> nearest BF16 value (via float32, as the kernels round fp32 results)."""
+    return bf16_decode(bf16_encode(np.asarray(x, np.float32)))
+
+
+def e2m1_encode(x):
+    x = np.asarray(x, np.float32)
+    return np.where(np.isnan(x), np.float32(0), x).astype(E2M1).view(np.uint8) & 0xF
+
+
+def e2m1_decode(codes):
+    return (np.asarray(codes, np.uint8) & 0xF).view(E2M1).astype(np.float64)
+
+
+def e8m0_decode(b):
+    b = np.asarray(b, np.int64)
+    return np.where(b == 255, np.nan, np.ldexp(1.0, b - 127))
+
+
+# ---- scale rules -------------------------------------------------------------------------
+def ceil_log2_exact(y):
+    """ceil(log2(y)) for positive float32 values, from the bits (frexp is exact)."""
+    y = np.asarray(y, np.float64)
+    m, e = np.frexp(y)  # y = m * 2^e, m in [0.5, 1)
+    return np.where(m == 0.5, e - 1, e).astype(np.int64)
+
+
+def scale_exponent(rule, amax):
+    _, max_code, amax_floor, quot_floor = RULES[rule]
+    amax = np.maximum(np.asarray(amax, np.float32), np.float32(amax_floor))
+    y = (amax / np.float32(max_code)).astype(np.float32)  # fp32 division, as the kernels do
+    y = np.maximum(y, np.float32(quot_floor))
+    inf = np.isinf(y)
+    e = ceil_log2_exact(np.where(inf, 1.0, y))
+    return np.clip(np.where(inf, 128, e), -127, 128)
+
+
+def quantize(x, rule):
+    """x float32 [rows, K] -> (codes u8, scale bytes u8 [rows, K/G]) per the rule."""
+    g, max_code, _, _ = RULES[rule]
+    x = np.asarray(x, np.float32)
+    rows, k = x.shape
+    xg = x.reshape(rows, k // g, g)
+    amax = np.nanmax(np.abs(xg), axis=-1) if np.isnan(xg).any() else np.abs(xg).max(axis=-1)
+    amax = np.where(np.isnan(amax), 0, amax)
+    e = scale_exponent(rule, amax)
+    scaled = (xg.astype(np.float64) * np.ldexp(1.0, -e)[..., None]).astype(np.float32)
+    codes = e2m1_encode(scaled) if rule == "fp4_32" else e4m3_encode(scaled)
+    return codes.reshape(rows, k), (e + 127).astype(np.uint8)
+
+
+def dequantize(codes, scales, rule):
+    g = RULES[rule][0]
+    vals = e2m1_decode(codes) if rule == "fp4_32" else e4m3_decode(codes)
+    rows, k = vals.shape
+    return (vals.reshape(rows, k // g, g) * e8m0_decode(scales)[..., None]).reshape(rows, k)
+
+
+def fp8_sim(x, rule="kv64"):
+    """Quantize -> dequantize round trip (the reference's in-place quantization simulation)."""
+    c, s = quantize(x, rule)
+    return dequantize(c, s, rule)
+
+
+def rel_l2(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
