@@ -22,7 +22,8 @@ typedef struct dsv4_exec {
 struct dsv4_format_ops;    /* core/ops_formats.h */
 struct dsv4_attention_ops; /* core/ops_attention.h */
 struct dsv4_linear_ops;    /* core/ops_linear.h */
-struct dsv4_layer_ops;     /* core/ops_layer.h */
+struct dsv4_layer_ops;     /* core/ops_layer.h: norms, mHC, router, MoE */
+struct dsv4_indexer_ops;   /* core/ops_indexer.h: compressor and lightning indexer */
 struct dsv4_memory_ops;    /* core/ops_memory.h (device memory of accelerator backends) */
 
 typedef struct dsv4_backend {
@@ -34,6 +35,7 @@ typedef struct dsv4_backend {
     const struct dsv4_attention_ops *attention;
     const struct dsv4_linear_ops *linear;
     const struct dsv4_layer_ops *layer;
+    const struct dsv4_indexer_ops *indexer;
 } dsv4_backend;
 
 /* Registry and contexts (core/dispatch.c). */
