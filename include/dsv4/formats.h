@@ -3,7 +3,7 @@
  *   E4M3   OCP E4M3FN: bias 7, max +-448, no infinities, NaN = 0x7F/0xFF. Encoding rounds to
  *          nearest-even and saturates: |x| >= 448 (and +-Inf) -> +-448, NaN -> NaN (sign kept).
  *   E8M0   scale byte b means 2^(b-127); 255 is NaN; 0 is 2^-127.
- *   BF16   round-to-nearest-even; NaN stays NaN (quiet, sign kept).
+ *   BF16   round-to-nearest-even; NaN -> the quiet NaN 0x7FC0 with the input's sign.
  *   E2M1   FP4 grid {0, .5, 1, 1.5, 2, 3, 4, 6} with sign bit 3; nearest-even (ties to the even
  *          code); |x| > 6 and +-Inf saturate to +-6; NaN encodes as +0 (E2M1 has no NaN).
  *          Packed two per byte: low nibble = even element.

@@ -118,16 +118,15 @@ def _dtype_name(d):
 
 
 def as_array(x, np_dtype, name):
-    """Accept anything array-like of the right numpy dtype without silently changing bits."""
+    """The array with exactly `np_dtype`; float64 input for a float32 argument is rounded to
+    float32 (the one conversion allowed), anything else of another dtype is an error."""
     a = np.asarray(x)
-    if a.dtype != np.dtype(np_dtype):
-        if np.dtype(np_dtype).kind == "f" and a.dtype.kind in "fiu" and a.dtype != np.float64 or (
-            np.dtype(np_dtype) == np.float32 and a.dtype == np.float64
-        ):
-            a = a.astype(np_dtype)
-        else:
-            raise DSV4Error(3, f"{name}: expected {np.dtype(np_dtype)}, got {a.dtype}")
-    return a
+    want = np.dtype(np_dtype)
+    if a.dtype == want:
+        return a
+    if want == np.float32 and a.dtype == np.float64:
+        return a.astype(np.float32)
+    raise DSV4Error(3, f"{name}: expected dtype {want}, got {a.dtype}")
 
 
 def ptr(a):

@@ -53,7 +53,7 @@ static inline float dsv4_e4m3_to_f32(uint8_t c)
 static inline uint16_t dsv4_bf16_from_f32(float x)
 {
     uint32_t u = dsv4_f32_bits(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7FC0u); /* canonical quiet NaN */
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 static inline float dsv4_bf16_to_f32(uint16_t b) { return dsv4_bits_f32((uint32_t)b << 16); }

@@ -45,11 +45,13 @@ def e4m3_encode(x):
     """float -> E4M3FN code with the contract's saturation (|x| >= 448 and +-Inf -> +-448)."""
     x = np.asarray(x, np.float32)
     sat = np.where(np.isnan(x), x, np.clip(x, -448.0, 448.0)).astype(np.float32)
-    return sat.astype(E4M3).view(np.uint8)
+    with np.errstate(invalid="ignore"):
+        return sat.astype(E4M3).view(np.uint8)
 
 
 def bf16_encode(x):
-    return np.asarray(x, np.float32).astype(BF16).view(np.uint16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(x, np.float32).astype(BF16).view(np.uint16)
 
 
 def bf16_decode(bits):
@@ -63,7 +65,8 @@ def bf16_round(x):
 
 def e2m1_encode(x):
     x = np.asarray(x, np.float32)
-    return np.where(np.isnan(x), np.float32(0), x).astype(E2M1).view(np.uint8) & 0xF
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(np.isnan(x), np.float32(0), x).astype(E2M1).view(np.uint8) & 0xF
 
 
 def e2m1_decode(codes):

@@ -12,6 +12,9 @@ static void encode_span(dsv4_scalar_format fmt, const float *x, int64_t n, void 
     } else if (fmt == DSV4_FMT_BF16) {
         uint16_t *o = codes;
         for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(o + i), v512_bf16_encode(_mm512_loadu_ps(x + i)));
+    } else if (fmt == DSV4_FMT_E2M1) {
+        uint8_t *o = codes;
+        for (; i + 16 <= n; i += 16) _mm_storeu_si128((__m128i *)(o + i), v512_e2m1_encode(_mm512_loadu_ps(x + i)));
     }
     size_t cs = fmt == DSV4_FMT_BF16 ? 2 : 1;
     dsv4_ref_encode_span(fmt, x + i, n - i, (char *)codes + (size_t)i * cs);
@@ -26,6 +29,9 @@ static void decode_span(dsv4_scalar_format fmt, const void *codes, int64_t n, fl
     } else if (fmt == DSV4_FMT_BF16) {
         const uint16_t *c = codes;
         for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, v512_bf16_decode(c + i));
+    } else if (fmt == DSV4_FMT_E2M1) {
+        const uint8_t *c = codes;
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, v512_e2m1_decode(c + i));
     }
     size_t cs = fmt == DSV4_FMT_BF16 ? 2 : 1;
     dsv4_ref_decode_span(fmt, (const char *)codes + (size_t)i * cs, n - i, x + i);
@@ -34,7 +40,6 @@ static void decode_span(dsv4_scalar_format fmt, const void *codes, int64_t n, fl
 static void quantize_row(dsv4_qrule rule, const float *x, int64_t k, uint8_t *codes, uint8_t *scales)
 {
     const dsv4_qrule_params *p = &dsv4_qrules[rule];
-    if (p->fp4) { dsv4_ref_quantize_row(rule, x, k, codes, scales); return; }
     const int g = p->group;
     const __m512 absmask = _mm512_castsi512_ps(V512_I(0x7FFFFFFF));
     for (int64_t b = 0; b < k / g; b++) {
@@ -44,8 +49,10 @@ static void quantize_row(dsv4_qrule rule, const float *x, int64_t k, uint8_t *co
         for (int i = 0; i < g; i += 16) m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xb + i), absmask), m);
         int e = dsv4_qrule_exponent(p, _mm512_reduce_max_ps(m));
         __m512 inv = _mm512_set1_ps(dsv4_pow2f(-e));
-        for (int i = 0; i < g; i += 16)
-            _mm_storeu_si128((__m128i *)(codes + b * g + i), v512_e4m3_encode(_mm512_mul_ps(_mm512_loadu_ps(xb + i), inv)));
+        for (int i = 0; i < g; i += 16) {
+            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xb + i), inv);
+            _mm_storeu_si128((__m128i *)(codes + b * g + i), p->fp4 ? v512_e2m1_encode(v) : v512_e4m3_encode(v));
+        }
         scales[b] = (uint8_t)(e + 127);
     }
 }
@@ -53,12 +60,12 @@ static void quantize_row(dsv4_qrule rule, const float *x, int64_t k, uint8_t *co
 static void dequantize_row(dsv4_qrule rule, const uint8_t *codes, const uint8_t *scales, int64_t k, float *x)
 {
     const dsv4_qrule_params *p = &dsv4_qrules[rule];
-    if (p->fp4) { dsv4_ref_dequantize_row(rule, codes, scales, k, x); return; }
     for (int64_t b = 0; b < k / p->group; b++) {
         __m512 s = _mm512_set1_ps(dsv4_e8m0_to_f32(scales[b]));
         for (int i = 0; i < p->group; i += 16) {
             int64_t j = b * p->group + i;
-            _mm512_storeu_ps(x + j, _mm512_mul_ps(v512_e4m3_decode(codes + j), s));
+            __m512 v = p->fp4 ? v512_e2m1_decode(codes + j) : v512_e4m3_decode(codes + j);
+            _mm512_storeu_ps(x + j, _mm512_mul_ps(v, s));
         }
     }
 }

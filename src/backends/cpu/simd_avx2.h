@@ -47,7 +47,7 @@ static inline __m128i v256_bf16_encode(__m256 x)
     __m256i u = _mm256_castps_si256(x);
     __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, V256_I(0x7FFF)),
                                                    _mm256_and_si256(_mm256_srli_epi32(u, 16), V256_I(1))), 16);
-    __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), V256_I(0x40));
+    __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), V256_I(0x8000)), V256_I(0x7FC0));
     __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, V256_I(0x7FFFFFFF)), V256_I(0x7F800000));
     __m256i v = _mm256_blendv_epi8(r, q, nan);
     return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

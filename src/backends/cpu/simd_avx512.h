@@ -42,13 +42,13 @@ static inline __m512 v512_e4m3_decode(const uint8_t *p)
     return v512_e4m3_decode_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* 16 floats -> 16 BF16 (RNE, NaN kept quiet). */
+/* 16 floats -> 16 BF16 (RNE, NaN -> canonical quiet NaN with its sign). */
 static inline __m256i v512_bf16_encode(__m512 x)
 {
     __m512i u = _mm512_castps_si512(x);
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, V512_I(0x7FFF)),
                                                    _mm512_and_si512(_mm512_srli_epi32(u, 16), V512_I(1))), 16);
-    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), V512_I(0x40));
+    __m512i q = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 16), V512_I(0x8000)), V512_I(0x7FC0));
     __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, V512_I(0x7FFFFFFF)), V512_I(0x7F800000));
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
 }
@@ -60,6 +60,33 @@ static inline __m512 v512_bf16_decode(const uint16_t *p)
 
 /* 2^k as a vector (k in the normal range). */
 static inline __m512 v512_pow2(int k) { return _mm512_castsi512_ps(V512_I((uint32_t)(k + 127) << 23)); }
+
+/* 16 floats -> 16 E2M1 codes (one per byte): nearest, ties to the even code, saturating,
+ * NaN -> +0. The code of |x| is the number of midpoints it passes (>= at ties that round up). */
+static inline __m128i v512_e2m1_encode(__m512 x)
+{
+    __m512i u = _mm512_castps_si512(x);
+    __m512 a = _mm512_castsi512_ps(_mm512_and_si512(u, V512_I(0x7FFFFFFF)));
+    __m512i c = _mm512_setzero_si512(), one = V512_I(1);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), c, one);
+    __mmask16 num = _mm512_cmp_ps_mask(a, a, _CMP_ORD_Q);
+    c = _mm512_maskz_or_epi32(num, c, _mm512_and_si512(_mm512_srli_epi32(u, 28), V512_I(8)));
+    return _mm512_cvtepi32_epi8(c);
+}
+
+/* 16 E2M1 codes (one per byte) -> 16 floats. */
+static inline __m512 v512_e2m1_decode(const uint8_t *p)
+{
+    const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                        -2.0f, -3.0f, -4.0f, -6.0f);
+    return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), table);
+}
 
 /* 16 E2M1 nibbles (8 packed bytes, low nibble first) -> 16 floats. */
 static inline __m512 v512_e2m1_decode_packed8(const uint8_t *p)
