@@ -11,6 +11,11 @@ BF16 = ml_dtypes.bfloat16
 E2M1 = ml_dtypes.float4_e2m1fn
 E8M0 = ml_dtypes.float8_e8m0fnu
 
+# shared/ (specs and outside test data) lies beside the repository, in development and in CI
+SHARED = os.environ.get("DSV4_SHARED",
+                        os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared")))
+TESTDATA = os.path.join(SHARED, "testdata")
+
 RULES = {  # group, max code, amax floor, quotient floor
     "kv64": (64, 448.0, 1e-4, 0.0),
     "act128": (128, 448.0, 1e-4, 0.0),
