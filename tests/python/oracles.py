@@ -132,3 +132,40 @@ def rel_l2(a, b):
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+# ---- block quantization simulation on any shape, Hadamard (used by the model reference) -----
+def block_sim(x, rule):
+    """Quantize -> dequantize round trip along the last axis in groups of the rule's size, for
+    any leading shape. A last group shorter than the rule's (K not a multiple of it) is its own
+    group, exactly as if the row were zero-padded to a whole group (zeros change no amax)."""
+    x = np.asarray(x, np.float64)
+    g = RULES[rule][0]
+    k = x.shape[-1]
+    pad = (-k) % g
+    rows = x.reshape(-1, k)
+    if pad:
+        rows = np.concatenate([rows, np.zeros((rows.shape[0], pad))], axis=1)
+    return fp8_sim(rows, rule)[:, :k].reshape(x.shape)
+
+
+def fp4_sim(x):
+    """FP4 E2M1 simulation (rule fp4_32: groups of 32, scale 2^ceil(log2(amax/6)))."""
+    return block_sim(x, "fp4_32")
+
+
+def hadamard(n):
+    """Sylvester-ordered Hadamard matrix H_n (H_1 = [1], H_2n = [[H, H], [H, -H]]), unnormalized."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    if h.shape[0] != n:
+        raise ValueError(f"Hadamard size {n} is not a power of two")
+    return h
+
+
+def hadamard_rotate(x):
+    """y = H_n x / sqrt(n) along the last axis (H is symmetric)."""
+    x = np.asarray(x, np.float64)
+    n = x.shape[-1]
+    return x @ hadamard(n) * n**-0.5
