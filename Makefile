@@ -16,7 +16,7 @@ SAN_ENV =
 endif
 PYTEST_ARGS ?=
 
-.PHONY: all deps build run test test-c test-py bench clean
+.PHONY: all deps build run test test-c test-py test-gpu bench clean
 all: build
 
 deps:
@@ -31,14 +31,21 @@ build: deps $(BUILD)/CMakeCache.txt
 run: build
 	./$(BUILD)/dsv4 info
 	./$(BUILD)/dsv4 bench formats --quick
+	@test -f $(BUILD)/tiny/config.json || ./$(BUILD)/dsv4 make-tiny --out $(BUILD)/tiny
+	./$(BUILD)/dsv4 run --model $(BUILD)/tiny --prompt-ids 0,17,42,7,99,3 --max-tokens 32 --mtp 2
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python $(SAN_ENV) \
 	  python3 -m pytest -q tests/python $(PYTEST_ARGS)
 
+# The cuda backend on a machine with an NVIDIA GPU (skips without one): tests/gpu/run_gpu_tests.sh
+test-gpu:
+	BUILD=$(CURDIR)/build-gpu bash tests/gpu/run_gpu_tests.sh
+
 bench: build
 	./$(BUILD)/dsv4 bench formats
+	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests/python python3 bench/bench_tokenizer.py
 
 clean:
 	rm -rf build build-san

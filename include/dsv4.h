@@ -8,8 +8,15 @@
 #ifndef DSV4_H
 #define DSV4_H
 
+#include "dsv4/attention.h"
 #include "dsv4/core.h"
+#include "dsv4/device.h"
 #include "dsv4/formats.h"
+#include "dsv4/indexer.h"
+#include "dsv4/layer.h"
+#include "dsv4/linear.h"
+#include "dsv4/model.h"
 #include "dsv4/tensor.h"
+#include "dsv4/tokenizer.h"
 
 #endif

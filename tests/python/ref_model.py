@@ -32,7 +32,8 @@ Precision switches:
     before its norm; Hadamard outputs; the SwiGLU activation into w2; the MoE sum; the attention output
     and its inverse RoPE. Kept unrounded (fp32 in the reference): mHC mixes / post / comb, compressor
     a / g, router scores and weights, attention scores, softmax denominator, indexer scores, logits. The
-    probabilities are rounded to BF16 for P.V (exp(s - max) with the global max of the query's set).
+    probabilities are rounded to BF16 for P.V (exp(s - max) with the global max of the query's set);
+    `p_bf16=False` keeps them unrounded, as the scalar C reference kernel (cpu-ref) does.
   * `act_quant` (default: True for an official FP8/FP4 checkpoint, False for a BF16 one): simulate the
     1x128 FP8 activation quantization (rule act128) in front of the linears whose official weights are
     FP8/FP4 (wq_a, wq_b, wkv, wo_b, indexer wq_b, experts, shared experts, e_proj, h_proj). A K that is
@@ -111,11 +112,12 @@ def compress_pool(a, g, ratio, d, overlap):
 
 
 class RefModel:
-    def __init__(self, model_dir=None, *, checkpoint=None, bf16=False, act_quant=None):
+    def __init__(self, model_dir=None, *, checkpoint=None, bf16=False, act_quant=None, p_bf16=True):
         self.ckpt = checkpoint if checkpoint is not None else Checkpoint(model_dir)
         self.cfg = self.ckpt.cfg
         self.w = self.ckpt
         self.bf16 = bool(bf16)
+        self.p_bf16 = bool(p_bf16)  # bf16 mode: round the attention probabilities for P.V (see above)
         self.act_quant = self.ckpt.had_fp8 if act_quant is None else bool(act_quant)
         self.freqs = {"main": rope_freqs(self.cfg, "main"), "compress": rope_freqs(self.cfg, "compress")}
 
@@ -246,7 +248,7 @@ class RefModel:
         m = s.max(axis=-1, keepdims=True)  # over real entries (the query itself is always one)
         p = np.exp(s - m)
         den = p.sum(axis=-1, keepdims=True) + np.exp(self.w[prefix + "attn_sink"][None, :, None] - m)
-        out = self.r(np.einsum("she,ed->shd", self.r(p), entries) / den)
+        out = self.r(np.einsum("she,ed->shd", self.r(p) if self.p_bf16 else p, entries) / den)
         out = self.r(rope(out, pos, fr, inverse=True))
         # grouped wo_a (block diagonal over G groups of consecutive heads), then wo_b (5.8)
         G = cfg.o_groups

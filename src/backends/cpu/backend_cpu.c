@@ -1,16 +1,28 @@
 /* The two CPU backends: "cpu" (vectorized kernels chosen by CPU features, OpenMP threads) and
  * "cpu-ref" (the scalar reference kernels every faster version is tested against).
  * Each op family adds its table here. */
+#include "backends/cpu/cpu_attention.h"
 #include "backends/cpu/cpu_formats.h"
+#include "backends/cpu/indexer_cpu.h"
+#include "backends/cpu/cpu_layer.h"
+#include "backends/cpu/cpu_linear.h"
 
 const dsv4_backend dsv4_backend_cpu = {
     .name = "cpu",
     .device = DSV4_DEVICE_CPU,
     .formats = &dsv4_cpu_format_ops,
+    .indexer = &dsv4_cpu_indexer_ops,
+    .attention = &dsv4_cpu_attention_ops,
+    .linear = &dsv4_cpu_linear_ops,
+    .layer = &dsv4_cpu_layer_ops,
 };
 
 const dsv4_backend dsv4_backend_cpu_ref = {
     .name = "cpu-ref",
     .device = DSV4_DEVICE_CPU,
     .formats = &dsv4_cpu_ref_format_ops,
+    .indexer = &dsv4_cpu_ref_indexer_ops,
+    .attention = &dsv4_cpu_ref_attention_ops,
+    .linear = &dsv4_cpu_ref_linear_ops,
+    .layer = &dsv4_cpu_ref_layer_ops,
 };

@@ -37,6 +37,19 @@ static inline __m512 v512_e4m3_decode_epi32(__m512i c)
     return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
 }
 
+/* decode(encode(x)) without the codes, for |x| <= 448 or NaN (inputs already scaled into the E4M3
+ * range, as after a block scale): RNE to 3 mantissa bits, below 2^-6 to a multiple of 2^-9
+ * (E4M3 subnormals). Bit-identical to the codec on that domain; a NaN stays a (quiet) NaN. */
+static inline __m512 v512_e4m3_round(__m512 x)
+{
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, V512_I(0x7FFFF)), _mm512_and_si512(_mm512_srli_epi32(u, 20), V512_I(1)));
+    __m512 normal = _mm512_castsi512_ps(_mm512_and_si512(r, V512_I(0xFFF00000u)));
+    __m512 sub = _mm512_roundscale_ps(x, (9 << 4) | _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 a = _mm512_abs_ps(x);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-6f), _CMP_NGE_UQ), normal, sub);
+}
+
 static inline __m512 v512_e4m3_decode(const uint8_t *p)
 {
     return v512_e4m3_decode_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
@@ -56,6 +69,15 @@ static inline __m256i v512_bf16_encode(__m512 x)
 static inline __m512 v512_bf16_decode(const uint16_t *p)
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* 16 E8M0 scale bytes (as 32-bit lanes, 0..255) -> 2^(b-127); 0 -> 2^-127 (subnormal), 255 -> NaN. */
+static inline __m512 v512_e8m0_decode_epi32(__m512i b)
+{
+    __m512i v = _mm512_slli_epi32(b, 23);
+    v = _mm512_mask_mov_epi32(v, _mm512_testn_epi32_mask(b, b), V512_I(0x00400000));
+    v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(b, V512_I(255)), V512_I(0x7FC00000));
+    return _mm512_castsi512_ps(v);
 }
 
 /* 2^k as a vector (k in the normal range). */

@@ -1,0 +1,153 @@
+/* The decode engine (issue 6): a loaded DeepSeek-V4 checkpoint, its sequences with their caches,
+ * prefill, decode, logits of several positions, sampling and MTP speculative decoding
+ * (architecture.md §3, §8, §12; contract 8).
+ *
+ * Memory is planned once, when the engine is created, from `max_context` (positions per sequence)
+ * and `max_seqs` (sequences alive at once): every KV cache page (SWA rings, compressed caches in
+ * the 584-byte FP8 format, MXFP4 indexer caches), the compressor states and the scratch of one
+ * forward call of up to `max_batch` tokens. A decode step, a prefill chunk, an MTP draft and a
+ * verification allocate nothing. Weights are used in place from the memory-mapped checkpoint; the
+ * few parameters the ops take in another type (mHC params, sinks, `ape`, router bias as F32; the
+ * grouped `wo_a` of FP8 checkpoints as BF16, as DeepSeek's converter does) are converted at load.
+ *
+ * Semantics per token are those of the reference (architecture.md §12): a batched call of n tokens
+ * (prefill, a chunk of it, or the verification of drafts) leaves exactly the caches and states that
+ * n single-token calls leave. The engine runs every op on its context's backend and never names one.
+ *
+ * One engine is used by one thread at a time (the ops inside use the context's threads). */
+#ifndef DSV4_ENGINE_H
+#define DSV4_ENGINE_H
+
+#include "core.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsv4_engine dsv4_engine;
+
+typedef struct dsv4_engine_options {
+    int64_t max_context; /* positions per sequence; 0: min(4096, max_position_embeddings) */
+    int max_seqs;        /* sequences at once; 0: 1 */
+    int max_batch;       /* tokens per forward pass (longer prompts run in chunks); 0: 128 */
+    int max_mtp;         /* longest MTP draft (k) to plan for; 0: no MTP (or the model has none) */
+    int logits_rows;     /* rows of the engine's logits buffer used by dsv4_engine_generate
+                            (>= 1 + max_mtp); 0: 1 + max_mtp. More rows let `prompt_logits`
+                            deliver the prompt in chunks of that many. */
+} dsv4_engine_options;
+
+/* Open the checkpoint in `model_dir` (dsv4_model_open) and plan every buffer. ctx NULL = default. */
+DSV4_API dsv4_status dsv4_engine_create(dsv4_ctx *ctx, const char *model_dir, const dsv4_engine_options *options,
+                                        dsv4_engine **out);
+DSV4_API void dsv4_engine_destroy(dsv4_engine *e);
+DSV4_API const dsv4_model_config *dsv4_engine_config(const dsv4_engine *e);
+/* The options in effect (defaults resolved, max_mtp 0 when the checkpoint has no MTP block). */
+DSV4_API dsv4_engine_options dsv4_engine_get_options(const dsv4_engine *e);
+
+typedef struct dsv4_engine_memory {
+    uint64_t weights_mapped;    /* bytes of the checkpoint's tensors (memory-mapped, used in place) */
+    uint64_t weights_converted; /* parameters converted at load */
+    uint64_t kv_cache;          /* SWA rings, compressed and indexer caches of all sequences */
+    uint64_t state;             /* compressor states, MTP streams, rollback snapshots */
+    uint64_t scratch;           /* activations, workspaces, index lists, logits */
+    uint64_t planned;           /* all the engine allocated (converted + kv_cache + state + scratch) */
+    uint64_t kv_used;           /* cache bytes holding entries of the live sequences now */
+} dsv4_engine_memory;
+
+DSV4_API dsv4_status dsv4_engine_memory_info(const dsv4_engine *e, dsv4_engine_memory *out);
+
+/* ---- sequences ------------------------------------------------------------------------------
+ * A sequence is a slot 0..max_seqs-1 with its own caches, starting empty (length 0). */
+DSV4_API dsv4_status dsv4_engine_seq_create(dsv4_engine *e, int *seq);
+DSV4_API dsv4_status dsv4_engine_seq_free(dsv4_engine *e, int seq);
+/* Tokens the main model has processed (the next token goes to this position); -1 if no such sequence. */
+DSV4_API int64_t dsv4_engine_seq_length(const dsv4_engine *e, int seq);
+
+/* ---- forward --------------------------------------------------------------------------------
+ * Append n >= 1 tokens (ids in [0, vocab)) to the sequence at positions len .. len+n-1 and run
+ * the main model over them (in chunks of max_batch): n > 1 is a prefill, n == 1 a decode step.
+ *   logits      F32 [n_logits, vocab]: the logits of the last n_logits (0..n) positions.
+ * With MTP planned (max_mtp > 0) the MTP block also runs, in the same batched way, on every row
+ * whose next token is now known: row t combines the main model's pre-hc_head streams at t with
+ * token t+1 (architecture.md §8) at attention position t, i.e. rows max(0, len-1) .. len+n-2
+ * (minus any row a draft already made).
+ *   mtp_logits  F32 [n_mtp_logits, vocab]: the MTP logits of the last n_mtp_logits of those rows
+ *               (row t predicts token t+2); NULL with 0 when not wanted.
+ * Fails with DSV4_ERR_CAPACITY (nothing changed) when len + n > max_context. */
+DSV4_API dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t *tokens, int64_t n, float *logits,
+                                         int64_t n_logits, float *mtp_logits, int64_t n_mtp_logits);
+
+/* ---- state ----------------------------------------------------------------------------------
+ * The sequence's cache and state contents in a fixed order, as bytes: for every block (MTP last)
+ * the live SWA ring entries (positions max(0, len-window) .. len-1, 584 B each), the compressed
+ * entries 0 .. len/ratio-1 (584 B), the indexer entries (packed FP4 + UE8M0), and the compressor
+ * states (F32). Two sequences that processed the same tokens export the same bytes, however the
+ * tokens were batched. out NULL asks for the size only. */
+DSV4_API dsv4_status dsv4_engine_seq_export(const dsv4_engine *e, int seq, void *out, size_t cap, size_t *len);
+
+/* ---- sampling -------------------------------------------------------------------------------
+ * temperature 0: greedy (argmax, lowest id on ties). temperature > 0: p = softmax(logits / T),
+ * restricted to the smallest set of most likely tokens whose mass reaches top_p (top_p >= 1: all),
+ * then the reference's Gumbel-max form argmax_i p_i / E_i with E_i ~ Exp(1) drawn from the
+ * seeded generator (xoshiro256**, seeded through splitmix64). */
+typedef struct dsv4_sampling {
+    float temperature; /* >= 0 */
+    float top_p;       /* (0, 1]; values >= 1 keep every token */
+    uint64_t seed;
+} dsv4_sampling;
+
+/* One token from one row of logits with the engine's scratch; `rng` is a 4-word generator state
+ * (dsv4_rng_seed). */
+DSV4_API void dsv4_rng_seed(uint64_t seed, uint64_t rng[4]);
+DSV4_API dsv4_status dsv4_engine_sample(dsv4_engine *e, const float *logits, const dsv4_sampling *s, uint64_t rng[4],
+                                        int32_t *token);
+
+/* ---- generation -----------------------------------------------------------------------------
+ * Prefill the prompt, then decode until max_tokens tokens were produced (or an EOS id of the
+ * config when stop_at_eos). With mtp = k >= 1 (k <= max_mtp) every step drafts k tokens with the
+ * MTP block (the first from the main model's streams, the next ones from the MTP block's own
+ * output streams), verifies them in one (k+1)-token forward and keeps the accepted prefix plus one
+ * token of the target model: greedy acceptance is exact (the output equals greedy decoding
+ * without MTP), at temperature > 0 drafts are accepted with probability min(1, p/q) and a
+ * rejection samples from max(0, p - q) (speculative rejection sampling). */
+typedef struct dsv4_gen_step {
+    int64_t step;           /* 0: the prefill; then one per decode / speculative step */
+    const int32_t *tokens;  /* tokens produced by this step */
+    int64_t n_tokens;
+    int drafted, accepted;  /* MTP drafts proposed / accepted in this step */
+    double seconds;         /* wall time of the step */
+    const float *logits;    /* target-model logits F32 [n_logits, vocab] of positions */
+    int64_t n_logits;       /* first_position .. first_position + n_logits - 1 that this step */
+    int64_t first_position; /* ran (prefill: only with prompt_logits, else the last one) */
+} dsv4_gen_step;
+
+/* Return non-zero to stop the generation after this step. */
+typedef int (*dsv4_gen_callback)(void *user, const dsv4_gen_step *step);
+
+typedef struct dsv4_generate_options {
+    int64_t max_tokens;
+    int mtp;                 /* draft length k; 0: plain decoding */
+    dsv4_sampling sampling;
+    int stop_at_eos;
+    int prompt_logits;       /* deliver the logits of every prompt position (in chunks) */
+    dsv4_gen_callback callback;
+    void *user;
+} dsv4_generate_options;
+
+typedef struct dsv4_generate_stats {
+    int64_t prompt_tokens, generated_tokens, steps;
+    int64_t drafted, accepted;        /* acceptance rate = accepted / drafted */
+    double prefill_seconds, decode_seconds;
+} dsv4_generate_stats;
+
+/* Runs on sequence `seq` (its length must be 0); out_tokens receives up to `cap` generated ids
+ * (*n_out of them). stats may be NULL. */
+DSV4_API dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt, int64_t n_prompt,
+                                          const dsv4_generate_options *options, int32_t *out_tokens, int64_t cap,
+                                          int64_t *n_out, dsv4_generate_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,283 @@
+/* The layer family of both cpu backends: the same drivers run with the scalar kernels (cpu-ref)
+ * or the best ISA's (cpu). Work is cut into fixed pieces (rows, d-chunks, mix rows, expert
+ * chunks) that each thread computes whole, so the result never depends on the thread count. */
+#include "backends/cpu/cpu_layer.h"
+
+#include <math.h>
+#include <string.h>
+
+enum {
+    ROW_PAR_MIN = 16384, /* values per call below which row kernels stay on one thread */
+    HC_TB = 4,           /* tokens per mHC block (mix dots share each fn row between them) */
+    HC_DCHUNK = 1024,    /* d-chunk of the element-wise mHC steps */
+    RT_TB = 4,           /* tokens per router block */
+    RT_ECHUNK = 8,       /* experts per router work item */
+    HC_MAX_MIX = (2 + DSV4_HC_MAX) * DSV4_HC_MAX,
+};
+
+static const dsv4_cpu_layer_kernels *best_kernels(void)
+{
+    switch (dsv4_cpu_isa_level()) {
+    case DSV4_ISA_AVX512: return &dsv4_cpu_layer_kernels_avx512;
+    case DSV4_ISA_AVX2: return &dsv4_cpu_layer_kernels_avx2;
+    default: return &dsv4_cpu_layer_kernels_scalar;
+    }
+}
+
+static size_t esize(int bf16) { return bf16 ? 2 : 4; }
+
+/* ---- RMSNorm ---------------------------------------------------------------------------- */
+static dsv4_status rms_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_rms_args *a)
+{
+    const char *x = a->x;
+    char *y = a->y;
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->rows * a->d > ROW_PAR_MIN)
+    for (int64_t r = 0; r < a->rows; r++) {
+        const char *xr = x + (size_t)(r * a->ldx) * esize(a->x_bf16);
+        float ms = kn->sumsq(xr, a->x_bf16, a->d) / (float)a->d;
+        float inv = 1.0f / sqrtf(ms + a->eps);
+        kn->scale_row(xr, a->x_bf16, a->d, inv, a->w, a->w_bf16, y + (size_t)(r * a->ldy) * esize(a->y_bf16),
+                      a->y_bf16);
+    }
+    return DSV4_OK;
+}
+
+/* ---- mHC --------------------------------------------------------------------------------- */
+/* hc_post of token t over d-chunk c into a->out. */
+static void post_chunk(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, int64_t t, int64_t c)
+{
+    int64_t d0 = c * HC_DCHUNK, d1 = d0 + HC_DCHUNK < a->D ? d0 + HC_DCHUNK : a->D;
+    kn->hc_post(a->x + t * a->ldx, a->res.data + t * a->res.st, a->res.sj, a->n, a->post + t * a->post_t,
+                a->comb + t * a->comb_t, a->comb_j, a->out.data + t * a->out.st, a->out.sj, d0, d1);
+}
+
+/* The pre part (hc_pre or hc_head) over tokens [t0, t0+nt) of `src`, run by the team of an
+ * enclosing parallel region. mix/pre are shared scratch of the caller. */
+static void pre_block(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, const dsv4_hc_streams *src,
+                      int64_t t0, int nt, float (*mix)[HC_MAX_MIX + 1], float (*pre)[DSV4_HC_MAX])
+{
+    const int n = a->n, nmix = a->nmix;
+    const int64_t D = a->D, nch = (D + HC_DCHUNK - 1) / HC_DCHUNK;
+    /* item i < nmix: row i of fn against every token; item nmix: the sums of squares */
+#pragma omp for schedule(static)
+    for (int i = 0; i <= nmix; i++) {
+        float acc[HC_TB] = {0};
+        for (int j = 0; j < n; j++) {
+            const void *xs[HC_TB];
+            float part[HC_TB];
+            for (int t = 0; t < nt; t++) xs[t] = src->data + (t0 + t) * src->st + j * src->sj;
+            if (i < nmix)
+                kn->dots(a->fn + i * a->ldfn + j * D, 0, xs, 1, nt, D, part);
+            else
+                for (int t = 0; t < nt; t++) part[t] = kn->sumsq(xs[t], 1, D);
+            for (int t = 0; t < nt; t++) acc[t] += part[t];
+        }
+        for (int t = 0; t < nt; t++) mix[t][i] = acc[t];
+    }
+#pragma omp for schedule(static)
+    for (int t = 0; t < nt; t++) {
+        float r = 1.0f / sqrtf(mix[t][nmix] / (float)(n * D) + a->norm_eps), m[HC_MAX_MIX];
+        for (int i = 0; i < nmix; i++) m[i] = mix[t][i] * r;
+        float post[DSV4_HC_MAX], comb[DSV4_HC_MAX * DSV4_HC_MAX];
+        dsv4_hc_split(m, n, nmix, a->scale, a->base, a->iters, a->eps, pre[t], post, comb);
+        if (nmix == n) continue;
+        int64_t tt = t0 + t;
+        for (int j = 0; j < n; j++) {
+            a->post_out[tt * a->post_out_t + j] = post[j];
+            for (int k = 0; k < n; k++) a->comb_out[tt * a->comb_out_t + j * a->comb_out_j + k] = comb[j * n + k];
+        }
+    }
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < nt * nch; it++) {
+        int64_t t = it / nch, c = it % nch, d0 = c * HC_DCHUNK, d1 = d0 + HC_DCHUNK < D ? d0 + HC_DCHUNK : D;
+        kn->hc_wsum(src->data + (t0 + t) * src->st, src->sj, n, pre[t], a->y + (t0 + t) * a->ldy, d0, d1);
+    }
+}
+
+static dsv4_status hc_run(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_hc_args *a, int do_post,
+                          int do_pre)
+{
+    const int64_t nch = (a->D + HC_DCHUNK - 1) / HC_DCHUNK;
+    if (!do_pre) {
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * a->D * a->n > ROW_PAR_MIN)
+        for (int64_t it = 0; it < a->T * nch; it++) post_chunk(kn, a, it / nch, it % nch);
+        return DSV4_OK;
+    }
+    const dsv4_hc_streams *src = do_post ? &a->out : &a->in;
+    for (int64_t t0 = 0; t0 < a->T; t0 += HC_TB) {
+        int nt = a->T - t0 < HC_TB ? (int)(a->T - t0) : HC_TB;
+        float mix[HC_TB][HC_MAX_MIX + 1], pre[HC_TB][DSV4_HC_MAX];
+#pragma omp parallel num_threads(ex->threads) if (nt * a->n * a->D * (a->nmix + 1) > ROW_PAR_MIN)
+        {
+            if (do_post) {
+#pragma omp for schedule(static)
+                for (int64_t it = 0; it < nt * nch; it++) post_chunk(kn, a, t0 + it / nch, it % nch);
+            }
+            pre_block(kn, a, src, t0, nt, mix, pre);
+        }
+    }
+    return DSV4_OK;
+}
+
+/* ---- router ------------------------------------------------------------------------------ */
+static int64_t load_index(const void *p, int i64, int64_t i)
+{
+    return i64 ? ((const int64_t *)p)[i] : ((const int32_t *)p)[i];
+}
+
+static const void *row_at(const void *p, int bf16, int64_t i, int64_t ld)
+{
+    return (const char *)p + (size_t)(i * ld) * esize(bf16);
+}
+
+/* Hash layers: experts from the table, weights from the dots of the chosen experts only. */
+static void route_hash(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_route_args *a)
+{
+    const int k = a->topk;
+#pragma omp parallel num_threads(ex->threads) if (a->T * k * a->D > ROW_PAR_MIN)
+    {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < a->T * k; p++) {
+            int64_t t = p / k, s = p % k, tok = load_index(a->token_ids, a->tok_i64, t * a->tok_stride);
+            int32_t e = (int32_t)load_index(a->tid2eid, a->tid_i64, tok * a->ldtid + s);
+            const void *xt = row_at(a->x, a->x_bf16, t, a->ldx);
+            float logit;
+            kn->dots(row_at(a->w, a->w_bf16, e, a->ldw), a->w_bf16, &xt, a->x_bf16, 1, a->D, &logit);
+            a->ids[t * a->ldids + s] = e;
+            a->weights[t * a->ldweights + s] = dsv4_router_score(logit);
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < a->T; t++) dsv4_route_normalize(a->weights + t * a->ldweights, k, a->route_scale);
+    }
+}
+
+static dsv4_status route_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_route_args *a)
+{
+    if (a->tid2eid) {
+        route_hash(kn, ex, a);
+        return DSV4_OK;
+    }
+    const int E = a->E, nchunk = (E + RT_ECHUNK - 1) / RT_ECHUNK;
+    _Static_assert(RT_TB <= DSV4_DOTS_MAX_ROWS && HC_TB <= DSV4_DOTS_MAX_ROWS, "block exceeds the dots kernel");
+    for (int64_t t0 = 0; t0 < a->T; t0 += RT_TB) {
+        int nt = a->T - t0 < RT_TB ? (int)(a->T - t0) : RT_TB;
+        float score[RT_TB][DSV4_ROUTE_MAX_EXPERTS];
+        const void *xs[RT_TB];
+        for (int t = 0; t < nt; t++) xs[t] = row_at(a->x, a->x_bf16, t0 + t, a->ldx);
+#pragma omp parallel num_threads(ex->threads) if (nt * E * a->D > ROW_PAR_MIN)
+        {
+#pragma omp for schedule(static)
+            for (int c = 0; c < nchunk; c++)
+                for (int e = c * RT_ECHUNK; e < E && e < (c + 1) * RT_ECHUNK; e++) {
+                    float logit[RT_TB];
+                    kn->dots(row_at(a->w, a->w_bf16, e, a->ldw), a->w_bf16, xs, a->x_bf16, nt, a->D, logit);
+                    for (int t = 0; t < nt; t++) score[t][e] = dsv4_router_score(logit[t]);
+                }
+#pragma omp for schedule(static)
+            for (int t = 0; t < nt; t++) {
+                int32_t *ids = a->ids + (t0 + t) * a->ldids;
+                float *w = a->weights + (t0 + t) * a->ldweights;
+                dsv4_route_select(score[t], a->bias, E, a->topk, ids);
+                for (int s = 0; s < a->topk; s++) w[s] = score[t][ids[s]];
+                dsv4_route_normalize(w, a->topk, a->route_scale);
+            }
+        }
+    }
+    return DSV4_OK;
+}
+
+/* ---- MoE pieces ---------------------------------------------------------------------------- */
+static dsv4_status swiglu_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_swiglu_args *a)
+{
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->rows * a->n > ROW_PAR_MIN)
+    for (int64_t r = 0; r < a->rows; r++)
+        kn->swiglu_row(a->g + r * a->ldg, a->u + r * a->ldu, a->n, a->limit, a->w ? a->w[r] : 1.0f, a->h + r * a->ldh);
+    return DSV4_OK;
+}
+
+/* Counting sort of the pairs by expert (stable: pairs of one expert stay in p order). O(T*k + E),
+ * one pass each way; cheap next to one expert product, so it stays on one thread. */
+static dsv4_status moe_group(const dsv4_exec *ex, const dsv4_moe_group_args *a)
+{
+    (void)ex;
+    int32_t *off = a->offsets;
+    for (int e = 0; e <= a->E; e++) off[e] = 0;
+    for (int64_t t = 0; t < a->T; t++)
+        for (int s = 0; s < a->k; s++) off[a->ids[t * a->ldids + s] + 1]++;
+    for (int e = 0; e < a->E; e++) off[e + 1] += off[e];
+    /* off[e] is now the next free row of expert e; restore the starts afterwards */
+    for (int64_t t = 0; t < a->T; t++)
+        for (int s = 0; s < a->k; s++) {
+            int32_t e = a->ids[t * a->ldids + s], i = off[e]++;
+            int32_t p = (int32_t)(t * a->k + s);
+            a->order[i] = p;
+            a->pos[p] = i;
+            a->wsorted[i] = a->weights[t * a->ldweights + s];
+        }
+    for (int e = a->E; e > 0; e--) off[e] = off[e - 1];
+    off[0] = 0;
+    return DSV4_OK;
+}
+
+static dsv4_status moe_gather(const dsv4_exec *ex, const uint16_t *x, int64_t ldx, const int32_t *order, int64_t n,
+                              int k, int64_t D, uint16_t *xg)
+{
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (n * D > ROW_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) memcpy(xg + i * D, x + (order[i] / k) * ldx, (size_t)D * sizeof *xg);
+    return DSV4_OK;
+}
+
+static dsv4_status combine_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_moe_combine_args *a)
+{
+    const int64_t nch = (a->D + HC_DCHUNK - 1) / HC_DCHUNK;
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * a->D * a->k > ROW_PAR_MIN)
+    for (int64_t it = 0; it < a->T * nch; it++) {
+        int64_t t = it / nch, d0 = (it % nch) * HC_DCHUNK, d1 = d0 + HC_DCHUNK < a->D ? d0 + HC_DCHUNK : a->D;
+        const int32_t *ids = a->ids + t * a->ldids;
+        int slot[DSV4_ROUTE_MAX_TOPK];
+        for (int s = 0; s < a->k; s++) { /* insertion sort of the slots by (expert, slot) */
+            int q = s;
+            while (q > 0 && ids[slot[q - 1]] > ids[s]) {
+                slot[q] = slot[q - 1];
+                q--;
+            }
+            slot[q] = s;
+        }
+        const uint16_t *rows[DSV4_ROUTE_MAX_TOPK];
+        for (int s = 0; s < a->k; s++) rows[s] = a->rows + (int64_t)a->pos[t * a->k + slot[s]] * a->D;
+        kn->sum_rows(rows, a->k, a->shared ? a->shared + t * a->D : NULL, a->y + t * a->ldy, d0, d1);
+    }
+    return DSV4_OK;
+}
+
+/* Two tables over the same drivers: the kernel set is the only difference. */
+#define DEFINE_LAYER_OPS(prefix, kernels_expr)                                                                   \
+    static dsv4_status prefix##_rms(const dsv4_exec *ex, const dsv4_rms_args *a)                                 \
+    { return rms_with(kernels_expr, ex, a); }                                                                    \
+    static dsv4_status prefix##_hc_pre(const dsv4_exec *ex, const dsv4_hc_args *a)                              \
+    { return hc_run(kernels_expr, ex, a, 0, 1); }                                                                \
+    static dsv4_status prefix##_hc_post(const dsv4_exec *ex, const dsv4_hc_args *a)                             \
+    { return hc_run(kernels_expr, ex, a, 1, 0); }                                                                \
+    static dsv4_status prefix##_hc_post_pre(const dsv4_exec *ex, const dsv4_hc_args *a)                         \
+    { return hc_run(kernels_expr, ex, a, 1, 1); }                                                                \
+    static dsv4_status prefix##_route(const dsv4_exec *ex, const dsv4_route_args *a)                            \
+    { return route_with(kernels_expr, ex, a); }                                                                  \
+    static dsv4_status prefix##_swiglu(const dsv4_exec *ex, const dsv4_swiglu_args *a)                          \
+    { return swiglu_with(kernels_expr, ex, a); }                                                                 \
+    static dsv4_status prefix##_combine(const dsv4_exec *ex, const dsv4_moe_combine_args *a)                    \
+    { return combine_with(kernels_expr, ex, a); }                                                                \
+    const struct dsv4_layer_ops prefix##_layer_ops = {                                                           \
+        .rms_norm = prefix##_rms,                                                                                \
+        .hc_pre = prefix##_hc_pre,                                                                               \
+        .hc_post = prefix##_hc_post,                                                                             \
+        .hc_post_pre = prefix##_hc_post_pre,                                                                     \
+        .hc_head = prefix##_hc_pre,                                                                              \
+        .route = prefix##_route,                                                                                 \
+        .swiglu = prefix##_swiglu,                                                                               \
+        .moe_group = moe_group,                                                                                  \
+        .moe_gather = moe_gather,                                                                                \
+        .moe_combine = prefix##_combine,                                                                         \
+    };
+
+DEFINE_LAYER_OPS(dsv4_cpu_ref, &dsv4_cpu_layer_kernels_scalar)
+DEFINE_LAYER_OPS(dsv4_cpu, best_kernels())

@@ -1,0 +1,146 @@
+/* The linear family of both cpu backends: one driver, run with the scalar kernels (cpu-ref) or
+ * with the best ISA's (cpu). The driver stages each activation row (quantized by the ISA's own
+ * staging kernel, or here with the format kernels of the same ISA; both bit-identical to
+ * formats/codec.h), cuts the output into tiles, hands the tiles of N to the threads (a tile is
+ * computed whole by one thread, in a fixed K order), and adds the bias and rounds. */
+#include "backends/cpu/cpu_formats.h"
+#include "backends/cpu/cpu_linear.h"
+#include "formats/codec.h"
+
+#include <string.h>
+
+static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
+
+int64_t dsv4_lin_row_bytes(int64_t k) { return (k + 127) / 128 * 128 * 2; }
+
+static size_t workspace_size(dsv4_linear_format fmt, int64_t rows, int64_t k)
+{
+    return quantized(fmt) ? (size_t)(rows * dsv4_lin_row_bytes(k)) + 64 : 0;
+}
+
+static const void *x_row(const dsv4_linear_args *a, int64_t m, int64_t g)
+{
+    return (const char *)a->x + (size_t)(m * a->xs_m + g * a->xs_g) * (a->x_bf16 ? 2 : 4);
+}
+
+/* Quantize one row of x (act128 or mx32) into its staged form at dst, group by group. */
+static void stage_row(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_format_kernels *fk,
+                      const dsv4_linear_args *a, const void *x, uint8_t *dst)
+{
+    const dsv4_qrule rule = a->fmt == DSV4_LINEAR_MXFP8 ? DSV4_QRULE_MX32 : DSV4_QRULE_ACT128;
+    const dsv4_qrule_params *p = &dsv4_qrules[rule];
+    float buf[128];
+    uint8_t codes[128];
+    for (int64_t k0 = 0, j = 0; k0 < a->k; k0 += p->group, j++) {
+        const int len = (int)(a->k - k0 < p->group ? a->k - k0 : p->group);
+        if (a->x_bf16)
+            fk->decode_span(DSV4_FMT_BF16, (const uint16_t *)x + k0, len, buf);
+        else
+            memcpy(buf, (const float *)x + k0, (size_t)len * sizeof(float));
+        uint8_t byte;
+        if (len == p->group)
+            fk->quantize_row(rule, buf, len, codes, &byte);
+        else /* the short last act128 group of a K with an edge block */
+            byte = dsv4_quantize_group(p, buf, len, codes);
+        if (lk->stage_bf16) {
+            lk->stage_group(codes, len, dsv4_e8m0_to_f32(byte), (uint16_t *)dst + k0);
+        } else {
+            memcpy(dst + k0, codes, (size_t)len);
+            dst[a->k + j] = byte;
+        }
+    }
+    if (lk->stage_bf16) {
+        const int64_t kp = dsv4_lin_row_bytes(a->k) / 2;
+        memset((uint16_t *)dst + a->k, 0, (size_t)(kp - a->k) * 2);
+    }
+}
+
+static size_t weight_elem_size(dsv4_linear_format fmt)
+{
+    return fmt == DSV4_LINEAR_F32 ? 4 : fmt == DSV4_LINEAR_BF16 ? 2 : 1;
+}
+
+static void store_tile(const dsv4_linear_args *a, int64_t g, int64_t m0, int mv, int64_t n0, int nv,
+                       float out[DSV4_LIN_MT][DSV4_LIN_NT])
+{
+    for (int i = 0; i < mv; i++) {
+        const int64_t base = (m0 + i) * a->ys_m + g * a->ys_g + n0;
+        for (int j = 0; j < nv; j++) {
+            float v = out[i][j];
+            if (a->bias) {
+                const int64_t bi = (n0 + j) * a->bias_s;
+                v += a->bias_bf16 ? dsv4_bf16_to_f32(((const uint16_t *)a->bias)[bi]) : ((const float *)a->bias)[bi];
+            }
+            if (a->y_bf16)
+                ((uint16_t *)a->y)[base + j] = dsv4_bf16_from_f32(v);
+            else
+                ((float *)a->y)[base + j] = v;
+        }
+    }
+}
+
+static dsv4_status run_with(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_format_kernels *fk,
+                            const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    const int q = quantized(a->fmt);
+    const int64_t rows = a->m * a->groups, rb = dsv4_lin_row_bytes(a->k);
+    uint8_t *ws = q ? (uint8_t *)(((uintptr_t)a->workspace + 63) & ~(uintptr_t)63) : NULL;
+    if (q) {
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (rows * a->k > DSV4_CPU_CHUNK)
+        for (int64_t r = 0; r < rows; r++) {
+            const void *x = x_row(a, r / a->groups, r % a->groups);
+            if (lk->stage_row)
+                lk->stage_row(a->fmt, x, a->x_bf16, a->k, (uint16_t *)(ws + r * rb));
+            else
+                stage_row(lk, fk, a, x, ws + r * rb);
+        }
+    }
+    int mt, nt;
+    lk->shape(a->fmt, a->m, &mt, &nt);
+    const int64_t ntiles = (a->n + nt - 1) / nt, total = ntiles * a->groups;
+    const size_t wes = weight_elem_size(a->fmt);
+    const int64_t work = a->m * a->n * a->groups * a->k;
+    /* Tiles are handed out in chunks of consecutive tiles as threads come free (on a shared machine
+     * a thread may stall): where a tile is computed never changes its result. */
+    const int64_t chunk = total / (8 * (int64_t)ex->threads) > 1 ? total / (8 * (int64_t)ex->threads) : 1;
+#pragma omp parallel for num_threads(ex->threads) schedule(dynamic, chunk) if (total > 1 && work > 4 * DSV4_CPU_CHUNK)
+    for (int64_t t = 0; t < total; t++) {
+        const int64_t g = t / ntiles, n0 = (t % ntiles) * nt;
+        const int nv = (int)(a->n - n0 < nt ? a->n - n0 : nt);
+        dsv4_lin_tile tl = {.fmt = a->fmt, .k = a->k, .mt = mt, .nt = nt, .x_bf16 = a->x_bf16, .ss1 = a->ss1,
+                            .w_next = (int64_t)((size_t)(nt * a->ws_r) * wes)};
+        for (int j = 0; j < nt; j++) {
+            const int64_t r = g * a->n + n0 + (j < nv ? j : nv - 1); /* row of the whole weight */
+            tl.w[j] = (const char *)a->w + (size_t)(r * a->ws_r) * wes;
+            tl.s[j] = q ? a->scale + (a->fmt == DSV4_LINEAR_FP8_B128 ? r / 128 : r) * a->ss0 : NULL;
+        }
+        for (int64_t m0 = 0; m0 < a->m; m0 += mt) {
+            const int mv = (int)(a->m - m0 < mt ? a->m - m0 : mt);
+            for (int i = 0; i < mt; i++) {
+                const int64_t m = m0 + (i < mv ? i : mv - 1);
+                tl.act[i] = q ? (const void *)(ws + (m * a->groups + g) * rb) : x_row(a, m, g);
+            }
+            float out[DSV4_LIN_MT][DSV4_LIN_NT];
+            lk->tile(&tl, out);
+            store_tile(a, g, m0, mv, n0, nv, out);
+        }
+    }
+    return DSV4_OK;
+}
+
+static dsv4_status ref_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    return run_with(&dsv4_cpu_linear_kernels_scalar, &dsv4_cpu_format_kernels_scalar, ex, a);
+}
+
+static dsv4_status fast_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    if (dsv4_cpu_has_avx512bf16())
+        return run_with(&dsv4_cpu_linear_kernels_avx512, &dsv4_cpu_format_kernels_avx512, ex, a);
+    if (dsv4_cpu_isa_level() >= DSV4_ISA_AVX2)
+        return run_with(&dsv4_cpu_linear_kernels_avx2, &dsv4_cpu_format_kernels_avx2, ex, a);
+    return ref_linear(ex, a);
+}
+
+const struct dsv4_linear_ops dsv4_cpu_ref_linear_ops = {workspace_size, ref_linear};
+const struct dsv4_linear_ops dsv4_cpu_linear_ops = {workspace_size, fast_linear};

@@ -1,0 +1,26 @@
+/* Host-side helpers of the CUDA backend (C): the stream of an execution setting, a scoped switch
+ * to its device that restores the caller's current device, and CUDA errors -> dsv4 errors. */
+#ifndef DSV4_CUDA_GLUE_H
+#define DSV4_CUDA_GLUE_H
+
+#include "core/backend.h"
+
+/* ex->stream, or the per-thread default stream of the device when NULL. */
+void *dsv4_cu_stream(const dsv4_exec *ex);
+
+typedef struct dsv4_cu_scope_guard {
+    int prev;
+    int switched;
+} dsv4_cu_guard;
+
+/* Make ex->device current (checked: it must exist); dsv4_cu_leave restores the previous one. */
+dsv4_status dsv4_cu_enter(const dsv4_exec *ex, const char *op, dsv4_cu_guard *g);
+void dsv4_cu_leave(dsv4_cu_guard *g);
+/* err (a cudaError_t) -> DSV4_OK or DSV4_ERR_BACKEND naming the op and the CUDA error. */
+dsv4_status dsv4_cu_status(int err, const char *op);
+/* Multiprocessors of ex->device (132 on an H200; a guess when the query fails). */
+int dsv4_cu_sm_count(const dsv4_exec *ex);
+
+extern const struct dsv4_attention_ops dsv4_cuda_attention_ops;
+
+#endif

@@ -1,0 +1,86 @@
+/* The CUDA backend's kernels as the host glue sees them: plain C structs and launchers that
+ * return a cudaError_t (as int, 0 = success) and never synchronize. Shared by the C glue
+ * (backend_cuda.c, attention_cuda.c) and the kernels (*.cu). Every pointer is device memory
+ * unless marked host; strides are in elements of the pointed-to type, cache strides in bytes. */
+#ifndef DSV4_CUDA_KERNELS_H
+#define DSV4_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One paged cache (or, for the BF16 two-pass peer, rows: block_size 1, page_stride = row bytes). */
+typedef struct dsv4_cu_cache {
+    const uint8_t *pages;
+    long long page_stride, block_size, num_slots;
+} dsv4_cu_cache;
+
+/* KV insert (and the fused q side when q != NULL). */
+typedef struct dsv4_cu_insert {
+    uint16_t *q;             /* [n, h, 512] in place, or NULL */
+    long long q_st, q_sh;
+    long long n, h, n_ins;   /* q tokens, heads, KV rows inserted (first n_ins tokens) */
+    float eps;
+    const uint16_t *kv;      /* [n_ins, 512], row stride ld_kv */
+    long long ld_kv;
+    const int64_t *slots;    /* [n_ins] */
+    const int64_t *positions;/* [n] or NULL (KV inserted as is; q needs positions) */
+    const float *rope;       /* [max_pos, 64] */
+    long long max_pos;
+    uint8_t *pages;          /* destination cache */
+    long long page_stride, block_size, num_slots;
+} dsv4_cu_insert;
+
+int dsv4_cu_insert_launch(const dsv4_cu_insert *a, void *stream);
+
+/* out[i] (BF16 512, row stride ld_out) = dequantized entry at slots[i]; invalid slot -> zeros. */
+int dsv4_cu_gather_launch(dsv4_cu_cache cache, const int32_t *slots, long long s, uint16_t *out, long long ld_out,
+                          void *stream);
+
+/* o [t, h, 512] in place: dims 448..511 rotated back by positions[i]; rows whose position is
+ * outside [0, max_pos) are left as they are. */
+int dsv4_cu_inv_rope_launch(uint16_t *o, long long st, long long sh, long long t, long long h, const int64_t *positions,
+                            const float *rope, long long max_pos, void *stream);
+
+/* table [max_pos, 64] from freq[32] (host values, passed by value). */
+int dsv4_cu_rope_table_launch(const double *freq, long long max_pos, float *table, void *stream);
+
+/* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass peer). */
+typedef struct dsv4_cu_scope {
+    dsv4_cu_cache cache;
+    const int32_t *indices; /* [t, width], row stride ld */
+    long long ld, width;
+    const int32_t *lengths; /* [t] or NULL */
+} dsv4_cu_scope;
+
+typedef struct dsv4_cu_decode {
+    const uint16_t *q;
+    long long q_st, q_sh;
+    int t, h;
+    const float *sink;      /* [h] or NULL */
+    float scale_log2;       /* softmax scale * log2(e) */
+    uint16_t *out;
+    long long o_st, o_sh;
+    float *lse;             /* or NULL */
+    long long lse_st, lse_sh;
+    dsv4_cu_scope scope[2];
+    int n_scopes;
+    int fp8;                /* 1: FP8 pages, 0: BF16 rows */
+    int aligned;            /* cache bases and strides are 16-byte multiples (async copies) */
+    int wgmma;              /* 64-head tiles on the warpgroup MMA kernel (device is sm_90) */
+    int splits;             /* > 1: partial results in part_o/part_lse, then a combine launch */
+    float *part_o;          /* [splits, t, h, 512] */
+    float *part_lse;        /* [splits, t, h] */
+} dsv4_cu_decode;
+
+/* Rows of heads one CTA handles for h heads (16, 32 or 64). */
+int dsv4_cu_decode_rows(long long h);
+int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

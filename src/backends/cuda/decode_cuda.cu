@@ -1,0 +1,809 @@
+/* Sparse MLA decode on tensor cores (spec/README.md contract 6, kernels.md §3.2).
+ *
+ * One CTA = one query token x one tile of up to 64 heads (ROWS = 16, 32 or 64 rows of the MMA's
+ * M dimension, so any H works without padding to 64) x one split of that token's entries.
+ * The entries of both scopes form one list: the first len0 columns of scope 0, then the first
+ * len1 of scope 1; split s of S takes the blocks [s*nb/S, (s+1)*nb/S) of 64 entries, so the
+ * grid is fixed by the host (no device->host sync, graph-capturable) while the work follows the
+ * lengths read on the device. Per block of 64 entries:
+ *   1. (FP8 pages) raw entries (576 data + 8 scale bytes) arrive by cp.async in shared memory
+ *      one block ahead; all 256 threads dequantize them into a BF16 tile [64][512] (the
+ *      E4M3 x 2^k products are exact in BF16). BF16 rows (the two-pass peer) are copied
+ *      straight into one of two tiles.
+ *   2. S = Q K^T with mma.sync m16n8k16 (BF16 in, FP32 accumulate), Q in shared memory; the
+ *      warps of a head group split the 64 entries and exchange row maxima through shared memory.
+ *   3. Online softmax in base 2 (fp32), P rounded to BF16 into shared memory (as FlashMLA does).
+ *   4. O += P V with V = the same tile (ldmatrix.trans), each warp owning a slice of the 512 dims.
+ * Tiles in shared memory are XOR-swizzled by 16-byte chunks (chunk ^ row%8): the ldmatrix
+ * reads of 8 rows hit 8 different bank groups. With S > 1 every split writes its normalized
+ * partial output and lse; a combine kernel merges them in a fixed order and applies the sink. */
+#include "backends/cuda/cuda_device.cuh"
+#include "backends/cuda/cuda_kernels.h"
+
+#define NT 256           /* threads per CTA */
+#define KB 64            /* entries per block */
+#define ROW_BYTES 1024   /* one BF16 512-vector */
+/* Raw FP8 entries in shared memory: 576 data bytes at a 592-byte stride (37 x 16: the 16-byte
+ * reads of 8 consecutive entries hit 8 different bank groups), then 8 scale bytes per entry. */
+#define RAW_STRIDE 592
+#define RAW_BYTES (KB * RAW_STRIDE + KB * 8)
+#define RAW_SPAN 38912 /* RAW_BYTES rounded up to 1024 */
+
+/* Byte offset of 16-byte chunk c (0..63) of row `row` in a tile of `rows` BF16 512-vectors: eight
+ * column blocks of 64 values, each [rows][128 B] with the 128-byte swizzle (cuda_device.cuh). */
+static DSV4_CU_INLINE uint32_t tile_off(int row, int c, int rows)
+{
+    return (uint32_t)((c >> 3) * rows * 128 + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+}
+static DSV4_CU_INLINE uint8_t *align1024(uint8_t *p) { return (uint8_t *)(((uintptr_t)p + 1023) & ~(uintptr_t)1023); }
+
+template <int MT, bool FP8> struct decode_cfg {
+    static constexpr int MW = MT < 2 ? MT : 2;  /* m16 tiles per warp */
+    static constexpr int HG = MT / MW;          /* head groups */
+    static constexpr int DS = 8 / HG;           /* warps per head group */
+    static constexpr int EW = KB / DS;          /* entries per warp in Q K^T */
+    static constexpr int ENT = EW / 8;          /* n8 tiles of S per warp */
+    static constexpr int DW = 512 / DS;         /* output dims per warp in P V */
+    static constexpr int DNT = DW / 8;          /* n8 tiles of O per warp */
+    static constexpr int ROWS = MT * 16;
+    static constexpr int Q_OFF = 0;
+    static constexpr int K_OFF = ROWS * ROW_BYTES;
+    static constexpr int K_TILES = FP8 ? 1 : 2;
+    static constexpr int RAW_OFF = K_OFF + K_TILES * KB * ROW_BYTES;
+    static constexpr int P_OFF = RAW_OFF + (FP8 ? RAW_SPAN : 0);
+    static constexpr int RED_OFF = P_OFF + ROWS * 128;   /* float [8][64] row maxima */
+    static constexpr int L_OFF = RED_OFF + 8 * 64 * 4;   /* float [8][64] row sums */
+    static constexpr int OK_OFF = L_OFF + 8 * 64 * 4;    /* int [4][64] entry valid, by block % 4 */
+    static constexpr int SMEM = OK_OFF + 4 * KB * 4 + 1024; /* + alignment of the base to 1024 */
+};
+
+/* Lengths of the two scopes for token t (clamped to the widths). */
+static DSV4_CU_INLINE void scope_lengths(const dsv4_cu_decode &p, int t, long long *len0, long long *len1)
+{
+    long long l0 = p.scope[0].width, l1 = 0;
+    if (p.scope[0].lengths) l0 = p.scope[0].lengths[t];
+    l0 = l0 < 0 ? 0 : (l0 > p.scope[0].width ? p.scope[0].width : l0);
+    if (p.n_scopes > 1) {
+        l1 = p.scope[1].width;
+        if (p.scope[1].lengths) l1 = p.scope[1].lengths[t];
+        l1 = l1 < 0 ? 0 : (l1 > p.scope[1].width ? p.scope[1].width : l1);
+    }
+    *len0 = l0;
+    *len1 = l1;
+}
+
+/* This CTA's part of the token's entry list: blocks [b0, b0 + nblk) of 64 entries, positions
+ * below pend; positions below len0 come from scope 0, the rest from scope 1. */
+typedef struct {
+    long long len0, pos0, pend;
+    int nblk;
+} cta_range;
+
+static DSV4_CU_INLINE cta_range cta_entries(const dsv4_cu_decode &p, int t, int split)
+{
+    long long len0, len1;
+    scope_lengths(p, t, &len0, &len1);
+    const long long n = len0 + len1, nb = (n + KB - 1) / KB;
+    const long long b0 = split * nb / p.splits, b1 = (split + 1) * nb / p.splits;
+    cta_range r = {len0, b0 * KB, b1 * KB < n ? b1 * KB : n, (int)(b1 - b0)};
+    return r;
+}
+
+/* The index of one entry (lanes 0..7 of warp w hold entries w*8 .. w*8+7 of a block), read one
+ * block before the loads that need it so that its latency hides behind a block of work.
+ * idx -1: beyond the range. */
+typedef struct {
+    long long idx;
+    int second;
+} ent_pf;
+
+static DSV4_CU_INLINE ent_pf fetch_entry(const dsv4_cu_decode &p, int t, const cta_range &r, int jb, int warp, int lane)
+{
+    ent_pf f = {-1, 0};
+    const long long pos = r.pos0 + (long long)jb * KB + warp * 8 + lane;
+    if (lane < 8 && jb < r.nblk && pos < r.pend) {
+        f.second = pos >= r.len0;
+        const dsv4_cu_scope &sc = f.second ? p.scope[1] : p.scope[0];
+        f.idx = __ldg(sc.indices + t * sc.ld + (f.second ? pos - r.len0 : pos));
+    }
+    return f;
+}
+
+/* Source of an entry: data (and scale row for FP8); 0 when the index is masked. */
+template <bool FP8>
+static DSV4_CU_INLINE int entry_source(const dsv4_cu_decode &p, const ent_pf &f, const uint8_t **data,
+                                       const uint8_t **scl)
+{
+    const dsv4_cu_cache &c = f.second ? p.scope[1].cache : p.scope[0].cache;
+    const long long idx = f.idx;
+    if (idx < 0 || idx >= c.num_slots) return 0;
+    if (!FP8) {
+        *data = c.pages + idx * c.page_stride;
+        return 1;
+    }
+    long long bs = c.block_size, page, row;
+    if (bs <= 0x7FFFFFFF) {
+        unsigned pg = (unsigned)idx / (unsigned)bs;
+        page = pg;
+        row = idx - (long long)pg * bs;
+    } else {
+        page = 0;
+        row = idx;
+    }
+    const uint8_t *base = c.pages + page * c.page_stride;
+    *data = base + row * 576;
+    *scl = base + bs * 576 + row * 8;
+    return 1;
+}
+
+/* Issue the loads of one block of 64 entries (one commit group): lanes 0..7 resolve their
+ * prefetched entry, then the warp copies its 8 entries one by one (512 + 64 data bytes and 8
+ * scale bytes, or 1024 bytes of a BF16 row). */
+template <bool FP8>
+static DSV4_CU_INLINE void load_block(const dsv4_cu_decode &p, const ent_pf &f, uint8_t *dst, int *ok, int warp,
+                                      int lane)
+{
+    const uint8_t *data = p.scope[0].cache.pages, *scl = data;
+    int good = 0;
+    if (lane < 8) {
+        good = entry_source<FP8>(p, f, &data, &scl);
+        ok[warp * 8 + lane] = good;
+    }
+#pragma unroll 1
+    for (int i = 0; i < 8; i++) {
+        const int e = warp * 8 + i;
+        const int g = __shfl_sync(0xFFFFFFFFu, good, i);
+        const uint8_t *src = (const uint8_t *)__shfl_sync(0xFFFFFFFFu, (unsigned long long)data, i);
+        const uint8_t *ssrc = (const uint8_t *)__shfl_sync(0xFFFFFFFFu, (unsigned long long)scl, i);
+        if (FP8) {
+            if (!g) continue; /* masked: the dequantization writes zeros */
+            uint8_t *raw = dst + e * RAW_STRIDE;
+            uint8_t *rs = dst + KB * RAW_STRIDE + e * 8;
+            if (p.aligned) {
+                cu_cp_async16(cu_smem(raw + lane * 16), src + lane * 16);
+                if (lane < 4) cu_cp_async16(cu_smem(raw + 512 + lane * 16), src + 512 + lane * 16);
+                if (lane == 4) cu_cp_async8(cu_smem(rs), ssrc);
+            } else {
+                for (int b = lane; b < 576; b += 32) raw[b] = src[b];
+                if (lane < 8) rs[lane] = ssrc[lane];
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int c = lane + 32 * h;
+                uint8_t *d = dst + tile_off(e, c, KB);
+                if (!g) *(uint4 *)d = make_uint4(0, 0, 0, 0);
+                else if (p.aligned) cu_cp_async16(cu_smem(d), src + c * 16);
+                else *(uint4 *)d = cu_ld16(src + c * 16);
+            }
+        }
+    }
+    cu_cp_async_commit();
+}
+
+/* Q rows h0 .. h0 + ROWS - 1 of token t (zeros beyond H) into the swizzled tile; all loads of a
+ * thread are in flight before the first store. */
+template <int ROWS>
+static DSV4_CU_INLINE void load_q(const dsv4_cu_decode &p, int t, int h0, uint8_t *sQ, int tid)
+{
+    uint4 v[ROWS * 64 / NT];
+#pragma unroll
+    for (int k = 0; k < ROWS * 64 / NT; k++) {
+        const int i = k * NT + tid, r = i >> 6, c = i & 63;
+        v[k] = make_uint4(0, 0, 0, 0);
+        if (h0 + r < p.h) v[k] = cu_ld16(p.q + t * p.q_st + (long long)(h0 + r) * p.q_sh + c * 8);
+    }
+#pragma unroll
+    for (int k = 0; k < ROWS * 64 / NT; k++) {
+        const int i = k * NT + tid, r = i >> 6, c = i & 63;
+        *(uint4 *)(sQ + tile_off(r, c, ROWS)) = v[k];
+    }
+}
+
+/* Raw FP8 entries -> BF16 tile. A task is one 64-dim group of one entry (group 7: the RoPE
+ * part, copied): one scale byte, four 16-byte reads, eight 16-byte writes; the 32 lanes of a warp
+ * take 32 entries of the same group, so reads and writes are free of bank conflicts. Masked
+ * entries become zeros. */
+static DSV4_CU_INLINE void dequant_block(const uint8_t *raw, uint8_t *tile, const int *ok, int tid)
+{
+    const uint8_t *rs = raw + KB * RAW_STRIDE;
+#pragma unroll 1
+    for (int it = 0; it < (KB * 8) / NT; it++) {
+        const int task = it * NT + tid, e = task & (KB - 1), g = task / KB;
+        uint8_t *dst = tile + g * (KB * 128) + e * 128;
+        const int sw = e & 7;
+        if (!ok[e]) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) *(uint4 *)(dst + ((k ^ sw) << 4)) = make_uint4(0, 0, 0, 0);
+            continue;
+        }
+        const uint4 *src = (const uint4 *)(raw + e * RAW_STRIDE + g * 64);
+        if (g < 7) {
+            const float sc = cu_e8m0_f32(rs[e * 8 + g]);
+            uint4 c[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) c[q] = src[q];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                *(uint4 *)(dst + (((2 * q) ^ sw) << 4)) =
+                    make_uint4(cu_e4m3x2_bf16x2(c[q].x, sc), cu_e4m3x2_bf16x2(c[q].x >> 16, sc),
+                               cu_e4m3x2_bf16x2(c[q].y, sc), cu_e4m3x2_bf16x2(c[q].y >> 16, sc));
+                *(uint4 *)(dst + (((2 * q + 1) ^ sw) << 4)) =
+                    make_uint4(cu_e4m3x2_bf16x2(c[q].z, sc), cu_e4m3x2_bf16x2(c[q].z >> 16, sc),
+                               cu_e4m3x2_bf16x2(c[q].w, sc), cu_e4m3x2_bf16x2(c[q].w >> 16, sc));
+            }
+        } else {
+            uint4 r[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) r[k] = src[k];
+#pragma unroll
+            for (int k = 0; k < 8; k++) *(uint4 *)(dst + ((k ^ sw) << 4)) = r[k];
+        }
+    }
+}
+
+template <int MT, bool FP8>
+__global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
+{
+    typedef decode_cfg<MT, FP8> C;
+    extern __shared__ __align__(128) uint8_t smem_raw[];
+    uint8_t *smem = align1024(smem_raw);
+    uint8_t *sQ = smem + C::Q_OFF;
+    uint8_t *sK = smem + C::K_OFF;
+    uint8_t *sRaw = smem + C::RAW_OFF;
+    uint8_t *sP = smem + C::P_OFF;
+    float *sRed = (float *)(smem + C::RED_OFF);
+    float *sL = (float *)(smem + C::L_OFF);
+    int *sOk = (int *)(smem + C::OK_OFF);
+
+    const int t = blockIdx.x, h0 = blockIdx.y * C::ROWS, split = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int hg = warp / C::DS, ds = warp % C::DS;
+    const int quad = lane >> 2, qcol = 2 * (lane & 3);
+
+    const cta_range rg = cta_entries(p, t, split);
+    const int nblk = rg.nblk;
+    ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
+    load_q<C::ROWS>(p, t, h0, sQ, tid);
+
+    float o[C::MW][C::DNT][4];
+    float m_run[C::MW][2], l_part[C::MW][2];
+#pragma unroll
+    for (int mi = 0; mi < C::MW; mi++) {
+#pragma unroll
+        for (int nt = 0; nt < C::DNT; nt++) o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.0f;
+        m_run[mi][0] = m_run[mi][1] = -INFINITY;
+        l_part[mi][0] = l_part[mi][1] = 0.0f;
+    }
+
+    const uint32_t qbase = cu_smem(sQ), pbase = cu_smem(sP);
+    const int grp_bar = 1 + hg, grp_threads = C::DS * 32;
+
+    if (nblk > 0) load_block<FP8>(p, fn, FP8 ? sRaw : sK, sOk, warp, lane);
+    fn = fetch_entry(p, t, rg, 1, warp, lane);
+
+    for (int j = 0; j < nblk; j++) {
+        const int buf = j & 1;
+        cu_cp_async_wait_all();
+        __syncthreads(); /* block j landed; every warp is done with block j-1 */
+        const int *ok = sOk + (j & 3) * KB;
+        uint8_t *tile = sK;
+        if (FP8) {
+            dequant_block(sRaw, sK, ok, tid);
+            __syncthreads(); /* tile ready, raw buffer free */
+        } else {
+            tile = sK + buf * KB * ROW_BYTES;
+        }
+        if (j + 1 < nblk) {
+            uint8_t *dst = FP8 ? sRaw : sK + (buf ^ 1) * KB * ROW_BYTES;
+            load_block<FP8>(p, fn, dst, sOk + ((j + 1) & 3) * KB, warp, lane);
+            fn = fetch_entry(p, t, rg, j + 2, warp, lane);
+        }
+        const uint32_t kbase = cu_smem(tile);
+
+        /* ---- S = Q K^T for this warp's head rows and entries ds*EW .. +EW ---- */
+        float s[C::MW][C::ENT][4];
+#pragma unroll
+        for (int mi = 0; mi < C::MW; mi++)
+#pragma unroll
+            for (int ni = 0; ni < C::ENT; ni++) s[mi][ni][0] = s[mi][ni][1] = s[mi][ni][2] = s[mi][ni][3] = 0.0f;
+#pragma unroll 4
+        for (int kk = 0; kk < 32; kk++) {
+            uint32_t a[C::MW][4];
+#pragma unroll
+            for (int mi = 0; mi < C::MW; mi++) {
+                const int r = (hg * C::MW + mi) * 16 + (lane & 15);
+                cu_ldsm_x4(qbase + tile_off(r, 2 * kk + (lane >> 4), C::ROWS), a[mi]);
+            }
+            if (C::ENT == 2) {
+                uint32_t b[4];
+                const int r = ds * C::EW + (lane & 7) + ((lane >> 4) << 3);
+                cu_ldsm_x4(kbase + tile_off(r, 2 * kk + ((lane >> 3) & 1), KB), b);
+#pragma unroll
+                for (int mi = 0; mi < C::MW; mi++) {
+                    cu_mma_bf16(s[mi][0], a[mi], b[0], b[1]);
+                    cu_mma_bf16(s[mi][C::ENT - 1], a[mi], b[2], b[3]);
+                }
+            } else {
+                uint32_t b[2];
+                const int r = ds * C::EW + (lane & 7);
+                cu_ldsm_x2(kbase + tile_off(r, 2 * kk + ((lane >> 3) & 1), KB), b);
+#pragma unroll
+                for (int mi = 0; mi < C::MW; mi++) cu_mma_bf16(s[mi][0], a[mi], b[0], b[1]);
+            }
+        }
+
+        /* ---- mask, base-2 logits, row maxima across the head group ---- */
+        float mx[C::MW][2];
+#pragma unroll
+        for (int mi = 0; mi < C::MW; mi++) {
+            mx[mi][0] = mx[mi][1] = -INFINITY;
+#pragma unroll
+            for (int ni = 0; ni < C::ENT; ni++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int e = ds * C::EW + ni * 8 + qcol + (q & 1);
+                    const float v = ok[e] ? s[mi][ni][q] * p.scale_log2 : -INFINITY;
+                    s[mi][ni][q] = v;
+                    mx[mi][q >> 1] = fmaxf(mx[mi][q >> 1], v);
+                }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                mx[mi][hf] = fmaxf(mx[mi][hf], __shfl_xor_sync(0xFFFFFFFFu, mx[mi][hf], 1));
+                mx[mi][hf] = fmaxf(mx[mi][hf], __shfl_xor_sync(0xFFFFFFFFu, mx[mi][hf], 2));
+                if ((lane & 3) == 0) sRed[ds * 64 + (hg * C::MW + mi) * 16 + quad + 8 * hf] = mx[mi][hf];
+            }
+        }
+        cu_bar(grp_bar, grp_threads);
+
+        float alpha[C::MW][2], m_use[C::MW][2];
+#pragma unroll
+        for (int mi = 0; mi < C::MW; mi++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int row = (hg * C::MW + mi) * 16 + quad + 8 * hf;
+                float bm = -INFINITY;
+#pragma unroll
+                for (int d = 0; d < C::DS; d++) bm = fmaxf(bm, sRed[d * 64 + row]);
+                const float m_new = fmaxf(m_run[mi][hf], bm);
+                m_use[mi][hf] = m_new == -INFINITY ? 0.0f : m_new;
+                alpha[mi][hf] = exp2f(m_run[mi][hf] - m_use[mi][hf]);
+                m_run[mi][hf] = m_new;
+                l_part[mi][hf] *= alpha[mi][hf];
+            }
+
+        /* ---- P = 2^(s - m) in fp32 for the sums, BF16 into shared memory ---- */
+#pragma unroll
+        for (int mi = 0; mi < C::MW; mi++)
+#pragma unroll
+            for (int ni = 0; ni < C::ENT; ni++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float p0 = exp2f(s[mi][ni][2 * hf] - m_use[mi][hf]);
+                    const float p1 = exp2f(s[mi][ni][2 * hf + 1] - m_use[mi][hf]);
+                    l_part[mi][hf] += p0 + p1;
+                    const int row = (hg * C::MW + mi) * 16 + quad + 8 * hf;
+                    const int col = ds * C::EW + ni * 8 + qcol;
+                    *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2) =
+                        cu_f32_bf16(p0) | (cu_f32_bf16(p1) << 16);
+                }
+        cu_bar(grp_bar, grp_threads);
+
+        /* ---- O = O * alpha + P V over this warp's dims ds*DW .. +DW ---- */
+#pragma unroll
+        for (int mi = 0; mi < C::MW; mi++)
+#pragma unroll
+            for (int nt = 0; nt < C::DNT; nt++) {
+                o[mi][nt][0] *= alpha[mi][0];
+                o[mi][nt][1] *= alpha[mi][0];
+                o[mi][nt][2] *= alpha[mi][1];
+                o[mi][nt][3] *= alpha[mi][1];
+            }
+#pragma unroll
+        for (int kk = 0; kk < KB / 16; kk++) {
+            uint32_t a[C::MW][4];
+#pragma unroll
+            for (int mi = 0; mi < C::MW; mi++) {
+                const int r = (hg * C::MW + mi) * 16 + (lane & 15), c = 2 * kk + (lane >> 4);
+                cu_ldsm_x4(pbase + r * 128 + ((c ^ (r & 7)) << 4), a[mi]);
+            }
+            const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+            for (int np = 0; np < C::DNT / 2; np++) {
+                uint32_t b[4];
+                cu_ldsm_x4_trans(kbase + tile_off(r, ds * (C::DW / 8) + 2 * np + (lane >> 4), KB), b);
+#pragma unroll
+                for (int mi = 0; mi < C::MW; mi++) {
+                    cu_mma_bf16(o[mi][2 * np], a[mi], b[0], b[1]);
+                    cu_mma_bf16(o[mi][2 * np + 1], a[mi], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    /* ---- row sums across the group (fixed order), then the epilogue ---- */
+#pragma unroll
+    for (int mi = 0; mi < C::MW; mi++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float l = l_part[mi][hf];
+            l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+            l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+            if ((lane & 3) == 0) sL[ds * 64 + (hg * C::MW + mi) * 16 + quad + 8 * hf] = l;
+        }
+    __syncthreads();
+
+    const long long th = (long long)t * p.h;
+#pragma unroll
+    for (int mi = 0; mi < C::MW; mi++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int row = (hg * C::MW + mi) * 16 + quad + 8 * hf, h = h0 + row;
+            if (h >= p.h) continue;
+            float l = 0.0f;
+#pragma unroll
+            for (int d = 0; d < C::DS; d++) l += sL[d * 64 + row];
+            const bool empty = !(l > 0.0f);
+            const float lse = empty ? INFINITY : (m_run[mi][hf] + log2f(l)) * 0.69314718055994531f;
+            if (p.splits > 1) {
+                const long long prow = (long long)split * p.t * p.h + th + h;
+                if (ds == 0 && (lane & 3) == 0) p.part_lse[prow] = empty ? -INFINITY : lse;
+                if (empty) continue;
+                const float inv = 1.0f / l;
+                float *dst = p.part_o + prow * 512 + ds * C::DW + qcol;
+#pragma unroll
+                for (int nt = 0; nt < C::DNT; nt++)
+                    *(float2 *)(dst + nt * 8) = make_float2(o[mi][nt][2 * hf] * inv, o[mi][nt][2 * hf + 1] * inv);
+            } else {
+                if (ds == 0 && (lane & 3) == 0 && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
+                float f = 0.0f;
+                if (!empty) {
+                    const float sink = p.sink ? p.sink[h] : -INFINITY;
+                    f = (1.0f / l) / (1.0f + expf(sink - lse));
+                }
+                uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + ds * C::DW + qcol;
+#pragma unroll
+                for (int nt = 0; nt < C::DNT; nt++) {
+                    dst[nt * 8] = (uint16_t)cu_f32_bf16(o[mi][nt][2 * hf] * f);
+                    dst[nt * 8 + 1] = (uint16_t)cu_f32_bf16(o[mi][nt][2 * hf + 1] * f);
+                }
+            }
+        }
+}
+
+/* ---- the 64-head tile on Hopper's warpgroup MMA (sm_90a) ------------------------------------
+ * Two consumer warpgroups; each holds all 64 rows. Q K^T: warpgroup g computes S for entries
+ * 32g..32g+31 (wgmma m64n32k16, 32 k-steps, Q and K read from shared memory); the row maxima are
+ * exchanged, P (BF16) goes to shared memory, and P V: warpgroup g accumulates output dims
+ * 256g..256g+255 (wgmma m64n256k16, 4 k-steps, V = the K tile read MN-major).
+ * decode_wgmma_bf16_kernel (BF16 rows, the two-pass peer) copies rows into two tiles by
+ * cp.async one block ahead; decode_fp8_kernel (FP8 pages) stages raw entries two blocks ahead
+ * and dequantizes each block into its single tile. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Q K^T of one block, issued asynchronously (wg_wait_s waits). */
+static DSV4_CU_INLINE void wg_qk(float *s, uint32_t qa, uint32_t ka, int wg)
+{
+    const uint64_t dq = cu_desc_sw128(qa, 16, 1024), dk = cu_desc_sw128(ka + wg * 32 * 128, 16, 1024);
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 32; kk++) {
+        const uint32_t koff = ((kk >> 2) * 8192 + (kk & 3) * 32) >> 4;
+        cu_wgmma_m64n32<0>(s, dq + koff, dk + koff, kk > 0);
+    }
+    cu_wgmma_commit();
+}
+
+static DSV4_CU_INLINE void wg_wait_s(float *s)
+{
+    cu_wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < 16; i++) cu_reg_fence(s[i]);
+}
+
+/* Masks, base-2 logits, the row maxima of both warpgroups (through sRed), P in BF16 into sP;
+ * updates the running maxima and this thread's partial sums, returns the rescale factors. */
+static DSV4_CU_INLINE void wg_softmax(const dsv4_cu_decode &p, float *s, const int *ok, float *sRed, uint8_t *sP,
+                                      float *m_run, float *l_part, float *alpha, int wg, int r0, int lane)
+{
+    const int qcol = 2 * (lane & 3);
+    float mx[2] = {-INFINITY, -INFINITY}, m_use[2];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int e = wg * 32 + (i >> 2) * 8 + qcol + (i & 1);
+        const float v = ok[e] ? s[i] * p.scale_log2 : -INFINITY;
+        s[i] = v;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], v);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xFFFFFFFFu, mx[hf], 1));
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xFFFFFFFFu, mx[hf], 2));
+        if ((lane & 3) == 0) sRed[wg * 64 + r0 + 8 * hf] = mx[hf];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int row = r0 + 8 * hf;
+        const float m_new = fmaxf(m_run[hf], fmaxf(sRed[row], sRed[64 + row]));
+        m_use[hf] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[hf] = cu_exp2(m_run[hf] - m_use[hf]);
+        m_run[hf] = m_new;
+        l_part[hf] *= alpha[hf];
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+        const int hf = (i >> 1) & 1, row = r0 + 8 * hf, col = wg * 32 + (i >> 2) * 8 + qcol;
+        const float p0 = cu_exp2(s[i] - m_use[hf]), p1 = cu_exp2(s[i + 1] - m_use[hf]);
+        l_part[hf] += p0 + p1;
+        *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2) =
+            cu_f32_bf16(p0) | (cu_f32_bf16(p1) << 16);
+    }
+    cu_fence_proxy_async();
+    __syncthreads();
+}
+
+/* O = O * alpha + P V over dims 256 wg .. 256 wg + 255 (no rescale while the maxima hold). */
+static DSV4_CU_INLINE void wg_pv(float *o, const float *alpha, uint32_t pa, uint32_t ka, int wg)
+{
+    if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < 128; i++) o[i] *= alpha[(i >> 1) & 1];
+    }
+#pragma unroll
+    for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; kk++)
+        cu_wgmma_m64n256<1>(o, cu_desc_sw128(pa + kk * 32, 16, 1024),
+                            cu_desc_sw128(ka + wg * 4 * 8192 + kk * 16 * 128, 8192, 1024), 1);
+    cu_wgmma_commit();
+    cu_wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+}
+
+/* Row sums of both warpgroups (fixed order), then out/lse or the split's partial results. */
+static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, const float *m_run,
+                                       const float *l_part, float *sL, int t, int h0, int split, int wg, int r0,
+                                       int lane)
+{
+    const int qcol = 2 * (lane & 3);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_part[hf];
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+        if ((lane & 3) == 0) sL[wg * 64 + r0 + 8 * hf] = l;
+    }
+    __syncthreads();
+    const long long th = (long long)t * p.h;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int row = r0 + 8 * hf, h = h0 + row;
+        if (h >= p.h) continue;
+        const float l = sL[row] + sL[64 + row];
+        const bool empty = !(l > 0.0f);
+        const float lse = empty ? INFINITY : (m_run[hf] + log2f(l)) * 0.69314718055994531f;
+        if (p.splits > 1) {
+            const long long prow = (long long)split * p.t * p.h + th + h;
+            if (wg == 0 && (lane & 3) == 0) p.part_lse[prow] = empty ? -INFINITY : lse;
+            if (empty) continue;
+            const float inv = 1.0f / l;
+            float *dst = p.part_o + prow * 512 + wg * 256 + qcol;
+#pragma unroll
+            for (int jn = 0; jn < 32; jn++)
+                *(float2 *)(dst + jn * 8) = make_float2(o[4 * jn + 2 * hf] * inv, o[4 * jn + 2 * hf + 1] * inv);
+        } else {
+            if (wg == 0 && (lane & 3) == 0 && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
+            float f = 0.0f;
+            if (!empty) {
+                const float sink = p.sink ? p.sink[h] : -INFINITY;
+                f = (1.0f / l) / (1.0f + expf(sink - lse));
+            }
+            uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + wg * 256 + qcol;
+            const bool w4 = ((uintptr_t)dst & 3) == 0;
+#pragma unroll
+            for (int jn = 0; jn < 32; jn++) {
+                const uint32_t lo = cu_f32_bf16(o[4 * jn + 2 * hf] * f), hi = cu_f32_bf16(o[4 * jn + 2 * hf + 1] * f);
+                if (w4) {
+                    *(uint32_t *)(dst + jn * 8) = lo | (hi << 16);
+                } else {
+                    dst[jn * 8] = (uint16_t)lo;
+                    dst[jn * 8 + 1] = (uint16_t)hi;
+                }
+            }
+        }
+    }
+}
+#endif
+
+/* Shared memory of the warpgroup kernels: Q, BF16 tiles (two for BF16 rows; one for FP8 pages,
+ * plus two raw stages), P, maxima, sums, valid flags. */
+template <bool FP8> struct wg_cfg {
+    static constexpr int Q_OFF = 0;
+    static constexpr int K_OFF = 64 * ROW_BYTES;
+    static constexpr int RAW_OFF = K_OFF + (FP8 ? 1 : 2) * KB * ROW_BYTES;
+    static constexpr int P_OFF = RAW_OFF + (FP8 ? 2 * RAW_SPAN : 0);
+    static constexpr int RED_OFF = P_OFF + 64 * 128;  /* float [2][64] row maxima */
+    static constexpr int L_OFF = RED_OFF + 2 * 64 * 4; /* float [2][64] row sums */
+    static constexpr int OK_OFF = L_OFF + 2 * 64 * 4;  /* int [4][64], by block % 4 */
+    static constexpr int SMEM = OK_OFF + 4 * KB * 4 + 1024;
+};
+
+#define WG_SMEM_SETUP(FP8)                                                                              \
+    typedef wg_cfg<FP8> C;                                                                              \
+    extern __shared__ __align__(128) uint8_t smem_raw[];                                                \
+    uint8_t *smem = align1024(smem_raw);                                                                \
+    uint8_t *sQ = smem + C::Q_OFF, *sK = smem + C::K_OFF, *sP = smem + C::P_OFF;                        \
+    float *sRed = (float *)(smem + C::RED_OFF), *sL = (float *)(smem + C::L_OFF);                       \
+    int *sOk = (int *)(smem + C::OK_OFF);                                                               \
+    const int t = blockIdx.x, h0 = blockIdx.y * 64, split = blockIdx.z;                                 \
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;                      \
+    const int r0 = 16 * (warp & 3) + (lane >> 2); /* this thread's rows: r0 and r0 + 8 */               \
+    const cta_range rg = cta_entries(p, t, split);                                                      \
+    const int nblk = rg.nblk;                                                                           \
+    float o[128], s[16], alpha[2];                                                                      \
+    float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};                                  \
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;                                                          \
+    const uint32_t qa = cu_smem(sQ), pa = cu_smem(sP)
+
+/* BF16 rows (the two-pass peer): cp.async into two tiles, one block ahead. */
+__global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_decode p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    WG_SMEM_SETUP(false);
+    ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
+    load_q<64>(p, t, h0, sQ, tid);
+    if (nblk > 0) load_block<false>(p, fn, sK, sOk, warp, lane);
+    fn = fetch_entry(p, t, rg, 1, warp, lane);
+    for (int j = 0; j < nblk; j++) {
+        uint8_t *tile = sK + (j & 1) * KB * ROW_BYTES;
+        cu_cp_async_wait_all();
+        cu_fence_proxy_async();
+        __syncthreads(); /* block j landed; both warpgroups are done with block j - 1 */
+        wg_qk(s, qa, cu_smem(tile), wg);
+        if (j + 1 < nblk) { /* into the tile of block j - 1 while the tensor cores run */
+            load_block<false>(p, fn, sK + ((j + 1) & 1) * KB * ROW_BYTES, sOk + ((j + 1) & 3) * KB, warp, lane);
+            fn = fetch_entry(p, t, rg, j + 2, warp, lane);
+        }
+        wg_wait_s(s);
+        wg_softmax(p, s, sOk + (j & 3) * KB, sRed, sP, m_run, l_part, alpha, wg, r0, lane);
+        wg_pv(o, alpha, pa, cu_smem(tile), wg);
+    }
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+#else
+    __trap(); /* only the sm_90a build has warpgroup MMA; the host picks the mma.sync kernel elsewhere */
+#endif
+}
+
+/* FP8 pages: raw entries arrive by cp.async in two shared-memory stages, two blocks ahead; all
+ * threads dequantize a block into the tile, then the next loads are issued while the tensor
+ * cores run Q K^T. */
+__global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    WG_SMEM_SETUP(true);
+    uint8_t *const raw0 = smem + C::RAW_OFF, *const raw1 = raw0 + RAW_SPAN;
+    ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
+    load_q<64>(p, t, h0, sQ, tid);
+    for (int jb = 0; jb < 2; jb++) {
+        if (jb < nblk) load_block<true>(p, fn, jb ? raw1 : raw0, sOk + jb * KB, warp, lane);
+        fn = fetch_entry(p, t, rg, jb + 1, warp, lane);
+    }
+    for (int j = 0; j < nblk; j++) {
+        const int buf = j & 1;
+        if (j + 1 < nblk) cu_cp_async_wait_1(); /* block j landed, j + 1 may be in flight */
+        else cu_cp_async_wait_all();
+        __syncthreads();
+        dequant_block(buf ? raw1 : raw0, sK, sOk + (j & 3) * KB, tid);
+        cu_fence_proxy_async();
+        __syncthreads(); /* tile ready; raw stage `buf` free */
+        wg_qk(s, qa, cu_smem(sK), wg);
+        if (j + 2 < nblk) {
+            load_block<true>(p, fn, buf ? raw1 : raw0, sOk + ((j + 2) & 3) * KB, warp, lane);
+            fn = fetch_entry(p, t, rg, j + 3, warp, lane);
+        }
+        wg_wait_s(s);
+        wg_softmax(p, s, sOk + (j & 3) * KB, sRed, sP, m_run, l_part, alpha, wg, r0, lane);
+        wg_pv(o, alpha, pa, cu_smem(sK), wg);
+    }
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+#else
+    __trap();
+#endif
+}
+
+/* One warp per (token, head): merge the splits in order, apply the sink, write BF16 + lse. */
+__global__ void __launch_bounds__(NT) combine_kernel(const dsv4_cu_decode p)
+{
+    const long long w = (long long)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const long long rows = (long long)p.t * p.h;
+    if (w >= rows) return;
+    const int t = (int)(w / p.h), h = (int)(w % p.h);
+    float L = -INFINITY;
+    for (int s = 0; s < p.splits; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
+    float acc[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) acc[k] = 0.0f;
+    float wsum = 0.0f;
+    if (L != -INFINITY) {
+        for (int s = 0; s < p.splits; s++) {
+            const float ls = p.part_lse[s * rows + w];
+            if (ls == -INFINITY) continue;
+            const float wt = expf(ls - L);
+            wsum += wt;
+            const float4 *src = (const float4 *)(p.part_o + (s * rows + w) * 512 + lane * 16);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float4 v = src[k];
+                acc[4 * k] += wt * v.x;
+                acc[4 * k + 1] += wt * v.y;
+                acc[4 * k + 2] += wt * v.z;
+                acc[4 * k + 3] += wt * v.w;
+            }
+        }
+    }
+    const bool empty = !(wsum > 0.0f);
+    const float lse = empty ? INFINITY : L + logf(wsum);
+    float f = 0.0f;
+    if (!empty) {
+        const float sink = p.sink ? p.sink[h] : -INFINITY;
+        f = (1.0f / wsum) / (1.0f + expf(sink - lse));
+    }
+    if (lane == 0 && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
+    uint32_t bits[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) bits[k] = cu_f32_bf16(acc[k] * f);
+    uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + lane * 16;
+    uint32_t wv[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) wv[k] = bits[2 * k] | (bits[2 * k + 1] << 16);
+    cu_st16(dst, make_uint4(wv[0], wv[1], wv[2], wv[3]));
+    cu_st16(dst + 8, make_uint4(wv[4], wv[5], wv[6], wv[7]));
+}
+
+extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
+
+template <int MT, bool FP8> static int launch_decode(const dsv4_cu_decode *d, cudaStream_t stream)
+{
+    typedef decode_cfg<MT, FP8> C;
+    static int configured; /* the attribute is per function; setting it twice is harmless */
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(decode_kernel<MT, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+        if (e != cudaSuccess) return (int)e;
+        configured = 1;
+    }
+    dim3 grid((unsigned)d->t, (unsigned)((d->h + C::ROWS - 1) / C::ROWS), (unsigned)d->splits);
+    decode_kernel<MT, FP8><<<grid, NT, C::SMEM, stream>>>(*d);
+    return (int)cudaGetLastError();
+}
+
+template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_t stream)
+{
+    void (*kernel)(dsv4_cu_decode) = FP8 ? decode_fp8_kernel : decode_wgmma_bf16_kernel;
+    static int configured;
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<FP8>::SMEM);
+        if (e != cudaSuccess) return (int)e;
+        configured = 1;
+    }
+    dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
+    kernel<<<grid, NT, wg_cfg<FP8>::SMEM, stream>>>(*d);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
+{
+    if (d->t == 0 || d->h == 0) return 0;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int rows = dsv4_cu_decode_rows(d->h);
+    int err;
+    if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
+    else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
+    else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);
+    if (err || d->splits <= 1) return err;
+    long long rows_th = (long long)d->t * d->h;
+    combine_kernel<<<(unsigned)((rows_th + NT / 32 - 1) / (NT / 32)), NT, 0, st>>>(*d);
+    return (int)cudaGetLastError();
+}

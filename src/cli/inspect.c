@@ -1,0 +1,129 @@
+/* dsv4 inspect DIR: the config in short, the tensors by dtype, and what is missing, unexpected
+ * or mistyped. Exit status 0 when the checkpoint matches its config, 1 otherwise. */
+#include "dsv4.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void print_config(const dsv4_model_config *c)
+{
+    printf("config (%s naming): hidden %lld, %lld layers + %lld MTP, vocab %lld\n", c->naming, (long long)c->dim,
+           (long long)c->n_layers, (long long)c->n_mtp_layers, (long long)c->vocab_size);
+    printf("  attention: %lld heads x %lld (rope %lld), q_lora %lld, output %lld groups x %lld, window %lld\n",
+           (long long)c->n_heads, (long long)c->head_dim, (long long)c->rope_head_dim, (long long)c->q_lora_rank,
+           (long long)c->o_groups, (long long)c->o_lora_rank, (long long)c->window_size);
+    int count[3] = {0, 0, 0};
+    printf("  blocks:");
+    for (int64_t i = 0; i < c->n_layers + c->n_mtp_layers; i++) {
+        dsv4_attn_kind k = (dsv4_attn_kind)c->attn_kind[i];
+        if (i < c->n_layers) count[k]++;
+        printf(" %s%s%s", i == c->n_layers ? "| MTP " : "", dsv4_attn_kind_name(k), c->hash_routed[i] ? "#" : "");
+        if (k != DSV4_ATTN_SWA) printf("/%d", c->compress_ratio[i]);
+    }
+    printf("\n    (%d SWA, %d CSA, %d HCA; /N = compression ratio, # = hash routing)\n", count[0], count[1], count[2]);
+    printf("  indexer: %lld heads x %lld, top-k %lld\n", (long long)c->index_n_heads, (long long)c->index_head_dim,
+           (long long)c->index_topk);
+    static const char *const score[] = {"sqrtsoftplus", "softmax", "sigmoid"};
+    printf("  moe: %lld routed experts (top-%lld, width %lld) + %lld shared; %lld hash layers; %s scores, scale %g, "
+           "swiglu limit %g\n",
+           (long long)c->n_routed_experts, (long long)c->n_activated_experts, (long long)c->moe_inter_dim,
+           (long long)c->n_shared_experts, (long long)c->n_hash_layers, score[c->score_func], c->route_scale, c->swiglu_limit);
+    printf("  mHC: %lld copies, %lld Sinkhorn iterations, eps %g; rms eps %g\n", (long long)c->hc_mult,
+           (long long)c->hc_sinkhorn_iters, c->hc_eps, c->norm_eps);
+    printf("  rope: main theta %g%s; compressed theta %g", c->rope_main.theta, c->rope_main.yarn ? " + YaRN" : "",
+           c->rope_compress.theta);
+    if (c->rope_compress.yarn)
+        printf(" + YaRN (factor %g, original %lld, beta %g/%g)", c->rope_compress.factor,
+               (long long)c->rope_compress.original_max_position, c->rope_compress.beta_fast, c->rope_compress.beta_slow);
+    printf("; max positions %lld\n", (long long)c->max_position_embeddings);
+    printf("  weights: %s, experts %s; bos %lld, eos %lld%s\n", dsv4_weight_format_name(c->weight_format),
+           dsv4_weight_format_name(c->expert_format), (long long)c->bos_token_id, (long long)c->eos_token_ids[0],
+           c->tie_word_embeddings ? ", tied embeddings" : "");
+}
+
+static void print_tensors(const dsv4_checkpoint *ck)
+{
+    const char *names[32];
+    long long cnt[32] = {0}, bytes[32] = {0}, total = 0;
+    int nd = 0;
+    int64_t n = dsv4_checkpoint_count(ck);
+    for (int64_t i = 0; i < n; i++) {
+        dsv4_tensor_entry e;
+        if (dsv4_checkpoint_entry(ck, i, &e) != DSV4_OK) continue;
+        int k = 0;
+        while (k < nd && strcmp(names[k], e.st_dtype)) k++;
+        if (k == nd && nd < 32) names[nd++] = e.st_dtype;
+        if (k < nd) {
+            cnt[k]++;
+            bytes[k] += (long long)e.nbytes;
+        }
+        total += (long long)e.nbytes;
+    }
+    printf("checkpoint: %d file%s, %s layout, %lld tensors, %lld bytes\n", dsv4_checkpoint_file_count(ck),
+           dsv4_checkpoint_file_count(ck) > 1 ? "s" : "", dsv4_checkpoint_layout(ck) == DSV4_LAYOUT_HF ? "transformers" : "official",
+           (long long)n, total);
+    for (int k = 0; k < nd; k++) printf("  %-8s %8lld tensors %16lld bytes\n", names[k], cnt[k], bytes[k]);
+}
+
+int dsv4_cmd_inspect(int argc, char **argv)
+{
+    const char *dir = NULL;
+    int all = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--all")) all = 1;
+        else if (!dir && argv[i][0] != '-') dir = argv[i];
+        else {
+            fprintf(stderr, "usage: dsv4 inspect DIR [--all]\n");
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "usage: dsv4 inspect DIR [--all]\n");
+        return 2;
+    }
+    dsv4_model_open_options opt = {1};
+    dsv4_model *m = NULL;
+    if (dsv4_model_open(dir, &opt, &m) != DSV4_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", dsv4_last_error());
+        dsv4_checkpoint *ck = NULL; /* the tensors can still be listed when only config.json is at fault */
+        if (dsv4_checkpoint_open(dir, &ck) == DSV4_OK) {
+            printf("model: %s\n", dir);
+            print_tensors(ck);
+            dsv4_checkpoint_close(ck);
+        }
+        fprintf(stderr, "dsv4 inspect: %s\n", why);
+        return 1;
+    }
+    printf("model: %s\n", dir);
+    print_config(dsv4_model_get_config(m));
+    print_tensors(dsv4_model_get_checkpoint(m));
+    const dsv4_model_weights *w = dsv4_model_get_weights(m);
+    printf("weights: %d blocks + %d MTP bound, experts %s\n", w->n_layers, w->n_mtp, dsv4_weight_format_name(w->expert_format));
+    int n = dsv4_model_issue_count(m);
+    if (!n) {
+        printf("problems: none\n");
+        dsv4_model_close(m);
+        return 0;
+    }
+    static const char *const kinds[] = {"missing", "unexpected", "wrong dtype", "wrong shape"};
+    int per_kind[4] = {0, 0, 0, 0}, stored = 0;
+    dsv4_model_issue_info is;
+    while (dsv4_model_issue(m, stored, &is) == DSV4_OK) {
+        per_kind[is.kind]++;
+        stored++;
+    }
+    printf("problems: %d (%d missing, %d unexpected, %d wrong dtype, %d wrong shape%s)\n", n, per_kind[0], per_kind[1],
+           per_kind[2], per_kind[3], stored < n ? "; the first ones are counted" : "");
+    for (int k = 0; k < 4; k++) {
+        int shown = 0;
+        for (int i = 0; i < stored; i++) {
+            if (dsv4_model_issue(m, i, &is) != DSV4_OK || (int)is.kind != k) continue;
+            if (all || shown < 20) printf("  %-11s %s\n", kinds[k], is.message);
+            shown++;
+        }
+        if (!all && shown > 20) printf("  %-11s ... and %d more (--all lists every one)\n", kinds[k], shown - 20);
+    }
+    dsv4_model_close(m);
+    return 1;
+}

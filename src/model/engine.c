@@ -1,0 +1,605 @@
+/* The decode engine: load, memory plan, sequences, state export (include/dsv4/engine.h).
+ *
+ * Every buffer is planned by one walk over the model (layout()) that runs twice: first to add up
+ * the sizes of the four arenas (converted parameters, KV caches, states, scratch), then, after one
+ * allocation per arena, to hand out the pointers and convert the parameters. Nothing is allocated
+ * after dsv4_engine_create except the block tables of a new sequence. */
+#include "model/engine_internal.h"
+
+#include "core/error.h"
+#include "dsv4/device.h"
+#include "dsv4/formats.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { A_CONV = 0, A_KV = 1, A_STATE = 2, A_SCRATCH = 3 };
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+static dsv4_tensor view(const void *p, dsv4_dtype dt, int nd, const int64_t *shape)
+{
+    dsv4_tensor t;
+    memset(&t, 0, sizeof t);
+    dsv4_tensor_init(&t, (void *)p, dt, nd, shape);
+    return t;
+}
+dsv4_tensor eng_t1(const void *p, dsv4_dtype dt, int64_t a) { return view(p, dt, 1, (const int64_t[]){a}); }
+dsv4_tensor eng_t2(const void *p, dsv4_dtype dt, int64_t a, int64_t b) { return view(p, dt, 2, (const int64_t[]){a, b}); }
+dsv4_tensor eng_t3(const void *p, dsv4_dtype dt, int64_t a, int64_t b, int64_t c)
+{
+    return view(p, dt, 3, (const int64_t[]){a, b, c});
+}
+
+dsv4_status eng_wrap(dsv4_status st, const char *what, int index)
+{
+    if (st == DSV4_OK) return st;
+    char msg[480];
+    snprintf(msg, sizeof msg, "%s", dsv4_last_error());
+    if (index >= 0) return dsv4_fail(st, "%s %d: %s", what, index, msg);
+    return dsv4_fail(st, "%s: %s", what, msg);
+}
+
+dsv4_linear_format eng_fmt(const dsv4_linear_weight *w)
+{
+    if (w->format == DSV4_WFMT_FP8) return DSV4_LINEAR_FP8_B128;
+    if (w->format == DSV4_WFMT_FP4) return DSV4_LINEAR_FP4;
+    return w->weight.dtype == DSV4_F32 ? DSV4_LINEAR_F32 : DSV4_LINEAR_BF16;
+}
+
+dsv4_linear_format eng_tfmt(const dsv4_tensor *w) { return w->dtype == DSV4_F32 ? DSV4_LINEAR_F32 : DSV4_LINEAR_BF16; }
+
+dsv4_status eng_check_seq(const dsv4_engine *e, int seq, const char *op)
+{
+    DSV4_CHECK_ARG(e, "%s: null engine", op);
+    if (seq < 0 || seq >= e->opt.max_seqs || !e->seqs[seq].live)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: sequence %d does not exist (max_seqs %d)", op, seq, e->opt.max_seqs);
+    return DSV4_OK;
+}
+
+float *eng_state(const dsv4_engine *e, const eng_layer *L, int sq) { return L->state + (size_t)sq * (size_t)L->state_floats; }
+
+/* ---- arenas -------------------------------------------------------------------------------- */
+typedef struct arena {
+    uint8_t *base;
+    uint64_t off;
+} arena;
+
+static void *take(arena *a, uint64_t bytes)
+{
+    uint64_t o = (a->off + 63) & ~(uint64_t)63;
+    a->off = o + bytes;
+    return a->base ? a->base + o : NULL;
+}
+
+/* ---- parameter conversion (second layout pass only) ---------------------------------------- */
+static int64_t numel(const dsv4_tensor *t) { return t->data ? dsv4_tensor_numel(t) : 0; }
+
+/* dst = src as contiguous F32: the mapped tensor itself when it is F32 and aligned, else a copy. */
+static dsv4_status param_f32(dsv4_engine *e, arena *conv, const dsv4_tensor *src, dsv4_tensor *dst)
+{
+    memset(dst, 0, sizeof *dst);
+    if (!src->data) return DSV4_OK;
+    if (src->dtype == DSV4_F32 && !((uintptr_t)src->data & 3)) {
+        *dst = *src;
+        return DSV4_OK;
+    }
+    int64_t n = numel(src);
+    float *buf = take(conv, (uint64_t)n * 4);
+    *dst = view(buf, DSV4_F32, src->ndim, src->shape);
+    if (!buf) return DSV4_OK;
+    if (src->dtype == DSV4_F32) {
+        memcpy(buf, src->data, (size_t)n * 4);
+        return DSV4_OK;
+    }
+    if (src->dtype != DSV4_BF16)
+        return dsv4_fail(DSV4_ERR_DTYPE, "engine: parameter of dtype %s where F32 or BF16 is needed", dsv4_dtype_name(src->dtype));
+    return dsv4_decode_array(e->ctx, DSV4_FMT_BF16, src->data, n, buf);
+}
+
+static dsv4_status hc_site(dsv4_engine *e, arena *conv, const dsv4_tensor *fn, const dsv4_tensor *scale,
+                           const dsv4_tensor *base, dsv4_hc_site *site)
+{
+    DSV4_TRY(param_f32(e, conv, fn, &site->fn));
+    DSV4_TRY(param_f32(e, conv, scale, &site->scale));
+    DSV4_TRY(param_f32(e, conv, base, &site->base));
+    site->sinkhorn_iters = (int)e->cfg->hc_sinkhorn_iters;
+    site->eps = (float)e->cfg->hc_eps;
+    site->norm_eps = (float)e->cfg->norm_eps;
+    return DSV4_OK;
+}
+
+/* wo_a as the ops take it: BF16/F32 in place; FP8 dequantized to BF16 once (exact: E4M3 times a
+ * power of two fits BF16), as DeepSeek's converter does, so it runs as the BF16 grouped product. */
+static dsv4_status wo_a_weight(dsv4_engine *e, arena *conv, const dsv4_linear_weight *lw, dsv4_tensor *dst)
+{
+    if (lw->format != DSV4_WFMT_FP8) {
+        *dst = lw->weight;
+        return DSV4_OK;
+    }
+    const int64_t N = lw->out_features, K = lw->in_features;
+    uint16_t *buf = take(conv, (uint64_t)(N * K) * 2);
+    *dst = eng_t2(buf, DSV4_BF16, N, K);
+    if (!buf) return DSV4_OK;
+    float *tmp = malloc((size_t)(128 * K) * sizeof *tmp);
+    if (!tmp) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory converting wo_a");
+    dsv4_status st = DSV4_OK;
+    for (int64_t r0 = 0; r0 < N && st == DSV4_OK; r0 += 128) {
+        int64_t rows = N - r0 < 128 ? N - r0 : 128;
+        dsv4_tensor w, sc, out = eng_t2(tmp, DSV4_F32, rows, K);
+        st = dsv4_tensor_slice(&lw->weight, 0, r0, r0 + rows, &w);
+        if (st == DSV4_OK) st = dsv4_tensor_slice(&lw->scale, 0, r0 / 128, r0 / 128 + 1, &sc);
+        if (st == DSV4_OK) st = dsv4_dequantize_weight(e->ctx, &w, &sc, &out);
+        if (st == DSV4_OK) st = dsv4_encode_array(e->ctx, DSV4_FMT_BF16, tmp, rows * K, buf + r0 * K);
+    }
+    free(tmp);
+    return st;
+}
+
+static const dsv4_tensor *opt_t(const dsv4_tensor *t) { return t->data ? t : NULL; }
+
+static dsv4_ffn_weights ffn_of(const dsv4_expert_weights *x)
+{
+    dsv4_ffn_weights f = {eng_fmt(&x->w1), &x->w1.weight, opt_t(&x->w1.scale), &x->w3.weight, opt_t(&x->w3.scale),
+                          &x->w2.weight, opt_t(&x->w2.scale)};
+    return f;
+}
+
+/* ---- workspace sizes ----------------------------------------------------------------------- */
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+static size_t lin_ws(dsv4_engine *e, const dsv4_linear_weight *w, int64_t rows)
+{
+    size_t b = 0;
+    if (w->weight.data && dsv4_linear_workspace_size(e->ctx, eng_fmt(w), rows, w->in_features, &b) != DSV4_OK) b = 0;
+    return b;
+}
+
+static size_t layer_ws(dsv4_engine *e, const eng_layer *L, int64_t T)
+{
+    const dsv4_layer_weights *w = L->w;
+    const dsv4_model_config *c = e->cfg;
+    size_t b = 0;
+    const dsv4_linear_weight *lins[] = {&w->wq_a, &w->wq_b, &w->wkv, &w->wo_b, &w->index_wq_b, &w->e_proj};
+    for (size_t i = 0; i < sizeof lins / sizeof *lins; i++) b = max_sz(b, lin_ws(e, lins[i], T));
+    b = max_sz(b, lin_ws(e, &w->h_proj, T * e->hc));
+    size_t x = 0;
+    if (dsv4_sparse_mla_decode_workspace(e->ctx, T, e->H, e->W, L->ratio ? e->cwidth : 0, &x) == DSV4_OK) b = max_sz(b, x);
+    if (L->kind == DSV4_ATTN_CSA) b = max_sz(b, dsv4_indexer_workspace_size(e->ctx, T, c->index_topk));
+    dsv4_ffn_weights ex = ffn_of(&w->experts[0]), sh = ffn_of(&w->shared);
+    x = 0;
+    if (dsv4_moe_workspace_size(e->ctx, T, (int)c->n_activated_experts, (int)c->n_routed_experts, &ex,
+                                c->n_shared_experts ? &sh : NULL, &x) == DSV4_OK)
+        b = max_sz(b, x);
+    return b;
+}
+
+/* ---- the layout walk ----------------------------------------------------------------------- */
+static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
+{
+    const dsv4_model_config *c = e->cfg;
+    const dsv4_layer_weights *w = &e->w->layers[b];
+    const int64_t S = e->opt.max_seqs, E = c->n_routed_experts;
+    arena *conv = &A[A_CONV];
+    L->w = w;
+    L->is_mtp = w->is_mtp;
+    L->kind = w->kind;
+    L->ratio = w->kind == DSV4_ATTN_SWA ? 0 : w->compress_ratio;
+    L->hash = w->hash_routed;
+    L->rope = L->ratio ? &e->rope_compress : &e->rope_main;
+    DSV4_TRY(hc_site(e, conv, &w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, &L->hc_attn));
+    DSV4_TRY(hc_site(e, conv, &w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &L->hc_ffn));
+    if (L->is_mtp) DSV4_TRY(hc_site(e, conv, &w->hc_head_fn, &w->hc_head_scale, &w->hc_head_base, &L->hc_head));
+    DSV4_TRY(param_f32(e, conv, &w->attn_sink, &L->sink));
+    DSV4_TRY(param_f32(e, conv, &w->compressor.ape, &L->ape));
+    DSV4_TRY(param_f32(e, conv, &w->index_compressor.ape, &L->index_ape));
+    DSV4_TRY(param_f32(e, conv, &w->gate_bias, &L->gate_bias));
+    DSV4_TRY(wo_a_weight(e, conv, &w->wo_a, &L->wo_a));
+    L->experts = take(conv, (uint64_t)E * sizeof *L->experts);
+    if (L->experts)
+        for (int64_t x = 0; x < E; x++) L->experts[x] = ffn_of(&w->experts[x]);
+    L->has_shared = c->n_shared_experts > 0;
+    if (L->has_shared) L->shared = ffn_of(&w->shared);
+
+    /* caches: the ring of every block; compressed entries and the indexer cache */
+    int64_t ring_pages = S * (e->R / ENG_RING_BLOCK), pb = dsv4_kv_page_bytes(ENG_RING_BLOCK);
+    void *ring = take(&A[A_KV], (uint64_t)(ring_pages * pb));
+    if (ring) DSV4_TRY(dsv4_kv_cache_view(&L->ring, ring, ring_pages, ENG_RING_BLOCK, DSV4_DEVICE_CPU, 0));
+    L->state_floats = 0;
+    if (L->ratio) {
+        int p = 0;
+        while (p < e->n_pools && e->pool_ratio[p] != L->ratio) p++;
+        L->pool = p;
+        int64_t bs = 256 / L->ratio < 1 ? 1 : 256 / L->ratio > 64 ? 64 : 256 / L->ratio;
+        int64_t entries = (e->opt.max_context + L->ratio - 1) / L->ratio;
+        int64_t pages = S * ((entries + bs - 1) / bs);
+        void *comp = take(&A[A_KV], (uint64_t)(pages * dsv4_kv_page_bytes(bs)));
+        if (comp) DSV4_TRY(dsv4_kv_cache_view(&L->comp, comp, pages, bs, DSV4_DEVICE_CPU, 0));
+        int64_t coff = L->kind == DSV4_ATTN_CSA ? 2 : 1;
+        L->state_floats = 2 * (coff * L->ratio) * (coff * c->head_dim);
+        L->proj_ld = 2 * coff * c->head_dim;
+    }
+    if (L->kind == DSV4_ATTN_CSA) {
+        L->index_cache = take(&A[A_KV], (uint64_t)(S * e->index_entries * e->index_entry_bytes));
+        L->state_floats += 2 * 8 * (2 * c->index_head_dim);
+        L->proj_ld += 4 * c->index_head_dim;
+    }
+    if (L->ratio && e->opt.max_mtp && !L->is_mtp) { /* rollback of rejected drafts */
+        L->snapshot = take(&A[A_STATE], (uint64_t)L->state_floats * 4);
+        L->saved_proj = take(&A[A_STATE], (uint64_t)((1 + e->opt.max_mtp) * L->proj_ld) * 4);
+    }
+    L->state = take(&A[A_STATE], (uint64_t)(S * L->state_floats) * 4);
+    return DSV4_OK;
+}
+
+static dsv4_status layout(dsv4_engine *e, arena *A)
+{
+    const dsv4_model_config *c = e->cfg;
+    const int64_t T = e->opt.max_batch, D = e->D, hc = e->hc, H = e->H, V = e->V, S = e->opt.max_seqs;
+    const int64_t ql = c->q_lora_rank, nI = c->index_n_heads, dI = c->index_head_dim, topk = c->n_activated_experts;
+    const int64_t maxc = e->opt.max_context;
+    /* RoPE tables and the model-level hc_head */
+    float *rm = take(&A[A_CONV], (uint64_t)maxc * 64 * 4), *rc = take(&A[A_CONV], (uint64_t)maxc * 64 * 4);
+    e->rope_main = eng_t2(rm, DSV4_F32, maxc, 64);
+    e->rope_compress = eng_t2(rc, DSV4_F32, maxc, 64);
+    if (rm) {
+        const dsv4_rope_config *rcf[2] = {&c->rope_main, &c->rope_compress};
+        dsv4_tensor *tab[2] = {&e->rope_main, &e->rope_compress};
+        for (int i = 0; i < 2; i++) {
+            dsv4_rope_params p = {rcf[i]->theta, rcf[i]->yarn ? rcf[i]->factor : 1.0, (double)rcf[i]->original_max_position,
+                                  rcf[i]->beta_fast, rcf[i]->beta_slow};
+            DSV4_TRY(dsv4_rope_table(e->ctx, &p, tab[i]));
+        }
+    }
+    DSV4_TRY(hc_site(e, &A[A_CONV], &e->w->hc_head_fn, &e->w->hc_head_scale, &e->w->hc_head_base, &e->hc_head));
+    for (int b = 0; b < e->n_blocks; b++) DSV4_TRY(eng_wrap(layout_layer(e, A, &e->layers[b], b), "engine: block", b));
+    for (int sq = 0; sq < S; sq++) e->seqs[sq].pending = take(&A[A_STATE], (uint64_t)(hc * D) * 2);
+
+    /* scratch of one forward call */
+    arena *s = &A[A_SCRATCH];
+    eng_scratch *x = &e->s;
+    x->X = take(s, (uint64_t)(T * hc * D) * 2);
+    x->Xm = e->opt.max_mtp ? take(s, (uint64_t)(T * hc * D) * 2) : NULL;
+    x->xin = take(s, (uint64_t)(T * D) * 2);
+    x->x = take(s, (uint64_t)(T * D) * 2);
+    x->a = take(s, (uint64_t)(T * D) * 2);
+    x->post = take(s, (uint64_t)(T * hc) * 4);
+    x->comb = take(s, (uint64_t)(T * hc * hc) * 4);
+    x->qr = take(s, (uint64_t)(T * ql) * 2);
+    x->q = take(s, (uint64_t)(T * H * 512) * 2);
+    x->kv = take(s, (uint64_t)(T * 512) * 2);
+    x->o = take(s, (uint64_t)(T * H * 512) * 2);
+    x->z = take(s, (uint64_t)(T * c->o_groups * c->o_lora_rank) * 2);
+    x->ckv = take(s, (uint64_t)(T * 2 * 512) * 4);
+    x->cgate = take(s, (uint64_t)(T * 2 * 512) * 4);
+    x->cout = take(s, (uint64_t)(T * 512) * 2);
+    x->cslots = take(s, (uint64_t)T * 8);
+    x->positions = take(s, (uint64_t)T * 8);
+    x->tokens = take(s, (uint64_t)T * 4);
+    x->qi = take(s, (uint64_t)(T * nI * dI) * 2);
+    x->wp = take(s, (uint64_t)(T * nI) * 2);
+    x->qpk = take(s, (uint64_t)(T * nI * dI / 2));
+    x->qsc = take(s, (uint64_t)(T * nI * dI / 32));
+    x->wts = take(s, (uint64_t)(T * nI) * 4);
+    x->ikv = take(s, (uint64_t)(T * 2 * dI) * 4);
+    x->igate = take(s, (uint64_t)(T * 2 * dI) * 4);
+    x->sidx = take(s, (uint64_t)(T * e->W) * 4);
+    x->slen = take(s, (uint64_t)T * 4);
+    x->cidx = take(s, (uint64_t)(T * e->cwidth) * 4);
+    x->clen = take(s, (uint64_t)T * 4);
+    x->ids = take(s, (uint64_t)(T * topk) * 4);
+    x->rw = take(s, (uint64_t)(T * topk) * 4);
+    x->logits = take(s, (uint64_t)(e->opt.logits_rows * V) * 4);
+    x->qlogits = take(s, (uint64_t)(e->opt.max_mtp * V) * 4);
+    x->probs = take(s, (uint64_t)V * 4);
+    x->probs2 = take(s, (uint64_t)V * 4);
+    x->order = take(s, (uint64_t)V * 4);
+    size_t ws = 0;
+    for (int b = 0; b < e->n_blocks; b++) ws = max_sz(ws, layer_ws(e, &e->layers[b], T));
+    e->s.ws_bytes = ws;
+    x->ws = take(s, ws ? ws : 1);
+    return DSV4_OK;
+}
+
+/* ---- create / destroy ---------------------------------------------------------------------- */
+static dsv4_status check_config(const dsv4_engine *e)
+{
+    const dsv4_model_config *c = e->cfg;
+    if (c->head_dim != DSV4_KV_DIM || c->rope_head_dim != DSV4_KV_ROPE_DIM)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: head_dim %lld / rope dims %lld: the KV cache format needs 512 / 64",
+                         (long long)c->head_dim, (long long)c->rope_head_dim);
+    if (c->hc_mult < 1 || c->hc_mult > DSV4_HC_MAX)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: hc_mult %lld not in [1, %d]", (long long)c->hc_mult, DSV4_HC_MAX);
+    if (c->score_func != DSV4_SCORE_SQRTSOFTPLUS || !c->norm_topk_prob)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: only the sqrtsoftplus router with normalized top-k weights is implemented");
+    if (c->n_shared_experts > 1)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: %lld shared experts (DeepSeek-V4 has 1)", (long long)c->n_shared_experts);
+    if (c->o_groups < 1 || c->n_heads % c->o_groups)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: %lld heads do not split into %lld groups", (long long)c->n_heads,
+                         (long long)c->o_groups);
+    for (int b = 0; b < e->n_blocks; b++) {
+        const dsv4_layer_weights *w = &e->w->layers[b];
+        if (w->kind == DSV4_ATTN_CSA && w->compress_ratio != 4)
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: block %d is CSA with ratio %d (the overlapping compressor needs 4)",
+                             b, w->compress_ratio);
+        if (w->kind == DSV4_ATTN_HCA && (w->compress_ratio < 2 || w->compress_ratio == 4))
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: block %d is HCA with ratio %d", b, w->compress_ratio);
+    }
+    if (dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: backend '%s' computes in device memory; the engine keeps its caches and "
+                         "weights in host memory (use a CPU backend)", dsv4_ctx_backend_name(e->ctx));
+    return DSV4_OK;
+}
+
+static dsv4_status resolve_options(dsv4_engine *e, const dsv4_engine_options *o)
+{
+    const dsv4_model_config *c = e->cfg;
+    dsv4_engine_options r = o ? *o : (dsv4_engine_options){0};
+    if (r.max_context == 0) r.max_context = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (r.max_seqs == 0) r.max_seqs = 1;
+    if (r.max_batch == 0) r.max_batch = 128;
+    if (e->w->n_mtp == 0) r.max_mtp = 0;
+    DSV4_CHECK_ARG(r.max_context >= 1 && r.max_context <= ((int64_t)1 << 24),
+                   "engine: max_context %lld not in [1, 2^24]", (long long)r.max_context);
+    DSV4_CHECK_ARG(r.max_seqs >= 1 && r.max_seqs <= 4096, "engine: max_seqs %d not in [1, 4096]", r.max_seqs);
+    DSV4_CHECK_ARG(r.max_batch >= 1 && r.max_batch <= 65536, "engine: max_batch %d not in [1, 65536]", r.max_batch);
+    DSV4_CHECK_ARG(r.max_mtp >= 0 && r.max_mtp < r.max_batch && r.max_mtp <= 64,
+                   "engine: max_mtp %d not in [0, min(64, max_batch - 1)]", r.max_mtp);
+    if (r.logits_rows == 0) r.logits_rows = 1 + r.max_mtp;
+    DSV4_CHECK_ARG(r.logits_rows >= 1 + r.max_mtp && r.logits_rows <= r.max_batch,
+                   "engine: logits_rows %d not in [1 + max_mtp, max_batch]", r.logits_rows);
+    e->opt = r;
+    return DSV4_OK;
+}
+
+static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
+{
+    e->cfg = dsv4_model_get_config(e->model);
+    e->w = dsv4_model_get_weights(e->model);
+    const dsv4_model_config *c = e->cfg;
+    DSV4_TRY(resolve_options(e, options));
+    e->n_blocks = (int)c->n_layers + (e->opt.max_mtp ? 1 : 0);
+    DSV4_TRY(check_config(e));
+    e->D = c->dim;
+    e->H = c->n_heads;
+    e->hc = c->hc_mult;
+    e->V = c->vocab_size;
+    e->W = c->window_size;
+    int64_t need = e->W + e->opt.max_batch + e->opt.max_mtp;
+    e->R = (need + ENG_RING_BLOCK - 1) / ENG_RING_BLOCK * ENG_RING_BLOCK;
+    e->index_entry_bytes = c->index_head_dim / 2 + c->index_head_dim / 32;
+    e->index_entries = (e->opt.max_context + 3) / 4;
+    e->cwidth = 1;
+    for (int b = 0; b < e->n_blocks; b++) {
+        const dsv4_layer_weights *w = &e->w->layers[b];
+        if (w->kind == DSV4_ATTN_CSA && c->index_topk > e->cwidth) e->cwidth = c->index_topk;
+        if (w->kind == DSV4_ATTN_HCA && e->opt.max_context / w->compress_ratio > e->cwidth)
+            e->cwidth = e->opt.max_context / w->compress_ratio;
+        if (w->kind == DSV4_ATTN_SWA) continue;
+        int p = 0;
+        while (p < e->n_pools && e->pool_ratio[p] != w->compress_ratio) p++;
+        if (p == e->n_pools) {
+            if (p == ENG_MAX_RATIOS) return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: more than %d compression ratios", ENG_MAX_RATIOS);
+            e->pool_ratio[e->n_pools++] = w->compress_ratio;
+        }
+    }
+    e->layers = calloc((size_t)e->n_blocks, sizeof *e->layers);
+    e->seqs = calloc((size_t)e->opt.max_seqs, sizeof *e->seqs);
+    if (!e->layers || !e->seqs) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
+
+    arena A[4];
+    memset(A, 0, sizeof A);
+    DSV4_TRY(layout(e, A)); /* sizes */
+    for (int i = 0; i < 4; i++) {
+        e->mem_bytes[i] = A[i].off;
+        e->mem[i] = calloc(1, (size_t)A[i].off + 64);
+        if (!e->mem[i])
+            return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: cannot allocate the planned %.1f MiB", (double)A[i].off / 1048576.0);
+        A[i].base = (uint8_t *)(((uintptr_t)e->mem[i] + 63) & ~(uintptr_t)63);
+        A[i].off = 0;
+    }
+    DSV4_TRY(layout(e, A)); /* pointers and conversions */
+    /* page pools: every sequence reserves its whole context when it is created */
+    DSV4_TRY(dsv4_kv_pages_create(e->opt.max_seqs * (e->R / ENG_RING_BLOCK), ENG_RING_BLOCK, &e->ring_pool));
+    for (int p = 0; p < e->n_pools; p++) {
+        const eng_layer *L = NULL;
+        for (int b = 0; b < e->n_blocks && !L; b++)
+            if (e->layers[b].ratio == e->pool_ratio[p]) L = &e->layers[b];
+        DSV4_TRY(dsv4_kv_pages_create(L->comp.pages.shape[0], L->comp.block_size, &e->pools[p]));
+    }
+    int64_t n = dsv4_checkpoint_count(dsv4_model_get_checkpoint(e->model));
+    for (int64_t i = 0; i < n; i++) {
+        dsv4_tensor_entry en;
+        if (dsv4_checkpoint_entry(dsv4_model_get_checkpoint(e->model), i, &en) == DSV4_OK) e->weights_mapped += en.nbytes;
+    }
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_engine_create(dsv4_ctx *ctx, const char *model_dir, const dsv4_engine_options *options, dsv4_engine **out)
+{
+    DSV4_CHECK_ARG(model_dir && out, "engine_create: null argument");
+    dsv4_engine *e = calloc(1, sizeof *e);
+    if (!e) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
+    e->ctx = ctx;
+    dsv4_status st = dsv4_model_open(model_dir, NULL, &e->model);
+    if (st == DSV4_OK) st = setup(e, options);
+    if (st != DSV4_OK) {
+        dsv4_engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return DSV4_OK;
+}
+
+void dsv4_engine_destroy(dsv4_engine *e)
+{
+    if (!e) return;
+    if (e->seqs)
+        for (int s = 0; s < e->opt.max_seqs; s++)
+            if (e->seqs[s].live) dsv4_engine_seq_free(e, s);
+    for (int p = 0; p < e->n_pools; p++) dsv4_kv_pages_destroy(e->pools[p]);
+    dsv4_kv_pages_destroy(e->ring_pool);
+    for (int i = 0; i < 4; i++) free(e->mem[i]);
+    free(e->layers);
+    free(e->seqs);
+    dsv4_model_close(e->model);
+    free(e);
+}
+
+const dsv4_model_config *dsv4_engine_config(const dsv4_engine *e) { return e ? e->cfg : NULL; }
+
+dsv4_engine_options dsv4_engine_get_options(const dsv4_engine *e)
+{
+    dsv4_engine_options o = {0};
+    return e ? e->opt : o;
+}
+
+/* ---- sequences ----------------------------------------------------------------------------- */
+static dsv4_status seq_init(dsv4_engine *e, int sq)
+{
+    eng_seq *s = &e->seqs[sq];
+    DSV4_TRY(dsv4_kv_seq_create(e->ring_pool, e->R, &s->ring));
+    DSV4_TRY(dsv4_kv_seq_reserve(s->ring, e->R));
+    for (int p = 0; p < e->n_pools; p++) {
+        int64_t entries = (e->opt.max_context + e->pool_ratio[p] - 1) / e->pool_ratio[p];
+        DSV4_TRY(dsv4_kv_seq_create(e->pools[p], entries, &s->comp[p]));
+        DSV4_TRY(dsv4_kv_seq_reserve(s->comp[p], entries));
+    }
+    for (int b = 0; b < e->n_blocks; b++) {
+        const eng_layer *L = &e->layers[b];
+        if (!L->ratio) continue;
+        float *st = eng_state(e, L, sq);
+        const int64_t d = e->cfg->head_dim, dI = e->cfg->index_head_dim;
+        int coff = L->kind == DSV4_ATTN_CSA ? 2 : 1;
+        int64_t rows = coff * L->ratio, cols = coff * d;
+        dsv4_compressor_desc md = {DSV4_COMPRESSOR_MAIN, L->ratio, (int)d, 1e-6f, 0};
+        dsv4_tensor skv = eng_t2(st, DSV4_F32, rows, cols), ssc = eng_t2(st + rows * cols, DSV4_F32, rows, cols);
+        DSV4_TRY(dsv4_compressor_state_init(&md, &skv, &ssc));
+        if (L->kind != DSV4_ATTN_CSA) continue;
+        float *ist = st + 2 * rows * cols;
+        dsv4_compressor_desc id = {DSV4_COMPRESSOR_INDEXER, 4, (int)dI, 1e-6f, 0};
+        skv = eng_t2(ist, DSV4_F32, 8, 2 * dI);
+        ssc = eng_t2(ist + 8 * 2 * dI, DSV4_F32, 8, 2 * dI);
+        DSV4_TRY(dsv4_compressor_state_init(&id, &skv, &ssc));
+    }
+    s->len = 0;
+    s->mtp_len = 0;
+    s->live = 1;
+    return DSV4_OK;
+}
+
+static void seq_release(eng_seq *s)
+{
+    dsv4_kv_seq_destroy(s->ring);
+    s->ring = NULL;
+    for (int p = 0; p < ENG_MAX_RATIOS; p++) {
+        dsv4_kv_seq_destroy(s->comp[p]);
+        s->comp[p] = NULL;
+    }
+    s->live = 0;
+}
+
+dsv4_status dsv4_engine_seq_create(dsv4_engine *e, int *seq)
+{
+    DSV4_CHECK_ARG(e && seq, "engine_seq_create: null argument");
+    int sq = 0;
+    while (sq < e->opt.max_seqs && e->seqs[sq].live) sq++;
+    if (sq == e->opt.max_seqs)
+        return dsv4_fail(DSV4_ERR_CAPACITY, "engine_seq_create: all %d sequences (max_seqs) are in use", e->opt.max_seqs);
+    dsv4_status st = seq_init(e, sq);
+    if (st != DSV4_OK) {
+        seq_release(&e->seqs[sq]);
+        return st;
+    }
+    *seq = sq;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_engine_seq_free(dsv4_engine *e, int seq)
+{
+    DSV4_TRY(eng_check_seq(e, seq, "engine_seq_free"));
+    seq_release(&e->seqs[seq]);
+    return DSV4_OK;
+}
+
+int64_t dsv4_engine_seq_length(const dsv4_engine *e, int seq)
+{
+    if (!e || seq < 0 || seq >= e->opt.max_seqs || !e->seqs[seq].live) return -1;
+    return e->seqs[seq].len;
+}
+
+/* ---- memory and export --------------------------------------------------------------------- */
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+dsv4_status dsv4_engine_memory_info(const dsv4_engine *e, dsv4_engine_memory *out)
+{
+    DSV4_CHECK_ARG(e && out, "engine_memory_info: null argument");
+    memset(out, 0, sizeof *out);
+    out->weights_mapped = e->weights_mapped;
+    out->weights_converted = e->mem_bytes[A_CONV];
+    out->kv_cache = e->mem_bytes[A_KV];
+    out->state = e->mem_bytes[A_STATE];
+    out->scratch = e->mem_bytes[A_SCRATCH];
+    out->planned = out->weights_converted + out->kv_cache + out->state + out->scratch;
+    for (int sq = 0; sq < e->opt.max_seqs; sq++) {
+        const eng_seq *s = &e->seqs[sq];
+        if (!s->live) continue;
+        for (int b = 0; b < e->n_blocks; b++) {
+            const eng_layer *L = &e->layers[b];
+            int64_t len = L->is_mtp ? s->mtp_len : s->len;
+            out->kv_used += (uint64_t)min64(len, e->R) * DSV4_KV_ENTRY_BYTES;
+            if (L->ratio) out->kv_used += (uint64_t)(len / L->ratio) * DSV4_KV_ENTRY_BYTES;
+            if (L->kind == DSV4_ATTN_CSA) out->kv_used += (uint64_t)(len / 4 * e->index_entry_bytes);
+        }
+    }
+    return DSV4_OK;
+}
+
+/* Append `n` bytes to the export (or only count them). */
+static void put(uint8_t *out, size_t cap, size_t *pos, const void *src, size_t n)
+{
+    if (out && *pos + n <= cap) memcpy(out + *pos, src, n);
+    *pos += n;
+}
+
+/* The 584 bytes of a cache entry at `slot`: data row, then its 8 scale bytes. */
+static void put_entry(const dsv4_kv_cache *c, int64_t slot, uint8_t *out, size_t cap, size_t *pos)
+{
+    const uint8_t *page = (const uint8_t *)c->pages.data + (slot / c->block_size) * c->pages.stride[0];
+    int64_t row = slot % c->block_size;
+    put(out, cap, pos, page + row * DSV4_KV_DATA_BYTES, DSV4_KV_DATA_BYTES);
+    put(out, cap, pos, page + c->block_size * DSV4_KV_DATA_BYTES + row * DSV4_KV_SCALE_BYTES, DSV4_KV_SCALE_BYTES);
+}
+
+dsv4_status dsv4_engine_seq_export(const dsv4_engine *e, int seq, void *out, size_t cap, size_t *len)
+{
+    DSV4_TRY(eng_check_seq(e, seq, "engine_seq_export"));
+    DSV4_CHECK_ARG(len, "engine_seq_export: null length pointer");
+    const eng_seq *s = &e->seqs[seq];
+    size_t pos = 0;
+    uint8_t *o = out;
+    for (int b = 0; b < e->n_blocks; b++) {
+        const eng_layer *L = &e->layers[b];
+        int64_t n = L->is_mtp ? s->mtp_len : s->len;
+        for (int64_t p = n - e->W < 0 ? 0 : n - e->W; p < n; p++) {
+            int64_t entry = p % e->R, slot;
+            DSV4_TRY(dsv4_kv_seq_slots(s->ring, &entry, 1, &slot));
+            put_entry(&L->ring, slot, o, cap, &pos);
+        }
+        if (!L->ratio) continue;
+        for (int64_t c = 0; c < n / L->ratio; c++) {
+            int64_t slot;
+            DSV4_TRY(dsv4_kv_seq_slots(s->comp[L->pool], &c, 1, &slot));
+            put_entry(&L->comp, slot, o, cap, &pos);
+        }
+        if (L->kind == DSV4_ATTN_CSA)
+            put(o, cap, &pos, L->index_cache + (size_t)(seq * e->index_entries * e->index_entry_bytes),
+                (size_t)(n / 4 * e->index_entry_bytes));
+        put(o, cap, &pos, eng_state(e, L, seq), (size_t)L->state_floats * 4);
+    }
+    if (out && pos > cap)
+        return dsv4_fail(DSV4_ERR_CAPACITY, "engine_seq_export: %zu bytes needed, %zu given", pos, cap);
+    *len = pos;
+    return DSV4_OK;
+}

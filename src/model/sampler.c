@@ -1,0 +1,115 @@
+/* Sampling (include/dsv4/engine.h): greedy, temperature, top-p and the reference's Gumbel-max
+ * form argmax(p / E), E ~ Exp(1) (architecture.md §1.2; DeepSeek's generate.py), with a seeded
+ * xoshiro256** generator. Works in the engine's scratch: nothing is allocated. */
+#include "model/engine_internal.h"
+
+#include "core/error.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void dsv4_rng_seed(uint64_t seed, uint64_t rng[4])
+{
+    if (!rng) return;
+    for (int i = 0; i < 4; i++) rng[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t next_u64(uint64_t s[4])
+{
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+/* uniform in [0, 1) with 53 random bits */
+double eng_rng_uniform(uint64_t rng[4]) { return (double)(next_u64(rng) >> 11) * 0x1.0p-53; }
+
+int32_t eng_argmax(const float *x, int64_t n)
+{
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i])) best = i; /* NaN never wins */
+    return (int32_t)best;
+}
+
+int32_t eng_gumbel_pick(const float *p, int64_t n, uint64_t rng[4])
+{
+    int64_t best = -1;
+    double best_v = -1.0;
+    for (int64_t i = 0; i < n; i++) {
+        double ex = -log1p(-eng_rng_uniform(rng)); /* Exp(1); one draw per token keeps the stream aligned */
+        if (!(p[i] > 0.0f)) continue;
+        double v = (double)p[i] / ex;
+        if (v > best_v) {
+            best_v = v;
+            best = i;
+        }
+    }
+    return (int32_t)(best < 0 ? 0 : best);
+}
+
+/* descending probability, then ascending id (qsort is not stable) */
+static _Thread_local const float *cmp_probs;
+static int by_prob(const void *a, const void *b)
+{
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float pi = cmp_probs[i], pj = cmp_probs[j];
+    if (pi != pj) return pi > pj ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+void eng_probs(dsv4_engine *e, const float *logits, const dsv4_sampling *s, float *out)
+{
+    const int64_t V = e->V;
+    double m = -INFINITY, sum = 0.0;
+    for (int64_t i = 0; i < V; i++)
+        if (logits[i] > m) m = logits[i];
+    for (int64_t i = 0; i < V; i++) {
+        double v = exp(((double)logits[i] - m) / s->temperature);
+        out[i] = (float)v;
+        sum += v;
+    }
+    for (int64_t i = 0; i < V; i++) out[i] = (float)(out[i] / sum);
+    if (!(s->top_p < 1.0f)) return;
+    /* nucleus: the smallest prefix (by probability) whose mass reaches top_p */
+    int32_t *ord = e->s.order;
+    for (int64_t i = 0; i < V; i++) ord[i] = (int32_t)i;
+    cmp_probs = out;
+    qsort(ord, (size_t)V, sizeof *ord, by_prob);
+    double mass = 0.0;
+    int64_t keep = 0;
+    while (keep < V && (keep == 0 || mass < s->top_p)) mass += out[ord[keep++]];
+    for (int64_t i = keep; i < V; i++) out[ord[i]] = 0.0f;
+    for (int64_t i = 0; i < keep; i++) out[ord[i]] = (float)(out[ord[i]] / mass);
+}
+
+dsv4_status dsv4_engine_sample(dsv4_engine *e, const float *logits, const dsv4_sampling *s, uint64_t rng[4], int32_t *token)
+{
+    DSV4_CHECK_ARG(e && logits && s && rng && token, "engine_sample: null argument");
+    DSV4_CHECK_ARG(s->temperature >= 0.0f && isfinite(s->temperature), "engine_sample: temperature %g must be finite and >= 0",
+                   (double)s->temperature);
+    DSV4_CHECK_ARG(s->top_p > 0.0f, "engine_sample: top_p %g must be > 0", (double)s->top_p);
+    if (s->temperature == 0.0f) {
+        *token = eng_argmax(logits, e->V);
+        return DSV4_OK;
+    }
+    eng_probs(e, logits, s, e->s.probs);
+    *token = eng_gumbel_pick(e->s.probs, e->V, rng);
+    return DSV4_OK;
+}

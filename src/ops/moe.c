@@ -1,0 +1,268 @@
+/* Op layer of SwiGLU and the MoE block (layer.h). The expert products go through the linear
+ * family's public API (dsv4/linear.h); grouping, gathering, SwiGLU and the combination are the
+ * layer table's kernels. Every scratch byte comes from the caller's work space. */
+#include "ops/layer_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static dsv4_status check_limit(const char *op, float limit)
+{
+    if (!(limit > 0.0f)) return dsv4_fail(DSV4_ERR_RANGE, "%s: swiglu limit %g must be > 0 (+inf: no clamp)", op, (double)limit);
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_swiglu(dsv4_ctx *ctx, const dsv4_tensor *g, const dsv4_tensor *u, const dsv4_tensor *row_weights,
+                        float limit, dsv4_tensor *h)
+{
+    const char *op = "swiglu";
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(dsv4_layer_resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_layer_arg(op, "g", g, DSV4_DT(DSV4_BF16), 2, NULL, b));
+    const int64_t shape[2] = {g->shape[0], g->shape[1]}, wshape[1] = {g->shape[0]};
+    DSV4_TRY(dsv4_layer_arg(op, "u", u, DSV4_DT(DSV4_BF16), 2, shape, b));
+    if (row_weights) DSV4_TRY(dsv4_layer_arg(op, "row_weights", row_weights, DSV4_DT(DSV4_F32), 1, wshape, b));
+    DSV4_TRY(dsv4_layer_out(op, "h", h, DSV4_DT(DSV4_BF16), 2, shape, b));
+    DSV4_TRY(check_limit(op, limit));
+    const dsv4_layer_io outs[1] = {{h, "h", "g"}};
+    const dsv4_layer_io ins[3] = {{g, "g", NULL}, {u, "u", NULL}, {row_weights, "row_weights", NULL}};
+    DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 3));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, swiglu, op));
+    const dsv4_swiglu_args a = {g->data, g->stride[0], u->data, u->stride[0], row_weights ? row_weights->data : NULL,
+                                h->data, h->stride[0], shape[0], shape[1], limit};
+    return shape[0] && shape[1] ? b->layer->swiglu(&ex, &a) : DSV4_OK;
+}
+
+/* ---- MoE ------------------------------------------------------------------------------------ */
+/* Stored columns of a [rows, k] weight in `fmt` (FP4 packs two values per byte). */
+static int64_t stored_cols(dsv4_linear_format fmt, int64_t k) { return fmt == DSV4_LINEAR_FP4 ? k / 2 : k; }
+
+/* An expert's shapes for hidden size D; gives its width I (rows of w1). */
+static dsv4_status ffn_dims(const char *op, const char *name, const dsv4_ffn_weights *f, int64_t D, int64_t *I)
+{
+    if (!f || !f->w1 || !f->w3 || !f->w2)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: %s is missing a weight (w1, w3 and w2 are required)", op, name);
+    if ((unsigned)f->fmt >= DSV4_LINEAR_FORMAT_COUNT)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: %s has an unknown weight format %d", op, name, (int)f->fmt);
+    if (f->w1->ndim != 2 || f->w1->shape[0] < 1)
+        return dsv4_fail(DSV4_ERR_SHAPE, "%s: %s.w1 must be a 2-D [I, D] weight", op, name);
+    int64_t i = f->w1->shape[0];
+    const int64_t s13[2] = {i, stored_cols(f->fmt, D)}, s2[2] = {D, stored_cols(f->fmt, i)};
+    const dsv4_tensor *const w[3] = {f->w1, f->w3, f->w2};
+    const char *const wn[3] = {"w1", "w3", "w2"};
+    for (int m = 0; m < 3; m++) {
+        const int64_t *want = m == 2 ? s2 : s13;
+        if (w[m]->ndim != 2 || w[m]->shape[0] != want[0] || w[m]->shape[1] != want[1])
+            return dsv4_fail(DSV4_ERR_SHAPE, "%s: %s.%s must be [%lld, %lld] (%s, D = %lld, I = %lld)", op, name, wn[m],
+                             (long long)want[0], (long long)want[1], dsv4_linear_format_name(f->fmt), (long long)D,
+                             (long long)i);
+    }
+    *I = i;
+    return DSV4_OK;
+}
+
+/* Work space regions, each 64-byte aligned from an aligned base. */
+typedef struct moe_plan {
+    int64_t T, D, I, Is;
+    int k, E;
+    size_t offsets, order, pos, wsorted, xg, g, u, out, sg, su, sout, lin, lin_bytes, total;
+} moe_plan;
+
+static size_t take(size_t *at, size_t bytes)
+{
+    size_t o = *at;
+    *at += (bytes + 63) & ~(size_t)63;
+    return o;
+}
+
+static dsv4_status lin_need(dsv4_ctx *ctx, dsv4_linear_format fmt, int64_t rows, int64_t k, size_t *need)
+{
+    size_t b = 0;
+    DSV4_TRY(dsv4_linear_workspace_size(ctx, fmt, rows, k, &b));
+    if (b > *need) *need = b;
+    return DSV4_OK;
+}
+
+static dsv4_status plan_make(dsv4_ctx *ctx, int64_t T, int k, int E, int64_t D, const dsv4_ffn_weights *ex, int64_t I,
+                             const dsv4_ffn_weights *sh, int64_t Is, moe_plan *p)
+{
+    const int64_t R = T * k;
+    size_t lin = 0, at = 0;
+    DSV4_TRY(lin_need(ctx, ex->fmt, R, D, &lin));
+    DSV4_TRY(lin_need(ctx, ex->fmt, R, I, &lin));
+    if (sh) {
+        DSV4_TRY(lin_need(ctx, sh->fmt, T, D, &lin));
+        DSV4_TRY(lin_need(ctx, sh->fmt, T, Is, &lin));
+    }
+    *p = (moe_plan){.T = T, .D = D, .I = I, .Is = Is, .k = k, .E = E, .lin_bytes = lin};
+    p->offsets = take(&at, (size_t)(E + 1) * 4);
+    p->order = take(&at, (size_t)R * 4);
+    p->pos = take(&at, (size_t)R * 4);
+    p->wsorted = take(&at, (size_t)R * 4);
+    p->xg = take(&at, (size_t)(R * D) * 2);
+    p->g = take(&at, (size_t)(R * I) * 2);
+    p->u = take(&at, (size_t)(R * I) * 2);
+    p->out = take(&at, (size_t)(R * D) * 2);
+    p->sg = take(&at, sh ? (size_t)(T * Is) * 2 : 0);
+    p->su = take(&at, sh ? (size_t)(T * Is) * 2 : 0);
+    p->sout = take(&at, sh ? (size_t)(T * D) * 2 : 0);
+    p->lin = take(&at, lin);
+    p->total = at + 63; /* room to align the caller's base */
+    return DSV4_OK;
+}
+
+static dsv4_status moe_shapes(const char *op, int n_experts, const dsv4_ffn_weights *expert,
+                              const dsv4_ffn_weights *shared, int64_t *D, int64_t *I, int64_t *Is)
+{
+    if (n_experts < 1 || !expert)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: need at least one routed expert (got %d)", op, n_experts);
+    if (!expert->w2 || expert->w2->ndim != 2)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: expert 0 needs a 2-D w2 [D, I]", op);
+    if (*D <= 0) *D = expert->w2->shape[0];
+    DSV4_TRY(ffn_dims(op, "expert 0", expert, *D, I));
+    *Is = 0;
+    if (shared) DSV4_TRY(ffn_dims(op, "shared expert", shared, *D, Is));
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_moe_workspace_size(dsv4_ctx *ctx, int64_t T, int topk, int n_experts, const dsv4_ffn_weights *expert,
+                                    const dsv4_ffn_weights *shared, size_t *bytes)
+{
+    const char *op = "moe_workspace_size";
+    DSV4_CHECK_ARG(bytes, "%s: null output", op);
+    DSV4_CHECK_ARG(T >= 0 && topk >= 1 && topk <= DSV4_ROUTE_MAX_TOPK, "%s: need T >= 0 and 1 <= topk <= %d", op,
+                   DSV4_ROUTE_MAX_TOPK);
+    int64_t D = 0, I = 0, Is = 0;
+    DSV4_TRY(moe_shapes(op, n_experts, expert, shared, &D, &I, &Is));
+    moe_plan p;
+    DSV4_TRY(plan_make(ctx, T, topk, n_experts, D, expert, I, shared, Is, &p));
+    *bytes = p.total;
+    return DSV4_OK;
+}
+
+/* A contiguous BF16 [rows, cols] view at byte offset `off` of the aligned work space. */
+static dsv4_tensor ws_view(char *base, size_t off, int64_t row0, int64_t rows, int64_t cols)
+{
+    dsv4_tensor t;
+    const int64_t shape[2] = {rows, cols};
+    dsv4_tensor_init(&t, (uint16_t *)(base + off) + row0 * cols, DSV4_BF16, 2, shape);
+    return t;
+}
+
+/* out = in times one of an expert's matrices, through the linear family. */
+static dsv4_status product(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *w, const dsv4_tensor *s,
+                           const dsv4_tensor *in, dsv4_tensor *out, char *base, const moe_plan *p)
+{
+    return dsv4_linear(ctx, fmt, in, w, s, NULL, out, base + p->lin, p->lin_bytes);
+}
+
+/* One expert on `rows` rows starting at row r0 of the input region `xoff` (width D): g = w1·x,
+ * u = w3·x, h = swiglu(g, u)·w in place of g, out = w2·h. */
+static dsv4_status run_ffn(dsv4_ctx *ctx, const dsv4_ffn_weights *f, int64_t I, char *base, const moe_plan *p,
+                           const dsv4_tensor *x, size_t goff, size_t uoff, size_t ooff, int64_t r0, int64_t rows,
+                           const float *rw, float limit)
+{
+    dsv4_tensor g = ws_view(base, goff, r0, rows, I), u = ws_view(base, uoff, r0, rows, I),
+                o = ws_view(base, ooff, r0, rows, p->D);
+    DSV4_TRY(product(ctx, f->fmt, f->w1, f->w1_scale, x, &g, base, p));
+    DSV4_TRY(product(ctx, f->fmt, f->w3, f->w3_scale, x, &u, base, p));
+    dsv4_tensor tw;
+    const int64_t wshape[1] = {rows};
+    if (rw) dsv4_tensor_init(&tw, (void *)(rw + r0), DSV4_F32, 1, wshape);
+    DSV4_TRY(dsv4_swiglu(ctx, &g, &u, rw ? &tw : NULL, limit, &g));
+    return product(ctx, f->fmt, f->w2, f->w2_scale, &g, &o, base, p);
+}
+
+static dsv4_status check_used_experts(const char *op, const dsv4_ffn_weights *experts, const int32_t *off, int E,
+                                      int64_t D, int64_t I)
+{
+    for (int e = 0; e < E; e++) {
+        if (off[e + 1] == off[e]) continue;
+        char name[32];
+        snprintf(name, sizeof name, "expert %d", e);
+        int64_t ie = 0;
+        DSV4_TRY(ffn_dims(op, name, &experts[e], D, &ie));
+        if (ie != I || experts[e].fmt != experts[0].fmt)
+            return dsv4_fail(DSV4_ERR_SHAPE, "%s: %s differs from expert 0 in format or width (%s, I = %lld)", op,
+                             name, dsv4_linear_format_name(experts[e].fmt), (long long)ie);
+    }
+    return DSV4_OK;
+}
+
+static dsv4_status check_ids(const char *op, const dsv4_tensor *ids, int E)
+{
+    for (int64_t t = 0; t < ids->shape[0]; t++)
+        for (int64_t s = 0; s < ids->shape[1]; s++) {
+            int32_t e = ((const int32_t *)ids->data)[t * ids->stride[0] + s];
+            if (e < 0 || e >= E)
+                return dsv4_fail(DSV4_ERR_RANGE, "%s: ids[%lld][%lld] = %d is not an expert in [0, %d)", op,
+                                 (long long)t, (long long)s, e, E);
+        }
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids, const dsv4_tensor *weights,
+                     const dsv4_ffn_weights *experts, int n_experts, const dsv4_ffn_weights *shared, float swiglu_limit,
+                     dsv4_tensor *y, void *workspace, size_t workspace_bytes)
+{
+    const char *op = "moe";
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(dsv4_layer_resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_layer_arg(op, "x", x, DSV4_DT(DSV4_BF16), 2, NULL, b));
+    int64_t T = x->shape[0], D = x->shape[1], I = 0, Is = 0;
+    DSV4_TRY(moe_shapes(op, n_experts, experts, shared, &D, &I, &Is));
+    DSV4_TRY(dsv4_layer_arg(op, "ids", ids, DSV4_DT(DSV4_I32), 2, NULL, b));
+    int64_t k = ids->shape[1];
+    if (ids->shape[0] != T || k < 1 || k > DSV4_ROUTE_MAX_TOPK || T * k > INT32_MAX)
+        return dsv4_fail(DSV4_ERR_SHAPE, "%s: ids is [%lld, %lld]; need [T = %lld, topk <= %d]", op,
+                         (long long)ids->shape[0], (long long)k, (long long)T, DSV4_ROUTE_MAX_TOPK);
+    const int64_t wshape[2] = {T, k}, yshape[2] = {T, D};
+    DSV4_TRY(dsv4_layer_arg(op, "weights", weights, DSV4_DT(DSV4_F32), 2, wshape, b));
+    DSV4_TRY(dsv4_layer_out(op, "y", y, DSV4_DT(DSV4_BF16), 2, yshape, b));
+    DSV4_TRY(check_limit(op, swiglu_limit));
+    const dsv4_layer_io outs[1] = {{y, "y", NULL}};
+    const dsv4_layer_io ins[3] = {{x, "x", NULL}, {ids, "ids", NULL}, {weights, "weights", NULL}};
+    DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 3));
+    moe_plan p;
+    DSV4_TRY(plan_make(ctx, T, (int)k, n_experts, D, experts, I, shared, Is, &p));
+    if (workspace_bytes < p.total || !workspace)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: work space of %zu bytes; this call needs %zu (dsv4_moe_workspace_size)",
+                         op, workspace ? workspace_bytes : 0, p.total);
+    const char *wlo = workspace, *whi = wlo + workspace_bytes;
+    const dsv4_tensor *const all[4] = {x, ids, weights, y};
+    for (int i = 0; i < 4; i++) {
+        const char *lo, *hi;
+        dsv4_tensor_span(all[i], &lo, &hi);
+        if (lo < whi && wlo < hi) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space overlaps an argument", op);
+    }
+    DSV4_TRY(check_ids(op, ids, n_experts));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe_group, op));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe_gather, op));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe_combine, op));
+    if (!T) return DSV4_OK;
+
+    char *base = (char *)(((uintptr_t)workspace + 63) & ~(uintptr_t)63);
+    int32_t *off = (int32_t *)(base + p.offsets), *order = (int32_t *)(base + p.order), *pos = (int32_t *)(base + p.pos);
+    float *wsorted = (float *)(base + p.wsorted);
+    const dsv4_moe_group_args ga = {ids->data, ids->stride[0], weights->data, weights->stride[0], T, (int)k,
+                                    n_experts, off, order, pos, wsorted};
+    DSV4_TRY(b->layer->moe_group(&ex, &ga));
+    DSV4_TRY(check_used_experts(op, experts, off, n_experts, D, I));
+    const int64_t R = T * k;
+    DSV4_TRY(b->layer->moe_gather(&ex, x->data, x->stride[0], order, R, (int)k, D, (uint16_t *)(base + p.xg)));
+    /* each expert: one product over all of its rows (one gather shared by w1 and w3) */
+    for (int e = 0; e < n_experts; e++) {
+        int64_t r0 = off[e], n = off[e + 1] - off[e];
+        if (!n) continue;
+        dsv4_tensor xe = ws_view(base, p.xg, r0, n, D);
+        DSV4_TRY(run_ffn(ctx, &experts[e], I, base, &p, &xe, p.g, p.u, p.out, r0, n, wsorted, swiglu_limit));
+    }
+    if (shared) DSV4_TRY(run_ffn(ctx, shared, Is, base, &p, x, p.sg, p.su, p.sout, 0, T, NULL, swiglu_limit));
+    const dsv4_moe_combine_args ca = {(const uint16_t *)(base + p.out), pos, ids->data, ids->stride[0],
+                                      shared ? (const uint16_t *)(base + p.sout) : NULL, y->data, y->stride[0],
+                                      T, D, (int)k};
+    return b->layer->moe_combine(&ex, &ca);
+}

@@ -1,0 +1,384 @@
+/* Linear family (issue 4): every weight format against a float64 evaluation of the contract (on
+ * activations quantized by the library's own dsv4_quantize; the independent oracles are in
+ * tests/python/test_linear.py), the cpu kernels of every ISA against cpu-ref, 1 vs 2 threads bit
+ * for bit, grouped = separate products, transposed scale views, and bad input. */
+#include "dsv4.h"
+#include "test_util.h"
+
+/* Tolerance relative to sum_k |x_k w_k|: only the fp32 summation order differs. */
+#define TOL 1e-5
+
+typedef struct wcase {
+    dsv4_linear_format fmt;
+    int64_t n, k;
+    uint8_t *w;       /* codes / BF16 / F32 bytes, rows of wld elements */
+    int64_t wld;      /* row stride (elements) */
+    uint8_t *s;       /* scale bytes, [srows, scols] row-major (transposed when s_t) */
+    int64_t srows, scols;
+    int s_t;          /* scale stored as the contiguous transpose (view strides (1, srows)) */
+    double *wq;       /* dequantized [n, k] */
+} wcase;
+
+static size_t wsize(dsv4_linear_format f) { return f == DSV4_LINEAR_F32 ? 4 : f == DSV4_LINEAR_BF16 ? 2 : 1; }
+static int64_t wcols(const wcase *c) { return c->fmt == DSV4_LINEAR_FP4 ? c->k / 2 : c->k; }
+
+static double e8m0(uint8_t b) { return b == 255 ? NAN : ldexp(1.0, b - 127); }
+
+static void wcase_make(wcase *c, dsv4_linear_format fmt, int64_t n, int64_t k, int pad, int s_t)
+{
+    memset(c, 0, sizeof *c);
+    c->fmt = fmt;
+    c->n = n;
+    c->k = k;
+    c->wld = wcols(c) + (pad ? 8 : 0);
+    c->w = calloc((size_t)(n * c->wld), wsize(fmt));
+    const int b128 = fmt == DSV4_LINEAR_FP8_B128;
+    c->srows = b128 ? (n + 127) / 128 : n;
+    c->scols = b128 ? (k + 127) / 128 : k / 32;
+    c->s = malloc((size_t)(c->srows * c->scols) + 1);
+    c->s_t = s_t;
+    uint8_t *logical = malloc((size_t)(c->srows * c->scols) + 1); /* [srows, scols] */
+    for (int64_t i = 0; i < c->srows * c->scols; i++) logical[i] = (uint8_t)(112 + test_rand_u64() % 16);
+    for (int64_t i = 0; i < c->srows; i++)
+        for (int64_t j = 0; j < c->scols; j++) c->s[s_t ? j * c->srows + i : i * c->scols + j] = logical[i * c->scols + j];
+    c->wq = malloc(sizeof(double) * (size_t)(n * k));
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < k; j++) {
+            double v;
+            if (fmt == DSV4_LINEAR_F32) {
+                float f = 0.05f * test_randn();
+                memcpy(c->w + (size_t)(r * c->wld + j) * 4, &f, 4);
+                v = f;
+            } else if (fmt == DSV4_LINEAR_BF16) {
+                uint16_t h = dsv4_bf16_encode(0.05f * test_randn());
+                memcpy(c->w + (size_t)(r * c->wld + j) * 2, &h, 2);
+                v = dsv4_bf16_decode(h);
+            } else {
+                const int64_t si = b128 ? (r / 128) * c->scols + j / 128 : r * c->scols + j / 32;
+                uint8_t code = (uint8_t)(test_rand_u64() & 0xFF);
+                if (fmt == DSV4_LINEAR_FP4) {
+                    code &= 0xF;
+                    uint8_t *b = c->w + r * c->wld + j / 2;
+                    *b = (uint8_t)((j & 1) ? ((*b & 0x0F) | (code << 4)) : ((*b & 0xF0) | code));
+                    v = dsv4_e2m1_decode(code);
+                } else {
+                    if ((code & 0x7F) == 0x7F) code ^= 1; /* no NaN */
+                    c->w[r * c->wld + j] = code;
+                    v = dsv4_e4m3_decode(code);
+                }
+                v *= e8m0(logical[si]);
+            }
+            c->wq[r * k + j] = v;
+        }
+    free(logical);
+}
+
+static void wcase_free(wcase *c)
+{
+    free(c->w);
+    free(c->s);
+    free(c->wq);
+}
+
+static const dsv4_dtype wdtype[DSV4_LINEAR_FORMAT_COUNT] = {DSV4_F8_E4M3, DSV4_F8_E4M3, DSV4_FP4X2, DSV4_BF16, DSV4_F32};
+
+/* Views of the whole weight and its scale (canonical or transposed storage). */
+static void wcase_views(const wcase *c, dsv4_tensor *w, dsv4_tensor *s)
+{
+    const int64_t ws[2] = {c->n, wcols(c)}, wst[2] = {c->wld, 1};
+    dsv4_tensor_init_strided(w, c->w, wdtype[c->fmt], 2, ws, wst);
+    const int64_t ss[2] = {c->srows, c->scols};
+    const int64_t sst[2] = {c->s_t ? 1 : c->scols, c->s_t ? c->srows : 1};
+    dsv4_tensor_init_strided(s, c->s, DSV4_E8M0, 2, ss, sst);
+}
+
+/* x F32 [m, k] quantized with the format's activation rule through dsv4_quantize/dequantize
+ * (groups of 128 or 32; k must then be a multiple of the group here). */
+static void act_dequant(dsv4_linear_format fmt, const float *x, int64_t m, int64_t k, double *xq)
+{
+    if (fmt >= DSV4_LINEAR_BF16) {
+        for (int64_t i = 0; i < m * k; i++) xq[i] = x[i];
+        return;
+    }
+    dsv4_qrule rule = fmt == DSV4_LINEAR_MXFP8 ? DSV4_QRULE_MX32 : DSV4_QRULE_ACT128;
+    int64_t g = dsv4_qrule_group(rule);
+    uint8_t *codes = malloc((size_t)(m * k)), *sc = malloc((size_t)(m * k / g));
+    float *deq = malloc(sizeof(float) * (size_t)(m * k));
+    dsv4_tensor tx, tc, ts, td;
+    const int64_t xs[2] = {m, k}, ss[2] = {m, k / g};
+    dsv4_tensor_init(&tx, (void *)x, DSV4_F32, 2, xs);
+    dsv4_tensor_init(&tc, codes, DSV4_U8, 2, xs);
+    dsv4_tensor_init(&ts, sc, DSV4_U8, 2, ss);
+    dsv4_tensor_init(&td, deq, DSV4_F32, 2, xs);
+    CHECK_STATUS(dsv4_quantize(NULL, rule, &tx, &tc, &ts), DSV4_OK);
+    CHECK_STATUS(dsv4_dequantize(NULL, rule, &tc, &ts, &td), DSV4_OK);
+    for (int64_t i = 0; i < m * k; i++) xq[i] = deq[i];
+    free(codes);
+    free(sc);
+    free(deq);
+}
+
+static dsv4_ctx *make_ctx(const char *backend, int threads)
+{
+    dsv4_ctx *c = NULL;
+    dsv4_ctx_options o = {backend, threads, 0};
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_OK);
+    return c;
+}
+
+/* y F32 [m, n] of one call. */
+static dsv4_status run_linear(dsv4_ctx *ctx, const wcase *c, const float *x, int64_t m, float *y)
+{
+    dsv4_tensor tx, tw, ts, ty;
+    const int64_t xs[2] = {m, c->k}, ys[2] = {m, c->n};
+    dsv4_tensor_init(&tx, (void *)x, DSV4_F32, 2, xs);
+    dsv4_tensor_init(&ty, y, DSV4_F32, 2, ys);
+    wcase_views(c, &tw, &ts);
+    size_t wsb = 0;
+    dsv4_status st = dsv4_linear_workspace_size(ctx, c->fmt, m, c->k, &wsb);
+    if (st) return st;
+    void *ws = malloc(wsb + 1);
+    st = dsv4_linear(ctx, c->fmt, &tx, &tw, c->fmt <= DSV4_LINEAR_FP4 ? &ts : NULL, NULL, &ty, ws, wsb);
+    free(ws);
+    return st;
+}
+
+static void test_formats(void)
+{
+    static const char *const isas[] = {"avx512", "avx2", "scalar"};
+    dsv4_ctx *fast = make_ctx("cpu", 2), *ref = make_ctx("cpu-ref", 2);
+    const int64_t ms[] = {1, 3, 8};
+    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
+        const int64_t n = 37 + 2 * (int64_t)(test_rand_u64() % 40), k = f == DSV4_LINEAR_MXFP8 ? 1184 : 1152;
+        wcase c;
+        wcase_make(&c, (dsv4_linear_format)f, n, k, f % 2, f == DSV4_LINEAR_MXFP8 || f == DSV4_LINEAR_FP8_B128);
+        for (int mi = 0; mi < 3; mi++) {
+            const int64_t m = ms[mi];
+            float *x = malloc(sizeof(float) * (size_t)(m * k)), *y = malloc(sizeof(float) * (size_t)(m * n));
+            float *yr = malloc(sizeof(float) * (size_t)(m * n));
+            double *xq = malloc(sizeof(double) * (size_t)(m * k));
+            for (int64_t i = 0; i < m * k; i++) x[i] = test_randn() * (i % k < 200 ? 10.0f : 1.0f);
+            act_dequant(c.fmt, x, m, k, xq);
+            CHECK_STATUS(run_linear(ref, &c, x, m, yr), DSV4_OK);
+            for (int is = 0; is < 3; is++) {
+                setenv("DSV4_CPU_ISA", isas[is], 1);
+                for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
+                CHECK_STATUS(run_linear(fast, &c, x, m, y), DSV4_OK);
+                int bad = 0;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++) {
+                        double acc = 0, mag = 0;
+                        for (int64_t q = 0; q < k; q++) {
+                            acc += xq[i * k + q] * c.wq[j * k + q];
+                            mag += fabs(xq[i * k + q] * c.wq[j * k + q]);
+                        }
+                        const double e1 = fabs(y[i * n + j] - acc), e2 = fabs(yr[i * n + j] - acc);
+                        if (!(e1 <= TOL * mag) || !(e2 <= TOL * mag)) bad++;
+                    }
+                CHECK(bad == 0, "%s m=%lld isa=%s: %d outputs off the float64 evaluation",
+                      dsv4_linear_format_name(c.fmt), (long long)m, isas[is], bad);
+            }
+            unsetenv("DSV4_CPU_ISA");
+            free(x);
+            free(y);
+            free(yr);
+            free(xq);
+        }
+        wcase_free(&c);
+    }
+    dsv4_ctx_destroy(fast);
+    dsv4_ctx_destroy(ref);
+}
+
+/* 1 vs 2 threads bit for bit; transposed scale views identical to canonical ones. */
+static void test_threads_and_views(void)
+{
+    dsv4_ctx *t1 = make_ctx("cpu", 1), *t2 = make_ctx("cpu", 2);
+    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
+        const int64_t n = 301, k = 1056, m = 5;
+        wcase c, ct;
+        const uint64_t seed = test_rng_state;
+        wcase_make(&c, (dsv4_linear_format)f, n, k, 0, 0);
+        test_rng_state = seed; /* the same values, scale stored transposed */
+        wcase_make(&ct, (dsv4_linear_format)f, n, k, 0, 1);
+        float *x = malloc(sizeof(float) * (size_t)(m * k)), *y1 = malloc(sizeof(float) * (size_t)(m * n));
+        float *y2 = malloc(sizeof(float) * (size_t)(m * n)), *y3 = malloc(sizeof(float) * (size_t)(m * n));
+        for (int64_t i = 0; i < m * k; i++) x[i] = test_randn();
+        CHECK_STATUS(run_linear(t1, &c, x, m, y1), DSV4_OK);
+        CHECK_STATUS(run_linear(t2, &c, x, m, y2), DSV4_OK);
+        CHECK_STATUS(run_linear(t2, &ct, x, m, y3), DSV4_OK);
+        CHECK(!memcmp(y1, y2, sizeof(float) * (size_t)(m * n)), "%s: 1 vs 2 threads differ", dsv4_linear_format_name(c.fmt));
+        CHECK(!memcmp(y1, y3, sizeof(float) * (size_t)(m * n)), "%s: transposed scale view differs",
+              dsv4_linear_format_name(c.fmt));
+        free(x);
+        free(y1);
+        free(y2);
+        free(y3);
+        wcase_free(&c);
+        wcase_free(&ct);
+    }
+    dsv4_ctx_destroy(t1);
+    dsv4_ctx_destroy(t2);
+}
+
+/* Grouped product = G separate products, bit for bit (group rows aligned to 128 for B128). */
+static void test_grouped(void)
+{
+    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
+        const int64_t g = 3, r = 128, k = 384, t = 2;
+        wcase c;
+        wcase_make(&c, (dsv4_linear_format)f, g * r, k, 0, 0);
+        float *x = malloc(sizeof(float) * (size_t)(t * g * k)), *y = malloc(sizeof(float) * (size_t)(t * g * r));
+        float *ys = malloc(sizeof(float) * (size_t)(t * r));
+        for (int64_t i = 0; i < t * g * k; i++) x[i] = test_randn();
+        dsv4_tensor tx, tw, ts, ty;
+        const int64_t xs[3] = {t, g, k}, yshape[3] = {t, g, r};
+        dsv4_tensor_init(&tx, x, DSV4_F32, 3, xs);
+        dsv4_tensor_init(&ty, y, DSV4_F32, 3, yshape);
+        wcase_views(&c, &tw, &ts);
+        size_t wsb = 0;
+        CHECK_STATUS(dsv4_linear_workspace_size(NULL, c.fmt, t * g, k, &wsb), DSV4_OK);
+        void *ws = malloc(wsb + 1);
+        const dsv4_tensor *sp = c.fmt <= DSV4_LINEAR_FP4 ? &ts : NULL;
+        CHECK_STATUS(dsv4_grouped_linear(NULL, c.fmt, &tx, &tw, sp, &ty, ws, wsb), DSV4_OK);
+        for (int64_t gi = 0; gi < g; gi++) {
+            dsv4_tensor xg, wg, sg, yg;
+            dsv4_tensor_slice(&tx, 1, gi, gi + 1, &xg);
+            xg.ndim = 2;
+            xg.stride[1] = 1;
+            xg.shape[1] = k;
+            dsv4_tensor_slice(&tw, 0, gi * r, gi * r + r, &wg);
+            if (c.fmt == DSV4_LINEAR_FP8_B128)
+                dsv4_tensor_slice(&ts, 0, gi, gi + 1, &sg);
+            else
+                dsv4_tensor_slice(&ts, 0, gi * r, gi * r + r, &sg);
+            const int64_t ysh[2] = {t, r};
+            dsv4_tensor_init(&yg, ys, DSV4_F32, 2, ysh);
+            CHECK_STATUS(dsv4_linear(NULL, c.fmt, &xg, &wg, sp ? &sg : NULL, NULL, &yg, ws, wsb), DSV4_OK);
+            int same = 1;
+            for (int64_t i = 0; i < t; i++) same &= !memcmp(ys + i * r, y + (i * g + gi) * r, sizeof(float) * (size_t)r);
+            CHECK(same, "%s: group %lld differs from its separate product", dsv4_linear_format_name(c.fmt), (long long)gi);
+        }
+        free(ws);
+        free(x);
+        free(y);
+        free(ys);
+        wcase_free(&c);
+    }
+}
+
+/* Bad input: an error status and message, outputs and work space untouched. */
+static void test_bad_input(void)
+{
+    enum { M = 2, N = 64, K = 256 };
+    wcase c;
+    wcase_make(&c, DSV4_LINEAR_MXFP8, N, K, 0, 0);
+    float x[M * K], y[M * N], poison[M * N];
+    for (int i = 0; i < M * K; i++) x[i] = test_randn();
+    memset(poison, 0xA5, sizeof poison);
+    memcpy(y, poison, sizeof y);
+    static uint8_t ws[M * K * 2 + 64];
+    size_t wsb = 0;
+    CHECK_STATUS(dsv4_linear_workspace_size(NULL, DSV4_LINEAR_MXFP8, M, K, &wsb), DSV4_OK);
+    CHECK(wsb <= sizeof ws, "workspace size %zu", wsb);
+    CHECK_STATUS(dsv4_linear_workspace_size(NULL, DSV4_LINEAR_BF16, M, K, &wsb), DSV4_OK);
+    CHECK(wsb == 0, "bf16 needs no work space");
+    CHECK_STATUS(dsv4_linear_workspace_size(NULL, DSV4_LINEAR_MXFP8, M, 48, &wsb), DSV4_ERR_SHAPE);
+    CHECK_STATUS(dsv4_linear_workspace_size(NULL, (dsv4_linear_format)9, M, K, &wsb), DSV4_ERR_INVALID_ARG);
+    wsb = sizeof ws;
+
+    dsv4_tensor tx, tw, ts, ty, t;
+    const int64_t xs[2] = {M, K}, ys[2] = {M, N};
+    dsv4_tensor_init(&tx, x, DSV4_F32, 2, xs);
+    dsv4_tensor_init(&ty, y, DSV4_F32, 2, ys);
+    wcase_views(&c, &tw, &ts);
+    const dsv4_linear_format F = DSV4_LINEAR_MXFP8;
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &ts, NULL, &ty, ws, wsb), DSV4_OK); /* the good call */
+    memcpy(y, poison, sizeof y);
+
+    t = tx; /* K not a multiple of 32 */
+    t.shape[1] = 48;
+    dsv4_tensor w48 = tw, s48 = ts;
+    w48.shape[1] = 48;
+    s48.shape[1] = 1;
+    CHECK_STATUS(dsv4_linear(NULL, F, &t, &w48, &s48, NULL, &ty, ws, wsb), DSV4_ERR_SHAPE);
+    t = ts; /* scale shape */
+    t.shape[1] = 4;
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &t, NULL, &ty, ws, wsb), DSV4_ERR_SHAPE);
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, NULL, NULL, &ty, ws, wsb), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_linear(NULL, DSV4_LINEAR_BF16, &tx, &tw, &ts, NULL, &ty, ws, wsb), DSV4_ERR_DTYPE);
+    t = tw; /* wrong dtypes */
+    t.dtype = DSV4_I32;
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &t, &ts, NULL, &ty, ws, wsb), DSV4_ERR_DTYPE);
+    t = tx;
+    t.dtype = DSV4_I32;
+    CHECK_STATUS(dsv4_linear(NULL, F, &t, &tw, &ts, NULL, &ty, ws, wsb), DSV4_ERR_DTYPE);
+    t = ts;
+    t.dtype = DSV4_F32;
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &t, NULL, &ty, ws, wsb), DSV4_ERR_DTYPE);
+    t = tx; /* strided K */
+    t.stride[1] = 2;
+    t.shape[1] = K / 2;
+    CHECK_STATUS(dsv4_linear(NULL, F, &t, &tw, &ts, NULL, &ty, ws, wsb), DSV4_ERR_STRIDE);
+    t = ty; /* y shape, y overlapping x */
+    t.shape[1] = N - 1;
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &ts, NULL, &t, ws, wsb), DSV4_ERR_SHAPE);
+    t = ty;
+    t.data = x;
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &ts, NULL, &t, ws, wsb), DSV4_ERR_INVALID_ARG);
+    /* work space: too small, null, overlapping x */
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &ts, NULL, &ty, ws, 16), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &ts, NULL, &ty, NULL, wsb), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &ts, NULL, &ty, x, wsb), DSV4_ERR_INVALID_ARG);
+    /* bias shape, unknown format, grouped rows not a multiple of G */
+    float bias[N + 1];
+    const int64_t bs[1] = {N + 1};
+    dsv4_tensor tb;
+    dsv4_tensor_init(&tb, bias, DSV4_F32, 1, bs);
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &ts, &tb, &ty, ws, wsb), DSV4_ERR_SHAPE);
+    CHECK_STATUS(dsv4_linear(NULL, (dsv4_linear_format)7, &tx, &tw, &ts, NULL, &ty, ws, wsb), DSV4_ERR_INVALID_ARG);
+    const int64_t x3[3] = {1, 3, K}, y3[3] = {1, 3, 21};
+    dsv4_tensor tx3, ty3;
+    dsv4_tensor_init(&tx3, x, DSV4_F32, 3, x3);
+    dsv4_tensor_init(&ty3, y, DSV4_F32, 3, y3);
+    CHECK_STATUS(dsv4_grouped_linear(NULL, F, &tx3, &tw, &ts, &ty3, ws, wsb), DSV4_ERR_SHAPE);
+    CHECK(!memcmp(y, poison, sizeof y), "an output was written on error");
+
+    /* M = 0 does nothing */
+    const int64_t x0[2] = {0, K}, y0[2] = {0, N};
+    dsv4_tensor_init(&tx, x, DSV4_F32, 2, x0);
+    dsv4_tensor_init(&ty, y, DSV4_F32, 2, y0);
+    CHECK_STATUS(dsv4_linear(NULL, F, &tx, &tw, &ts, NULL, &ty, ws, wsb), DSV4_OK);
+    CHECK(!memcmp(y, poison, sizeof y), "M = 0 wrote");
+    wcase_free(&c);
+}
+
+/* Non-finite activations (documented): the row of y is NaN for the quantized formats. */
+static void test_nonfinite(void)
+{
+    enum { M = 3, N = 20, K = 128 };
+    for (int f = 0; f <= DSV4_LINEAR_FP4; f++) {
+        wcase c;
+        wcase_make(&c, (dsv4_linear_format)f, N, K, 0, 0);
+        float x[M * K], y[M * N];
+        for (int i = 0; i < M * K; i++) x[i] = test_randn();
+        x[K + 7] = NAN;
+        x[2 * K + 100] = -INFINITY;
+        CHECK_STATUS(run_linear(NULL, &c, x, M, y), DSV4_OK);
+        int ok = 1;
+        for (int j = 0; j < N; j++) ok &= isfinite(y[j]) && isnan(y[N + j]) && isnan(y[2 * N + j]);
+        CHECK(ok, "%s: non-finite rows", dsv4_linear_format_name(c.fmt));
+        wcase_free(&c);
+    }
+}
+
+int main(void)
+{
+    test_seed();
+    test_formats();
+    test_threads_and_views();
+    test_grouped();
+    test_bad_input();
+    test_nonfinite();
+    TEST_DONE();
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPU checks of the cuda backend (`make test-gpu`): build, the C tests against cpu-ref, the
+# Python tests on backend "cuda" (the attention suite with DSV4_TEST_BACKENDS=cuda and the
+# device tests), compute-sanitizer memcheck + racecheck on small cases, the SASS instruction mix,
+# Nsight Compute profiles of one decode launch, and the benchmark next to a bf16 matmul.
+# Without an NVIDIA GPU it says so and exits 0. Each step's log goes to $BUILD/gpu-logs (all of
+# them also to $OUT/gpu-tests.log when OUT is set); STEPS="build test_cuda ..." runs a subset,
+# STEP_TIMEOUT (seconds, default 300) bounds each step.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BUILD:-$ROOT/build-gpu}
+LOGS=${LOGS:-$BUILD/gpu-logs}
+ALL=${OUT:+$OUT/gpu-tests.log}
+JOBS=${JOBS:-$(nproc)}
+STEPS=${STEPS:-"build test_cuda pytest_device pytest_attention memcheck racecheck sass matmul bench ncu"}
+mkdir -p "$LOGS"
+if ! nvidia-smi -L > /dev/null 2>&1; then
+    echo "test-gpu: SKIP: no NVIDIA GPU visible (nvidia-smi -L failed)"
+    exit 0
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee ${ALL:+"$ALL"}
+export DSV4_LIB=$BUILD/libdsv4.so PYTHONPATH=$ROOT/python:$ROOT/tests/python PYTHONUNBUFFERED=1
+fail=0
+
+step() { # name command...: run, keep the log, print its tail
+    local name=$1
+    shift
+    case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
+    echo "== $name"
+    local t0=$SECONDS
+    timeout "${STEP_TIMEOUT:-300}" "$@" > "$LOGS/$name.log" 2>&1
+    local rc=$?
+    echo "   rc=$rc, $((SECONDS - t0)) s"
+    tail -n "${TAILN:-12}" "$LOGS/$name.log"
+    if [ -n "$ALL" ]; then
+        { echo "===== $name (rc=$rc, $((SECONDS - t0)) s)"; cat "$LOGS/$name.log"; } >> "$ALL"
+    fi
+    [ $rc -eq 0 ] || fail=1
+}
+
+step build bash -c "cmake -S '$ROOT' -B '$BUILD' -DCMAKE_BUILD_TYPE=Release > /dev/null &&
+                    cmake --build '$BUILD' -j $JOBS --target dsv4 dsv4_cli test_cuda"
+step test_cuda "$BUILD/test_cuda"
+step pytest_device python3 -m pytest -q -rs "$ROOT/tests/python/test_device.py"
+step pytest_attention env DSV4_TEST_BACKENDS=cuda python3 -m pytest -q "$ROOT/tests/python/test_attention.py"
+step memcheck env DSV4_CUDA_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/test_cuda"
+step racecheck env DSV4_CUDA_TEST_SMALL=2 compute-sanitizer --tool racecheck --racecheck-report hazard \
+    --error-exitcode 9 "$BUILD/test_cuda"
+step sass bash -c "cuobjdump --dump-sass '$BUILD/libdsv4.so' | grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|F2FP|F2F|HADD2)[.A-Z0-9_]*' | sort | uniq -c"
+step matmul python3 -c "
+import torch
+a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); b = torch.randn_like(a)
+for _ in range(3): a @ b
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(10): a @ b
+e.record(); torch.cuda.synchronize()
+print('bf16 matmul 8192^3: %.0f TFLOP/s' % (10 * 2 * 8192**3 / (s.elapsed_time(e) * 1e-3) / 1e12))"
+PEAK=$(grep -oE '[0-9]+ TFLOP/s' "$LOGS/matmul.log" 2> /dev/null | grep -oE '[0-9]+' || echo 0)
+step bench "$BUILD/dsv4" bench attention-cuda --peak-tflops "${PEAK:-0}"
+NCU="ncu --clock-control none --kernel-name regex:${NCU_KERNEL:-decode_wgmma} --launch-skip 40 --launch-count 1"
+step ncu bash -c "$NCU --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section Occupancy --section WarpStateStats '$BUILD/dsv4' bench attention-cuda --quick;
+  $NCU --metrics 'regex:smsp__warp_issue_stalled_.*_per_warp_active.pct,regex:sm__pipe_tensor.*pct_of_peak_sustained_active' \
+    '$BUILD/dsv4' bench attention-cuda --quick"
+echo "test-gpu: $([ $fail -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED) (logs in $LOGS)"
+exit $fail
