@@ -50,18 +50,24 @@ static dsv4_status run_two_pass(dcase *c)
                                  0.044194173824159216f, &c->out, &c->lse, &c->ws);
 }
 
-/* Median seconds per call over `reps` calls; region r of the index sets is used by call r. */
-static double time_median(dsv4_status (*fn)(dcase *), dcase *sets, int nsets, int reps)
+/* Median seconds per call of two designs over `reps` calls each, alternating between them so
+ * that both see the same machine (other processes come and go); call r uses index set r. */
+static void time_pair(dsv4_status (*fa)(dcase *), dsv4_status (*fb)(dcase *), dcase *sets, int nsets, int reps,
+                      double *ta, double *tb)
 {
-    double t[64];
+    double a[64], b[64];
     if (reps > 64) reps = 64;
-    if (fn(&sets[0])) die("warm-up");
+    if (fa(&sets[0]) || fb(&sets[0])) die("warm-up");
     for (int r = 0; r < reps; r++) {
         double t0 = bench_now();
-        if (fn(&sets[r % nsets])) die("run");
-        t[r] = bench_now() - t0;
+        if (fa(&sets[r % nsets])) die("run");
+        double t1 = bench_now();
+        if (fb(&sets[(r + nsets / 2) % nsets])) die("run");
+        a[r] = t1 - t0;
+        b[r] = bench_now() - t1;
     }
-    return bench_median(t, reps);
+    *ta = bench_median(a, reps);
+    *tb = bench_median(b, reps);
 }
 
 /* One shape: both designs timed on the same index sets; prints one row. */
@@ -122,8 +128,8 @@ static void bench_shape(dsv4_ctx *ctx, dsv4_kv_cache *cache, int64_t num_pages, 
     }
     int reps = t == 1 ? 64 : t == 8 ? 32 : 16;
     if (quick) reps /= 4;
-    double tf = time_median(run_fused, sets, nsets, reps);
-    double tp = time_median(run_two_pass, sets, nsets, reps);
+    double tf, tp;
+    time_pair(run_fused, run_two_pass, sets, nsets, reps, &tf, &tp);
     double flop = 2.0 * (double)(t * H * e) * 1024.0;
     double bytes_f = 584.0 * (double)(t * e) + 2048.0 * (double)(t * H);
     double bytes_p = bytes_f + 2048.0 * (double)(t * e);

@@ -9,7 +9,7 @@
  * Every call reads weights (fn, gate, experts) that the previous calls did not touch, and the
  * pools exceed the 32 MiB L3, so they come from memory as in a decode step. The indexer part of
  * the issue's benchmark is the indexer family's `dsv4 bench indexer`, run at the end (skip it
- * with --no-indexer). */
+ * with --no-indexer). Options: --threads N, --quick, --only mhc|router|moe (implies no indexer). */
 #include "bench.h"
 #include "dsv4.h"
 
@@ -117,7 +117,17 @@ static double time_calls(dsv4_status (*fn)(const call *), call c, int reps)
     return best;
 }
 
-static void bench_mhc(dsv4_ctx *fast, dsv4_ctx *ref, double bw, double peak, int quick)
+/* Read bandwidth just before a section, as the best of short passes over 128 MiB (4x the L3),
+ * like the calls it is compared with: the cores are shared, and a best-of over bursts of the
+ * same length as the timed calls sees the same quiet moments. */
+static double section_bw(int threads, int quick)
+{
+    double bw = bench_read_bandwidth((size_t)128 << 20, threads, quick ? 8 : 20);
+    printf("  (read bandwidth measured for this section: %.1f GB/s)\n", bw);
+    return bw;
+}
+
+static void bench_mhc(dsv4_ctx *fast, dsv4_ctx *ref, int threads, double peak, int quick)
 {
     M.sites = 48; /* 48 x 1.5 MiB of fn: twice the L3 */
     M.fn = alloc_or_die((size_t)M.sites * NMIX * N * D * 4);
@@ -151,6 +161,7 @@ static void bench_mhc(dsv4_ctx *fast, dsv4_ctx *ref, double bw, double peak, int
     };
     int reps = quick ? 12 : 40;
     printf("mHC, V4-Flash site (n = 4, D = 4096, fn 1.5 MiB), one token per call:\n");
+    double bw = section_bw(threads, quick);
     printf("  %-22s %10s %10s %10s %12s %9s\n", "op", "us/token", "GB/s", "% of read", "cpu-ref us", "speedup");
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
         call c = {fast, rows[r].op, 0}, cr = {ref, rows[r].op, 0};
@@ -189,7 +200,7 @@ static dsv4_status run_route(const call *c)
     return dsv4_route(c->ctx, &tx, &tw, &tb, NULL, NULL, 1.5f, &ti, &two);
 }
 
-static void bench_router(dsv4_ctx *fast, dsv4_ctx *ref, double bw, int quick)
+static void bench_router(dsv4_ctx *fast, dsv4_ctx *ref, int threads, int quick)
 {
     R.copies = 32; /* 32 x 2 MiB */
     R.w = alloc_or_die((size_t)R.copies * E * D * 2);
@@ -202,6 +213,7 @@ static void bench_router(dsv4_ctx *fast, dsv4_ctx *ref, double bw, int quick)
     fill_bf16(R.nw, D, 11);
     bench_fill_random_f32(R.bias, E, 12, 0.1f);
     printf("router (E = 256, D = 4096, BF16 gate 2 MiB) and RMSNorm (D = 4096), one token per call:\n");
+    double bw = section_bw(threads, quick);
     printf("  %-22s %10s %10s %10s %12s %9s\n", "op", "us/token", "GB/s", "% of read", "cpu-ref us", "speedup");
     const double bytes[2] = {(double)E * D * 2 + D * 2, 3.0 * D * 2};
     const char *names[2] = {"route (top-6 + bias)", "rms_norm"};
@@ -304,7 +316,7 @@ static dsv4_status run_products(const call *c)
     return DSV4_OK;
 }
 
-static void bench_moe(dsv4_ctx *fast, double bw, int quick)
+static void bench_moe(dsv4_ctx *fast, int threads, int quick)
 {
     for (int e = 0; e < POOL; e++) {
         expert_init(&Q.pool[e], DSV4_LINEAR_FP4, (uint64_t)e + 100);
@@ -329,6 +341,7 @@ static void bench_moe(dsv4_ctx *fast, double bw, int quick)
     printf("MoE, V4-Flash (D = 4096, I = 2048): 6 routed FP4 experts of a pool of %d (%.0f MiB) + the FP8 shared\n"
            "expert; weight bytes per token: routed %.1f MiB + shared %.1f MiB; work space %.1f MiB:\n",
            POOL, POOL * routed / 1048576.0, TOPK * routed / 1048576.0, shared / 1048576.0, Q.ws_bytes / 1048576.0);
+    double bw = section_bw(threads, quick);
     printf("  %-30s %10s %12s %10s\n", "", "ms/call", "weight GB/s", "% of read");
     int reps = quick ? 5 : 16;
     Q.T = 1;
@@ -359,19 +372,19 @@ int dsv4_bench_layer(int argc, char **argv)
 {
     int threads = bench_opt_int(argc, argv, "--threads", dsv4_default_threads());
     int quick = bench_opt_flag(argc, argv, "--quick");
-    double bw = bench_read_bandwidth(quick ? ((size_t)256 << 20) : ((size_t)1 << 30), threads, 3);
     double peak = bench_fma_peak(threads);
-    printf("dsv4 bench layer — %d thread(s), cpu isa %s\n", threads, dsv4_cpu_isa());
-    printf("memory read bandwidth (measured now): %.1f GB/s; fp32 FMA peak: %.0f GFLOP/s\n\n", bw, peak);
+    printf("dsv4 bench layer — %d thread(s), cpu isa %s; fp32 FMA peak (measured now): %.0f GFLOP/s\n\n", threads,
+           dsv4_cpu_isa(), peak);
     dsv4_ctx *fast = NULL, *ref = NULL;
     dsv4_ctx_options o = {"cpu", threads, 0}, orf = {"cpu-ref", threads, 0};
     if (dsv4_ctx_create(&o, &fast) || dsv4_ctx_create(&orf, &ref)) die("contexts");
-    bench_mhc(fast, ref, bw, peak, quick);
-    bench_router(fast, ref, bw, quick);
-    bench_moe(fast, bw, quick);
+    const char *only = bench_opt_str(argc, argv, "--only", "");
+    if (!*only || !strcmp(only, "mhc")) bench_mhc(fast, ref, threads, peak, quick);
+    if (!*only || !strcmp(only, "router")) bench_router(fast, ref, threads, quick);
+    if (!*only || !strcmp(only, "moe")) bench_moe(fast, threads, quick);
     dsv4_ctx_destroy(fast);
     dsv4_ctx_destroy(ref);
-    if (bench_opt_flag(argc, argv, "--no-indexer")) return 0;
+    if (*only || bench_opt_flag(argc, argv, "--no-indexer")) return 0;
     printf("---- indexer scoring (the indexer family's benchmark, `dsv4 bench indexer`) ----\n");
     return dsv4_bench_indexer(argc, argv);
 }

@@ -7,6 +7,7 @@ int dsv4_bench_indexer(int argc, char **argv);
 int dsv4_bench_attention_cuda(int argc, char **argv);
 int dsv4_bench_linear(int argc, char **argv);
 int dsv4_bench_layer(int argc, char **argv);
+int dsv4_bench_run(int argc, char **argv);
 
 const dsv4_bench_entry dsv4_benches[] = {
     {"formats", "GB/s of the vectorized quantize/dequantize routines vs read bandwidth", dsv4_bench_formats},
@@ -16,5 +17,6 @@ const dsv4_bench_entry dsv4_benches[] = {
     {"indexer", "lightning-indexer scoring + top-k at 16k/64k/256k entries: GB/s vs read bandwidth and an sgemm+sort peer", dsv4_bench_indexer},
     {"layer", "mHC, router and MoE (6 FP4 experts + FP8 shared) per token at V4-Flash sizes: GB/s vs read bandwidth; then the indexer bench", dsv4_bench_layer},
     {"model", "checkpoint loading: V4-Flash-shaped header parse + bind, in-place mmap vs a copying loader, mapped-weight GB/s", dsv4_bench_model},
+    {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline", dsv4_bench_run},
     {0, 0, 0},
 };

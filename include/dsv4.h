@@ -11,6 +11,7 @@
 #include "dsv4/attention.h"
 #include "dsv4/core.h"
 #include "dsv4/device.h"
+#include "dsv4/engine.h"
 #include "dsv4/formats.h"
 #include "dsv4/indexer.h"
 #include "dsv4/layer.h"

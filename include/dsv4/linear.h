@@ -19,8 +19,9 @@
  *   MXFP8: x quantized per 1x32 with the mx32 rule; blocks of 32, both scales per 32 of K.
  *   BF16, F32: y = sum_k x*w, fp32 products and accumulation (x not rounded).
  *   The bias (F32 or BF16, [N], any stride) is added in fp32; a BF16 y is rounded once (RNE).
- *   Only the summation order differs from a float64 evaluation of these formulas, and it is
- *   fixed: the result never depends on the thread count.
+ *   Only the summation order differs from a float64 evaluation of these formulas (short of
+ *   fp32 overflow or underflow), and it is fixed: the result never depends on the thread
+ *   count, nor on the other rows of x in the call.
  * Non-finite input: for the quantized formats a NaN or +-Inf anywhere in a row of x makes that
  *   whole row of y NaN (the act rules give the group a NaN scale or a NaN code); a NaN weight
  *   code (0x7F/0xFF) or scale byte 255 makes the outputs that read it NaN. BF16/F32 follow IEEE.

@@ -91,17 +91,16 @@ class Engine:
         self.vocab = self.config["vocab_size"]
 
     def close(self):
-        if self._h:
-            lib.dsv4_engine_destroy(self._h)
-            self._h = None
+        h, self._h = self._h, None
+        if h:
+            lib.dsv4_engine_destroy(h)
+
+    __del__ = close
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
         self.close()
 
     # ---- sequences ----

@@ -1,8 +1,9 @@
 /* config.json in the official (root), reference (inference/config.json ModelArgs) and
  * transformers (DeepseekV4Config) namings -> dsv4_model_config (architecture.md §1.1). */
 #include "core/error.h"
+#include "core/file.h"
+#include "core/json.h"
 #include "dsv4/model.h"
-#include "model/json.h"
 #include "model/safetensors.h"
 
 #include <locale.h>
@@ -671,7 +672,7 @@ dsv4_status dsv4_config_load(const char *path, dsv4_model_config *out)
     if (!file) return dsv4_fail(DSV4_ERR_NO_MEMORY, "config_load: out of memory");
     memcpy(file, path, n + 1);
     if (n < 5 || strcmp(path + n - 5, ".json")) snprintf(file + n, 16, "%sconfig.json", n && path[n - 1] == '/' ? "" : "/");
-    dsv4_status st = st_read_small_file(file, MAX_CONFIG_BYTES, &text, &len);
+    dsv4_status st = dsv4_read_file(file, MAX_CONFIG_BYTES, &text, &len);
     if (st == DSV4_OK) st = dsv4_config_parse(text, len, file, out);
     free(text);
     free(file);

@@ -213,14 +213,7 @@ dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt,
     if (n_prompt + o->max_tokens - 1 > e->opt.max_context)
         return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld prompt + %lld new tokens exceed max_context %lld", op,
                          (long long)n_prompt, (long long)o->max_tokens, (long long)e->opt.max_context);
-    gen g;
-    memset(&g, 0, sizeof g);
-    g.e = e;
-    g.sq = seq;
-    g.o = o;
-    g.out = out_tokens;
-    g.cap = cap;
-    g.max = o->max_tokens;
+    gen g = {.e = e, .sq = seq, .o = o, .out = out_tokens, .cap = cap, .max = o->max_tokens};
     dsv4_rng_seed(o->sampling.seed, g.rng);
     g.st.prompt_tokens = n_prompt;
     DSV4_TRY(prefill(&g, prompt, n_prompt));

@@ -1,6 +1,7 @@
 #include "model/safetensors.h"
 
 #include "core/error.h"
+#include "core/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -428,32 +429,6 @@ void st_view(const dsv4_checkpoint *ck, int64_t i, dsv4_dtype as, dsv4_tensor *o
     dsv4_tensor_init(out, (void *)st_data(ck, i), as, t->ndim, shape);
 }
 
-dsv4_status st_read_small_file(const char *path, size_t max, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return dsv4_fail(errno == ENOENT ? DSV4_ERR_NOT_FOUND : DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *b = malloc(max + 1);
-    if (!b) {
-        fclose(f);
-        return dsv4_fail(DSV4_ERR_NO_MEMORY, "%s: out of memory", path);
-    }
-    size_t n = fread(b, 1, max + 1, f);
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(b);
-        return dsv4_fail(DSV4_ERR_IO, "%s: read error", path);
-    }
-    if (n > max) {
-        free(b);
-        return dsv4_fail(DSV4_ERR_FORMAT, "%s: larger than the %zu bytes such a file may have", path, max);
-    }
-    b[n] = '\0';
-    *buf = b;
-    *len = n;
-    return DSV4_OK;
-}
-
 void dsv4_checkpoint_close(dsv4_checkpoint *ck)
 {
     if (!ck) return;
@@ -642,7 +617,7 @@ dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out)
     }
     if (index_path) {
         size_t len;
-        if ((st = st_read_small_file(index_path, (size_t)256 << 20, &text, &len)) != DSV4_OK) goto done;
+        if ((st = dsv4_read_file(index_path, (size_t)256 << 20, &text, &len)) != DSV4_OK) goto done;
         const char *slash = strrchr(index_path, '/');
         const char *what = slash ? slash + 1 : index_path;
         if ((st = st_parse_index(text, len, what, &ix)) != DSV4_OK) goto done;

@@ -9,7 +9,7 @@
 #define DSV4_MODEL_SAFETENSORS_H
 
 #include "dsv4/model.h"
-#include "model/json.h"
+#include "core/json.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -85,7 +85,5 @@ const void *st_data(const dsv4_checkpoint *ck, int64_t i);
  * F4 halves the last dim). */
 void st_view(const dsv4_checkpoint *ck, int64_t i, dsv4_dtype as, dsv4_tensor *out);
 uint64_t st_nbytes(const st_tensor *t);
-/* Read a whole small file (config.json, the index) of at most `max` bytes, NUL-terminated. */
-dsv4_status st_read_small_file(const char *path, size_t max, char **buf, size_t *len);
 
 #endif

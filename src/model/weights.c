@@ -2,7 +2,7 @@
 #include "model/weights.h"
 
 #include "core/error.h"
-#include "model/json.h"
+#include "core/json.h"
 #include "model/safetensors.h"
 
 #include <stdarg.h>

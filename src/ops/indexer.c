@@ -170,14 +170,16 @@ static dsv4_status check_args(const char *op, const dsv4_backend *b, const dsv4_
     DSV4_TRY(dsv4_check_tensor(op, "weights", a->weights, DSV4_DT(DSV4_F32), 2, (const int64_t[]){T, H}));
     DSV4_TRY(dsv4_check_tensor(op, "k", a->k, DSV4_DT(DSV4_FP4X2) | DSV4_DT(DSV4_U8), 2, NULL));
     const int64_t N = a->k->shape[0];
-    if (N >= ((int64_t)1 << 31) - 1) return dsv4_fail(DSV4_ERR_SHAPE, "%s: %lld cache entries overflow int32 indices", op, (long long)N);
+    if (N >= ((int64_t)1 << 31) - 1)
+        return dsv4_fail(DSV4_ERR_SHAPE, "%s: %lld cache entries overflow int32 indices", op, (long long)N);
     DSV4_TRY(check_fp4_pair(op, "k", a->k, "k_scales", a->k_scales, 1, (const int64_t[]){N}, d));
     DSV4_TRY(check_positions(op, a->positions, T, -1, ""));
     for (int64_t t = 0; t < T; t++) {
         int64_t nt = (pos_at(a->positions, t) + 1) / a->ratio;
         if (nt > N)
-            return dsv4_fail(DSV4_ERR_RANGE, "%s: token %lld at position %lld has %lld candidates but the cache holds %lld entries",
-                             op, (long long)t, (long long)pos_at(a->positions, t), (long long)nt, (long long)N);
+            return dsv4_fail(DSV4_ERR_RANGE,
+                             "%s: token %lld at position %lld has %lld candidates but the cache holds %lld entries", op,
+                             (long long)t, (long long)pos_at(a->positions, t), (long long)nt, (long long)N);
     }
     const dsv4_tensor *ins[6] = {a->q, a->q_scales, a->weights, a->k, a->k_scales, a->positions};
     const char *names[6] = {"q", "q_scales", "weights", "k", "k_scales", "positions"};
@@ -299,7 +301,8 @@ dsv4_status dsv4_indexer_topk(dsv4_ctx *ctx, const dsv4_tensor *scores, const ds
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, topk, op));
     DSV4_TRY(dsv4_check_tensor(op, "scores", scores, DSV4_DT(DSV4_F32), 2, NULL));
     const int64_t T = scores->shape[0], N = scores->shape[1];
-    if (N >= ((int64_t)1 << 31) - 1) return dsv4_fail(DSV4_ERR_SHAPE, "%s: %lld candidates overflow int32 indices", op, (long long)N);
+    if (N >= ((int64_t)1 << 31) - 1)
+        return dsv4_fail(DSV4_ERR_SHAPE, "%s: %lld candidates overflow int32 indices", op, (long long)N);
     const dsv4_tensor *ins[2] = {scores, n_valid};
     const char *inames[2] = {"scores", "n_valid"};
     if (n_valid) {
@@ -308,7 +311,8 @@ dsv4_status dsv4_indexer_topk(dsv4_ctx *ctx, const dsv4_tensor *scores, const ds
         for (int64_t t = 0; t < T; t++) {
             int32_t v = ((const int32_t *)n_valid->data)[t * n_valid->stride[0]];
             if (v < 0 || v > N)
-                return dsv4_fail(DSV4_ERR_RANGE, "%s: n_valid[%lld] = %d is outside [0, %lld]", op, (long long)t, v, (long long)N);
+                return dsv4_fail(DSV4_ERR_RANGE, "%s: n_valid[%lld] = %d is outside [0, %lld]", op, (long long)t, v,
+                                 (long long)N);
         }
     }
     DSV4_TRY(dsv4_ix_check_views(op, b, ins, inames, 1));

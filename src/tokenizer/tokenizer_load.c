@@ -1,16 +1,17 @@
 /* Loading tokenizer.json: every section is checked against what the encoder implements; what it
  * does not implement is rejected with DSV4_ERR_UNSUPPORTED and the reason. */
 #include "core/error.h"
-#include "tokenizer/json.h"
+#include "core/file.h"
+#include "core/json.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/utf8.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define WHAT "tokenizer.json"
 enum { TOK_MAX_IDS = 1 << 24, TOK_MAX_STEPS = 64 };
+#define TOK_MAX_FILE ((size_t)1 << 31) /* the JSON reader's own limit */
 
 /* ---- byte-level alphabet (GPT-2 bytes_to_unicode): the printable Latin-1 bytes 33-126,
  * 161-172 and 174-255 stand for themselves; the other 68 (0-32, 127-160, 173) take U+0100 ..
@@ -51,28 +52,35 @@ uint64_t tok_hash(const uint8_t *s, size_t n)
 /* ---- small helpers ---- */
 static dsv4_status oom(void) { return dsv4_fail(DSV4_ERR_NO_MEMORY, WHAT ": out of memory"); }
 
-static dsv4_status want_type(const tj_val *v, tj_type t, const char *where)
+/* The document is a tape (core/json.h): a value is its node index, MJ_NONE when absent. */
+static mj_type type_at(const mj_doc *d, uint32_t v) { return (mj_type)d->nodes[v].type; }
+static int absent_or_null(const mj_doc *d, uint32_t v) { return v == MJ_NONE || type_at(d, v) == MJ_NULL; }
+static int is_type(const mj_doc *d, uint32_t v, mj_type t) { return v != MJ_NONE && type_at(d, v) == t; }
+static uint32_t len_at(const mj_doc *d, uint32_t v) { return d->nodes[v].count; }
+static uint32_t next_at(const mj_doc *d, uint32_t v) { return d->nodes[v].end; }
+
+static dsv4_status want_type(const mj_doc *d, uint32_t v, mj_type t, const char *where)
 {
-    if (!v) return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s is missing", where);
-    if (v->type != t)
-        return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s is a %s, expected a %s", where, tj_type_name(v->type), tj_type_name(t));
+    if (v == MJ_NONE) return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s is missing", where);
+    if (type_at(d, v) != t)
+        return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s is a %s, expected a %s", where, mj_type_name(type_at(d, v)), mj_type_name(t));
     return DSV4_OK;
 }
 
 /* Optional boolean member (absent or null: dflt). */
-static dsv4_status get_bool(const tj_val *obj, const char *key, int dflt, int *out, const char *where)
+static dsv4_status get_bool(const mj_doc *d, uint32_t obj, const char *key, int dflt, int *out, const char *where)
 {
-    const tj_val *v = tj_get(obj, key);
-    if (!v || v->type == TJ_NULL) *out = dflt;
-    else if (v->type == TJ_TRUE || v->type == TJ_FALSE) *out = v->type == TJ_TRUE;
-    else return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s.%s is a %s, expected true or false", where, key, tj_type_name(v->type));
+    uint32_t v = mj_get(d, obj, key);
+    if (absent_or_null(d, v)) *out = dflt;
+    else if (type_at(d, v) == MJ_TRUE || type_at(d, v) == MJ_FALSE) *out = type_at(d, v) == MJ_TRUE;
+    else return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s.%s is a %s, expected true or false", where, key, mj_type_name(type_at(d, v)));
     return DSV4_OK;
 }
 
-static const char *type_of(const tj_val *v)
+static const char *type_of(const mj_doc *d, uint32_t v)
 {
-    const tj_val *t = tj_get(v, "type");
-    return t && t->type == TJ_STR ? t->str : "";
+    uint32_t t = mj_get(d, v, "type");
+    return is_type(d, t, MJ_STRING) ? mj_str(d, t) : "";
 }
 
 /* ---- token table ---- */
@@ -111,10 +119,10 @@ static void strmap_put(dsv4_tokenizer *tok, int32_t id)
 }
 
 /* Record id -> text; the same text under two ids, or an id given two texts, is an error. */
-static dsv4_status add_token(builder *b, int32_t id, const tj_val *text, uint8_t flags, const char *where)
+static dsv4_status add_token(builder *b, int32_t id, const char *str, uint32_t n, uint8_t flags, const char *where)
 {
     dsv4_tokenizer *tok = b->tok;
-    int32_t other = tok_strmap_get(tok, text->str, text->n);
+    int32_t other = tok_strmap_get(tok, str, n);
     if (tok->flags[id] & TOK_PRESENT) {
         if (other == id) {
             tok->flags[id] |= flags;
@@ -123,29 +131,29 @@ static dsv4_status add_token(builder *b, int32_t id, const tj_val *text, uint8_t
         return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s: id %d is given to two different tokens", where, (int)id);
     }
     if (other >= 0)
-        return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s: token \"%s\" has two ids (%d and %d)", where, text->str, (int)other, (int)id);
-    if (b->text_cap - b->text_used < (size_t)text->n + 1) {
-        size_t cap = b->text_cap * 2 + text->n + 1;
+        return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s: token \"%s\" has two ids (%d and %d)", where, str, (int)other, (int)id);
+    if (b->text_cap - b->text_used < (size_t)n + 1) {
+        size_t cap = b->text_cap * 2 + n + 1;
         char *t = realloc(tok->text, cap);
         if (!t) return oom();
         tok->text = t;
         b->text_cap = cap;
     }
-    memcpy(tok->text + b->text_used, text->str, (size_t)text->n + 1);
+    memcpy(tok->text + b->text_used, str, (size_t)n + 1);
     tok->text_off[id] = (uint32_t)b->text_used;
-    tok->text_len[id] = text->n;
-    b->text_used += (size_t)text->n + 1;
+    tok->text_len[id] = n;
+    b->text_used += (size_t)n + 1;
     if (b->text_used > UINT32_MAX) return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": token strings too large");
     tok->flags[id] = TOK_PRESENT | flags;
     strmap_put(tok, id);
     return DSV4_OK;
 }
 
-static dsv4_status get_id(const tj_val *v, const char *where, int32_t *id)
+static dsv4_status get_id(const mj_doc *d, uint32_t v, const char *where, int32_t *id)
 {
-    if (!v || v->type != TJ_NUM || !v->is_int || v->i < 0 || v->i >= TOK_MAX_IDS)
+    if (!is_type(d, v, MJ_NUMBER) || !d->nodes[v].is_int || d->nodes[v].v.i < 0 || d->nodes[v].v.i >= TOK_MAX_IDS)
         return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": %s: id must be an integer in [0, %d)", where, TOK_MAX_IDS);
-    *id = (int32_t)v->i;
+    *id = (int32_t)d->nodes[v].v.i;
     return DSV4_OK;
 }
 
@@ -232,26 +240,26 @@ static void trie_free(tok_trie *t)
 }
 
 /* ---- sections ---- */
-static dsv4_status load_model(builder *b, const tj_val *model, const tj_val **merges_out)
+static dsv4_status load_model(builder *b, const mj_doc *d, uint32_t model, uint32_t *merges_out)
 {
-    const tj_val *v = tj_get(model, "dropout");
-    if (v && v->type != TJ_NULL && !(v->type == TJ_NUM && v->num == 0.0))
+    uint32_t v = mj_get(d, model, "dropout");
+    if (!absent_or_null(d, v) && !(type_at(d, v) == MJ_NUMBER && mj_num(d, v) == 0.0))
         return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": BPE dropout is not supported (encoding would be random)");
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int i = 0; i < 2; i++) {
-        v = tj_get(model, affixes[i]);
-        if (v && v->type != TJ_NULL && !(v->type == TJ_STR && v->n == 0))
+        v = mj_get(d, model, affixes[i]);
+        if (!absent_or_null(d, v) && !(type_at(d, v) == MJ_STRING && len_at(d, v) == 0))
             return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": BPE %s is not supported", affixes[i]);
     }
-    DSV4_TRY(get_bool(model, "ignore_merges", 0, &b->tok->ignore_merges, "model"));
-    const tj_val *vocab = tj_get(model, "vocab");
-    DSV4_TRY(want_type(vocab, TJ_OBJ, "model.vocab"));
-    const tj_val *merges = tj_get(model, "merges");
-    DSV4_TRY(want_type(merges, TJ_ARR, "model.merges"));
-    for (uint32_t i = 0; i < vocab->n; i++) {
+    DSV4_TRY(get_bool(d, model, "ignore_merges", 0, &b->tok->ignore_merges, "model"));
+    uint32_t vocab = mj_get(d, model, "vocab");
+    DSV4_TRY(want_type(d, vocab, MJ_OBJECT, "model.vocab"));
+    uint32_t merges = mj_get(d, model, "merges");
+    DSV4_TRY(want_type(d, merges, MJ_ARRAY, "model.merges"));
+    for (uint32_t i = 0, k = vocab + 1; i < len_at(d, vocab); i++, k = next_at(d, k + 1)) { /* key k, value k + 1 */
         int32_t id = 0;
-        DSV4_TRY(get_id(&vocab->items[i], "model.vocab", &id));
-        DSV4_TRY(add_token(b, id, &vocab->keys[i], 0, "model.vocab"));
+        DSV4_TRY(get_id(d, k + 1, "model.vocab", &id));
+        DSV4_TRY(add_token(b, id, mj_str(d, k), len_at(d, k), 0, "model.vocab"));
     }
     *merges_out = merges;
     return DSV4_OK;
@@ -260,48 +268,49 @@ static dsv4_status load_model(builder *b, const tj_val *model, const tj_val **me
 /* Added tokens, in file order. tokenizers does not take their "id" from the file: a token already
  * in the vocabulary keeps its id, a new one gets the vocabulary's entry count, or one past the
  * largest added id once that reaches it. A file whose ids disagree with that is refused. */
-static dsv4_status load_added(builder *b, const tj_val *added, int64_t model_count)
+static dsv4_status load_added(builder *b, const mj_doc *d, uint32_t added, int64_t model_count)
 {
-    if (!added || added->type == TJ_NULL) return DSV4_OK;
-    DSV4_TRY(want_type(added, TJ_ARR, "added_tokens"));
+    if (absent_or_null(d, added)) return DSV4_OK;
+    DSV4_TRY(want_type(d, added, MJ_ARRAY, "added_tokens"));
     int64_t max_added = -1;
-    for (uint32_t i = 0; i < added->n; i++) {
-        const tj_val *a = &added->items[i];
-        DSV4_TRY(want_type(a, TJ_OBJ, "added_tokens[]"));
-        const tj_val *content = tj_get(a, "content");
-        DSV4_TRY(want_type(content, TJ_STR, "added_tokens[].content"));
-        if (!content->n) return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": added token %u has empty content", i);
+    for (uint32_t i = 0, a = added + 1; i < len_at(d, added); i++, a = next_at(d, a)) {
+        DSV4_TRY(want_type(d, a, MJ_OBJECT, "added_tokens[]"));
+        uint32_t content = mj_get(d, a, "content");
+        DSV4_TRY(want_type(d, content, MJ_STRING, "added_tokens[].content"));
+        const char *text = mj_str(d, content);
+        uint32_t n = len_at(d, content);
+        if (!n) return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": added token %u has empty content", i);
         int32_t id = 0;
-        DSV4_TRY(get_id(tj_get(a, "id"), "added_tokens[]", &id));
+        DSV4_TRY(get_id(d, mj_get(d, a, "id"), "added_tokens[]", &id));
         static const char *const unsupported[] = {"single_word", "lstrip", "rstrip"};
         for (int k = 0; k < 3; k++) {
             int on = 0;
-            DSV4_TRY(get_bool(a, unsupported[k], 0, &on, "added_tokens[]"));
+            DSV4_TRY(get_bool(d, a, unsupported[k], 0, &on, "added_tokens[]"));
             if (on)
                 return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": added token \"%s\" has %s=true, which is not supported",
-                                 content->str, unsupported[k]);
+                                 text, unsupported[k]);
         }
         int special = 0, normalized = 0;
-        DSV4_TRY(get_bool(a, "special", 0, &special, "added_tokens[]"));
-        DSV4_TRY(get_bool(a, "normalized", !special, &normalized, "added_tokens[]"));
-        int64_t want = tok_strmap_get(b->tok, content->str, content->n);
+        DSV4_TRY(get_bool(d, a, "special", 0, &special, "added_tokens[]"));
+        DSV4_TRY(get_bool(d, a, "normalized", !special, &normalized, "added_tokens[]"));
+        int64_t want = tok_strmap_get(b->tok, text, n);
         if (want < 0) want = max_added < 0 ? model_count : max_added >= model_count ? max_added + 1 : model_count;
         if (id != want)
-            return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": added token \"%s\" has id %d, but tokenizers gives it id %lld", content->str,
+            return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": added token \"%s\" has id %d, but tokenizers gives it id %lld", text,
                              (int)id, (long long)want);
         if (want > max_added) max_added = want;
-        DSV4_TRY(add_token(b, id, content, (uint8_t)(TOK_ADDED | (special ? TOK_SPECIAL : 0)), "added_tokens"));
-        DSV4_TRY(trie_insert(&b->tok->added[normalized ? 1 : 0], (const uint8_t *)content->str, content->n, id));
+        DSV4_TRY(add_token(b, id, text, n, (uint8_t)(TOK_ADDED | (special ? TOK_SPECIAL : 0)), "added_tokens"));
+        DSV4_TRY(trie_insert(&b->tok->added[normalized ? 1 : 0], (const uint8_t *)text, n, id));
     }
     return DSV4_OK;
 }
 
-static dsv4_status load_merges(dsv4_tokenizer *tok, const tj_val *merges)
+static dsv4_status load_merges(dsv4_tokenizer *tok, const mj_doc *d, uint32_t merges)
 {
     tok_merges *m = &tok->merges;
     size_t cap = 16;
     int shift = 60;
-    while (cap < (size_t)merges->n * 2 + 2) {
+    while (cap < (size_t)len_at(d, merges) * 2 + 2) {
         cap *= 2;
         shift--;
     }
@@ -314,25 +323,27 @@ static dsv4_status load_merges(dsv4_tokenizer *tok, const tj_val *merges)
     char *joined = NULL;
     size_t joined_cap = 0;
     dsv4_status st = DSV4_OK;
-    for (uint32_t r = 0; r < merges->n && st == DSV4_OK; r++) {
-        const tj_val *e = &merges->items[r];
+    for (uint32_t r = 0, e = merges + 1; r < len_at(d, merges) && st == DSV4_OK; r++, e = next_at(d, e)) {
         const char *pa, *pb;
         size_t na, nb;
-        if (e->type == TJ_STR) { /* "left right" */
-            const char *sp = memchr(e->str, ' ', e->n);
-            if (!sp || memchr(sp + 1, ' ', e->n - (size_t)(sp + 1 - e->str))) {
-                st = dsv4_fail(DSV4_ERR_FORMAT, WHAT ": merge %u (\"%s\") is not two tokens separated by one space", r, e->str);
+        if (type_at(d, e) == MJ_STRING) { /* "left right" */
+            const char *str = mj_str(d, e);
+            uint32_t n = len_at(d, e);
+            const char *sp = memchr(str, ' ', n);
+            if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - str))) {
+                st = dsv4_fail(DSV4_ERR_FORMAT, WHAT ": merge %u (\"%s\") is not two tokens separated by one space", r, str);
                 break;
             }
-            pa = e->str;
-            na = (size_t)(sp - e->str);
+            pa = str;
+            na = (size_t)(sp - str);
             pb = sp + 1;
-            nb = e->n - na - 1;
-        } else if (e->type == TJ_ARR && e->n == 2 && e->items[0].type == TJ_STR && e->items[1].type == TJ_STR) {
-            pa = e->items[0].str;
-            na = e->items[0].n;
-            pb = e->items[1].str;
-            nb = e->items[1].n;
+            nb = n - na - 1;
+        } else if (type_at(d, e) == MJ_ARRAY && len_at(d, e) == 2 && type_at(d, e + 1) == MJ_STRING &&
+                   type_at(d, e + 2) == MJ_STRING) { /* ["left", "right"]: two strings, one node each */
+            pa = mj_str(d, e + 1);
+            na = len_at(d, e + 1);
+            pb = mj_str(d, e + 2);
+            nb = len_at(d, e + 2);
         } else {
             st = dsv4_fail(DSV4_ERR_FORMAT, WHAT ": merge %u is neither \"a b\" nor [\"a\", \"b\"]", r);
             break;
@@ -367,15 +378,15 @@ static dsv4_status load_merges(dsv4_tokenizer *tok, const tj_val *merges)
     return st;
 }
 
-static dsv4_status load_normalizer(const tj_val *v)
+static dsv4_status load_normalizer(const mj_doc *d, uint32_t v)
 {
-    if (!v || v->type == TJ_NULL) return DSV4_OK;
-    DSV4_TRY(want_type(v, TJ_OBJ, "normalizer"));
-    const char *type = type_of(v);
+    if (absent_or_null(d, v)) return DSV4_OK;
+    DSV4_TRY(want_type(d, v, MJ_OBJECT, "normalizer"));
+    const char *type = type_of(d, v);
     if (!strcmp(type, "Sequence")) {
-        const tj_val *list = tj_get(v, "normalizers");
-        DSV4_TRY(want_type(list, TJ_ARR, "normalizer.normalizers"));
-        for (uint32_t i = 0; i < list->n; i++) DSV4_TRY(load_normalizer(&list->items[i]));
+        uint32_t list = mj_get(d, v, "normalizers");
+        DSV4_TRY(want_type(d, list, MJ_ARRAY, "normalizer.normalizers"));
+        for (uint32_t i = 0, e = list + 1; i < len_at(d, list); i++, e = next_at(d, e)) DSV4_TRY(load_normalizer(d, e));
         return DSV4_OK;
     }
     return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": normalizer '%s' is not supported (only an empty one)", type);
@@ -417,42 +428,42 @@ static dsv4_status compile_re(tok_step *s, const char *pat, size_t len, int lite
 
 static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static dsv4_status load_pretok(dsv4_tokenizer *tok, const tj_val *v, int *byte_level)
+static dsv4_status load_pretok(dsv4_tokenizer *tok, const mj_doc *d, uint32_t v, int *byte_level)
 {
-    DSV4_TRY(want_type(v, TJ_OBJ, "pre_tokenizer"));
-    const char *type = type_of(v);
+    DSV4_TRY(want_type(d, v, MJ_OBJECT, "pre_tokenizer"));
+    const char *type = type_of(d, v);
     if (*byte_level) return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": pre-tokenizer '%s' after ByteLevel is not supported", type);
     if (!strcmp(type, "Sequence")) {
-        const tj_val *list = tj_get(v, "pretokenizers");
-        DSV4_TRY(want_type(list, TJ_ARR, "pre_tokenizer.pretokenizers"));
-        for (uint32_t i = 0; i < list->n; i++) DSV4_TRY(load_pretok(tok, &list->items[i], byte_level));
+        uint32_t list = mj_get(d, v, "pretokenizers");
+        DSV4_TRY(want_type(d, list, MJ_ARRAY, "pre_tokenizer.pretokenizers"));
+        for (uint32_t i = 0, e = list + 1; i < len_at(d, list); i++, e = next_at(d, e)) DSV4_TRY(load_pretok(tok, d, e, byte_level));
         return DSV4_OK;
     }
     if (!strcmp(type, "Split")) {
-        const tj_val *pat = tj_get(v, "pattern");
-        DSV4_TRY(want_type(pat, TJ_OBJ, "Split.pattern"));
-        const tj_val *re = tj_get(pat, "Regex"), *lit = tj_get(pat, "String");
-        if (!(re && re->type == TJ_STR) == !(lit && lit->type == TJ_STR))
+        uint32_t pat = mj_get(d, v, "pattern");
+        DSV4_TRY(want_type(d, pat, MJ_OBJECT, "Split.pattern"));
+        uint32_t re = mj_get(d, pat, "Regex"), lit = mj_get(d, pat, "String");
+        if (is_type(d, re, MJ_STRING) == is_type(d, lit, MJ_STRING))
             return dsv4_fail(DSV4_ERR_FORMAT, WHAT ": Split.pattern must hold one string, Regex or String");
         static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
-        const tj_val *beh = tj_get(v, "behavior");
+        uint32_t beh = mj_get(d, v, "behavior");
         int behavior = -1;
         for (int i = 0; i < 5; i++)
-            if (tj_is(beh, names[i])) behavior = i;
+            if (mj_is(d, beh, names[i])) behavior = i;
         if (behavior < 0) return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": Split.behavior is not one of the five known behaviours");
         tok_step *s = NULL;
         DSV4_TRY(add_step(tok, &s));
         s->behavior = behavior;
-        DSV4_TRY(get_bool(v, "invert", 0, &s->invert, "Split"));
-        const tj_val *p = re && re->type == TJ_STR ? re : lit;
-        return compile_re(s, p->str, p->n, p == lit);
+        DSV4_TRY(get_bool(d, v, "invert", 0, &s->invert, "Split"));
+        uint32_t p = is_type(d, re, MJ_STRING) ? re : lit;
+        return compile_re(s, mj_str(d, p), len_at(d, p), p == lit);
     }
     if (!strcmp(type, "ByteLevel")) {
         int use_regex = 1;
         tok_step *s = NULL;
         DSV4_TRY(add_step(tok, &s));
-        DSV4_TRY(get_bool(v, "add_prefix_space", 1, &s->prefix_space, "ByteLevel"));
-        DSV4_TRY(get_bool(v, "use_regex", 1, &use_regex, "ByteLevel"));
+        DSV4_TRY(get_bool(d, v, "add_prefix_space", 1, &s->prefix_space, "ByteLevel"));
+        DSV4_TRY(get_bool(d, v, "use_regex", 1, &use_regex, "ByteLevel"));
         *byte_level = 1;
         tok->prefix_space = s->prefix_space;
         return use_regex ? compile_re(s, gpt2_pattern, sizeof gpt2_pattern - 1, 0) : DSV4_OK;
@@ -460,12 +471,12 @@ static dsv4_status load_pretok(dsv4_tokenizer *tok, const tj_val *v, int *byte_l
     return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": pre-tokenizer '%s' is not supported (Sequence, Split, ByteLevel)", type);
 }
 
-static dsv4_status check_byte_level_only(const tj_val *v, const char *section, int allow_null)
+static dsv4_status check_byte_level_only(const mj_doc *d, uint32_t v, const char *section, int allow_null)
 {
-    if ((!v || v->type == TJ_NULL) && allow_null) return DSV4_OK;
-    if (!v || v->type != TJ_OBJ || strcmp(type_of(v), "ByteLevel"))
+    if (absent_or_null(d, v) && allow_null) return DSV4_OK;
+    if (!is_type(d, v, MJ_OBJECT) || strcmp(type_of(d, v), "ByteLevel"))
         return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": %s '%s' is not supported (only ByteLevel)", section,
-                         v && v->type == TJ_OBJ ? type_of(v) : v ? tj_type_name(v->type) : "missing");
+                         is_type(d, v, MJ_OBJECT) ? type_of(d, v) : v != MJ_NONE ? mj_type_name(type_at(d, v)) : "missing");
     return DSV4_OK;
 }
 
@@ -503,38 +514,38 @@ static dsv4_status build_bytes(dsv4_tokenizer *tok)
     return DSV4_OK;
 }
 
-static dsv4_status build(dsv4_tokenizer *tok, const tj_val *root)
+static dsv4_status build(dsv4_tokenizer *tok, const mj_doc *d)
 {
-    DSV4_TRY(want_type(root, TJ_OBJ, "the top level"));
+    const uint32_t root = 0;
+    DSV4_TRY(want_type(d, root, MJ_OBJECT, "the top level"));
     static const char *const absent[] = {"truncation", "padding"};
-    for (int i = 0; i < 2; i++) {
-        const tj_val *v = tj_get(root, absent[i]);
-        if (v && v->type != TJ_NULL) return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": %s is not supported (must be null)", absent[i]);
-    }
-    DSV4_TRY(load_normalizer(tj_get(root, "normalizer")));
-    DSV4_TRY(check_byte_level_only(tj_get(root, "decoder"), "decoder", 0));
-    DSV4_TRY(check_byte_level_only(tj_get(root, "post_processor"), "post-processor", 1));
-    const tj_val *model = tj_get(root, "model"), *added = tj_get(root, "added_tokens");
-    DSV4_TRY(want_type(model, TJ_OBJ, "model"));
-    const char *type = type_of(model);
+    for (int i = 0; i < 2; i++)
+        if (!absent_or_null(d, mj_get(d, root, absent[i])))
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": %s is not supported (must be null)", absent[i]);
+    DSV4_TRY(load_normalizer(d, mj_get(d, root, "normalizer")));
+    DSV4_TRY(check_byte_level_only(d, mj_get(d, root, "decoder"), "decoder", 0));
+    DSV4_TRY(check_byte_level_only(d, mj_get(d, root, "post_processor"), "post-processor", 1));
+    uint32_t model = mj_get(d, root, "model"), added = mj_get(d, root, "added_tokens");
+    DSV4_TRY(want_type(d, model, MJ_OBJECT, "model"));
+    const char *type = type_of(d, model);
     if (*type && strcmp(type, "BPE"))
         return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": model type '%s' is not supported (only BPE)", type);
-    const tj_val *vocab = tj_get(model, "vocab");
-    DSV4_TRY(want_type(vocab, TJ_OBJ, "model.vocab"));
+    uint32_t vocab = mj_get(d, model, "vocab");
+    DSV4_TRY(want_type(d, vocab, MJ_OBJECT, "model.vocab"));
 
     /* size the id space first */
     int64_t max_id = -1;
-    size_t entries = vocab->n;
-    for (uint32_t i = 0; i < vocab->n; i++) {
+    size_t entries = len_at(d, vocab);
+    for (uint32_t i = 0, k = vocab + 1; i < len_at(d, vocab); i++, k = next_at(d, k + 1)) {
         int32_t id = 0;
-        DSV4_TRY(get_id(&vocab->items[i], "model.vocab", &id));
+        DSV4_TRY(get_id(d, k + 1, "model.vocab", &id));
         if (id > max_id) max_id = id;
     }
-    if (added && added->type == TJ_ARR) {
-        entries += added->n;
-        for (uint32_t i = 0; i < added->n; i++) {
+    if (is_type(d, added, MJ_ARRAY)) {
+        entries += len_at(d, added);
+        for (uint32_t i = 0, a = added + 1; i < len_at(d, added); i++, a = next_at(d, a)) {
             int32_t id = 0;
-            DSV4_TRY(get_id(tj_get(&added->items[i], "id"), "added_tokens[]", &id));
+            DSV4_TRY(get_id(d, mj_get(d, a, "id"), "added_tokens[]", &id));
             if (id > max_id) max_id = id;
         }
     }
@@ -549,10 +560,10 @@ static dsv4_status build(dsv4_tokenizer *tok, const tj_val *root)
     DSV4_TRY(strmap_init(&tok->by_text, entries));
 
     builder b = {tok, 0, 0};
-    const tj_val *merges = NULL;
-    DSV4_TRY(load_model(&b, model, &merges));
-    DSV4_TRY(load_added(&b, added, vocab->n));
-    DSV4_TRY(load_merges(tok, merges));
+    uint32_t merges = MJ_NONE;
+    DSV4_TRY(load_model(&b, d, model, &merges));
+    DSV4_TRY(load_added(&b, d, added, len_at(d, vocab)));
+    DSV4_TRY(load_merges(tok, d, merges));
     for (int byte = 0; byte < 256; byte++) {
         uint8_t ch[4];
         size_t n = utf8_put(ch, tok_byte_char(byte));
@@ -561,9 +572,9 @@ static dsv4_status build(dsv4_tokenizer *tok, const tj_val *root)
             return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": not a byte-level vocabulary: no token for byte 0x%02X", byte);
     }
 
-    const tj_val *pre = tj_get(root, "pre_tokenizer");
+    uint32_t pre = mj_get(d, root, "pre_tokenizer");
     int byte_level = 0;
-    if (pre && pre->type != TJ_NULL) DSV4_TRY(load_pretok(tok, pre, &byte_level));
+    if (!absent_or_null(d, pre)) DSV4_TRY(load_pretok(tok, d, pre, &byte_level));
     if (!byte_level) return dsv4_fail(DSV4_ERR_UNSUPPORTED, WHAT ": the pre-tokenizer must end with ByteLevel");
     return build_bytes(tok);
 }
@@ -606,16 +617,20 @@ void dsv4_tokenizer_free(dsv4_tokenizer *tok)
 dsv4_status dsv4_tokenizer_load_json(const char *json, size_t len, dsv4_tokenizer **out)
 {
     DSV4_CHECK_ARG(out && (json || !len), "tokenizer_load_json: null pointer");
-    tj_doc *doc;
-    DSV4_TRY(tj_parse(json, len, WHAT, &doc));
+    if (len >= 3 && !memcmp(json, "\xEF\xBB\xBF", 3)) { /* a UTF-8 byte order mark is allowed here */
+        json += 3;
+        len -= 3;
+    }
+    mj_doc doc;
+    DSV4_TRY(mj_parse(json, len, WHAT, &doc));
     dsv4_tokenizer *tok = calloc(1, sizeof *tok);
     if (!tok) {
-        tj_free(doc);
+        mj_free(&doc);
         return oom();
     }
     pthread_mutex_init(&tok->lock, NULL);
-    dsv4_status s = build(tok, tj_root(doc));
-    tj_free(doc);
+    dsv4_status s = build(tok, &doc);
+    mj_free(&doc);
     if (s == DSV4_OK) { /* a larger JIT stack than PCRE2's default 32 KiB, for long pieces */
         tok->mctx = pcre2_match_context_create(NULL);
         tok->jit_stack = pcre2_jit_stack_create(32 << 10, 8 << 20, NULL);
@@ -634,29 +649,12 @@ dsv4_status dsv4_tokenizer_load_json(const char *json, size_t len, dsv4_tokenize
 dsv4_status dsv4_tokenizer_load(const char *path, dsv4_tokenizer **out)
 {
     DSV4_CHECK_ARG(path && out, "tokenizer_load: null pointer");
-    FILE *f = fopen(path, "rb");
-    if (!f) return dsv4_fail(DSV4_ERR_IO, "tokenizer_load: cannot open '%s'", path);
-    size_t cap = 1 << 20, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            fclose(f);
-            return oom();
-        }
-        len += fread(buf + len, 1, cap - len, f);
-        if (len < cap) break;
-        char *b = realloc(buf, cap * 2);
-        if (!b) free(buf);
-        buf = b;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return dsv4_fail(DSV4_ERR_IO, "tokenizer_load: cannot read '%s'", path);
-    }
-    dsv4_status s = dsv4_tokenizer_load_json(buf, len, out);
+    char *buf = NULL;
+    size_t len = 0;
+    dsv4_status s = dsv4_read_file(path, TOK_MAX_FILE, &buf, &len);
+    if (s == DSV4_ERR_NOT_FOUND) s = DSV4_ERR_IO; /* a missing tokenizer.json is an i/o error, as it always was */
+    if (s != DSV4_OK) return s;
+    s = dsv4_tokenizer_load_json(buf, len, out);
     free(buf);
     return s;
 }

@@ -2,7 +2,7 @@
  * input gives DSV4_ERR_FORMAT with a message naming the file (and the tensor where there is
  * one), never a crash. */
 #include "dsv4.h"
-#include "model/json.h"
+#include "core/json.h"
 #include "model/safetensors.h"
 #include "test_util.h"
 

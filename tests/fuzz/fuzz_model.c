@@ -4,12 +4,12 @@
  * header must describe its data area exactly.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_POSIX_C_SOURCE=200809L \
- *         -Iinclude -Isrc tests/fuzz/fuzz_model.c src/model/json.c src/model/safetensors.c \
- *         src/model/config.c src/core/error.c src/core/tensor.c -lm -o fuzz_model
+ *         -Iinclude -Isrc tests/fuzz/fuzz_model.c src/core/json.c src/model/safetensors.c \
+ *         src/model/config.c src/core/error.c src/core/file.c src/core/tensor.c -lm -o fuzz_model
  *   ./fuzz_model -dict=tests/fuzz/model.dict CORPUS_DIR tests/fuzz/corpus
  * (tests/python/test_model_fuzz.py does this for a bounded time.) */
+#include "core/json.h"
 #include "dsv4/model.h"
-#include "model/json.h"
 #include "model/safetensors.h"
 
 #include <stdlib.h>

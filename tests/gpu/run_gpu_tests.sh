@@ -5,7 +5,9 @@
 # Nsight Compute profiles of one decode launch, and the benchmark next to a bf16 matmul.
 # Without an NVIDIA GPU it says so and exits 0. Each step's log goes to $BUILD/gpu-logs (all of
 # them also to $OUT/gpu-tests.log when OUT is set); STEPS="build test_cuda ..." runs a subset,
-# STEP_TIMEOUT (seconds, default 300) bounds each step.
+# STEP_TIMEOUT (seconds, default 300) bounds each step. The build needs what `make build` needs
+# (libpcre2-8 for the tokenizer: on an image without its headers, point PKG_CONFIG_PATH at a copy);
+# the attention tests read shared/testdata (DSV4_SHARED / DSV4_KERNEL_TESTDATA when not beside the repo).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-$ROOT/build-gpu}

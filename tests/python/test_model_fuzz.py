@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCES = ["tests/fuzz/fuzz_model.c", "src/model/json.c", "src/model/safetensors.c", "src/model/config.c",
-           "src/core/error.c", "src/core/tensor.c"]
+SOURCES = ["tests/fuzz/fuzz_model.c", "src/core/json.c", "src/model/safetensors.c", "src/model/config.c",
+           "src/core/error.c", "src/core/file.c", "src/core/tensor.c"]
 
 
 def _seconds():

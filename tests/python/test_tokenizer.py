@@ -437,7 +437,7 @@ def test_rejects_unsupported(spec, what, change, fragment):
 def test_rejects_bad_files(spec, tmp_path):
     s = small_spec(spec, n_merges=50)
     text = json.dumps(s)
-    for bad, fragment in [(text[:-10], "JSON error"), (text + "x", "trailing data"), ("[]", "expected a object"),
+    for bad, fragment in [(text[:-10], "invalid JSON"), (text + "x", "trailing data"), ("[]", "expected a object"),
                           (text.replace('"added_tokens": [', '"added_tokens": [{"id": 5, "content": "<a>", "lstrip": true}, ', 1),
                            "lstrip=true")]:
         with pytest.raises(ValueError) as e:

@@ -51,14 +51,14 @@ static void post_chunk(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, 
                 a->comb + t * a->comb_t, a->comb_j, a->out.data + t * a->out.st, a->out.sj, d0, d1);
 }
 
-/* The pre part (hc_pre or hc_head) over tokens [t0, t0+nt) of `src`, run by the team of an
- * enclosing parallel region. mix/pre are shared scratch of the caller. */
-static void pre_block(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, const dsv4_hc_streams *src,
-                      int64_t t0, int nt, float (*mix)[HC_MAX_MIX + 1], float (*pre)[DSV4_HC_MAX])
+/* Dots of the pre part (hc_pre or hc_head) over tokens [t0, t0+nt) of `src`, by the team of an
+ * enclosing parallel region: item i < nmix is row i of fn against every token, item nmix the
+ * sums of squares. mix is the caller's scratch. */
+static void pre_dots(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, const dsv4_hc_streams *src, int64_t t0,
+                     int nt, float (*mix)[HC_MAX_MIX + 1])
 {
     const int n = a->n, nmix = a->nmix;
-    const int64_t D = a->D, nch = (D + HC_DCHUNK - 1) / HC_DCHUNK;
-    /* item i < nmix: row i of fn against every token; item nmix: the sums of squares */
+    const int64_t D = a->D;
 #pragma omp for schedule(static)
     for (int i = 0; i <= nmix; i++) {
         float acc[HC_TB] = {0};
@@ -74,32 +74,32 @@ static void pre_block(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, c
         }
         for (int t = 0; t < nt; t++) mix[t][i] = acc[t];
     }
-#pragma omp for schedule(static)
-    for (int t = 0; t < nt; t++) {
-        float r = 1.0f / sqrtf(mix[t][nmix] / (float)(n * D) + a->norm_eps), m[HC_MAX_MIX];
-        for (int i = 0; i < nmix; i++) m[i] = mix[t][i] * r;
-        float post[DSV4_HC_MAX], comb[DSV4_HC_MAX * DSV4_HC_MAX];
-        dsv4_hc_split(m, n, nmix, a->scale, a->base, a->iters, a->eps, pre[t], post, comb);
-        if (nmix == n) continue;
-        int64_t tt = t0 + t;
-        for (int j = 0; j < n; j++) {
-            a->post_out[tt * a->post_out_t + j] = post[j];
-            for (int k = 0; k < n; k++) a->comb_out[tt * a->comb_out_t + j * a->comb_out_j + k] = comb[j * n + k];
-        }
-    }
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < nt * nch; it++) {
-        int64_t t = it / nch, c = it % nch, d0 = c * HC_DCHUNK, d1 = d0 + HC_DCHUNK < D ? d0 + HC_DCHUNK : D;
-        kn->hc_wsum(src->data + (t0 + t) * src->st, src->sj, n, pre[t], a->y + (t0 + t) * a->ldy, d0, d1);
+}
+
+/* From the dots of token t0 + t: pre, and for hc_pre post/comb into the outputs. */
+static void pre_split(const dsv4_hc_args *a, int64_t tt, const float *mix, float *pre)
+{
+    const int n = a->n, nmix = a->nmix;
+    float r = 1.0f / sqrtf(mix[nmix] / (float)(n * a->D) + a->norm_eps), m[HC_MAX_MIX];
+    for (int i = 0; i < nmix; i++) m[i] = mix[i] * r;
+    float post[DSV4_HC_MAX], comb[DSV4_HC_MAX * DSV4_HC_MAX];
+    dsv4_hc_split(m, n, nmix, a->scale, a->base, a->iters, a->eps, pre, post, comb);
+    if (nmix == n) return;
+    for (int j = 0; j < n; j++) {
+        a->post_out[tt * a->post_out_t + j] = post[j];
+        for (int k = 0; k < n; k++) a->comb_out[tt * a->comb_out_t + j * a->comb_out_j + k] = comb[j * n + k];
     }
 }
 
+/* Token blocks of HC_TB: one parallel region for the (post and) dots, whose join is the only
+ * synchronization; the split (a few hundred flops per token) runs on the calling thread, and the
+ * weighted sum in a second region only when it is large enough to pay for one. */
 static dsv4_status hc_run(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_hc_args *a, int do_post,
                           int do_pre)
 {
-    const int64_t nch = (a->D + HC_DCHUNK - 1) / HC_DCHUNK;
+    const int64_t D = a->D, nch = (D + HC_DCHUNK - 1) / HC_DCHUNK;
     if (!do_pre) {
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * a->D * a->n > ROW_PAR_MIN)
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * D * a->n > ROW_PAR_MIN)
         for (int64_t it = 0; it < a->T * nch; it++) post_chunk(kn, a, it / nch, it % nch);
         return DSV4_OK;
     }
@@ -107,13 +107,19 @@ static dsv4_status hc_run(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex,
     for (int64_t t0 = 0; t0 < a->T; t0 += HC_TB) {
         int nt = a->T - t0 < HC_TB ? (int)(a->T - t0) : HC_TB;
         float mix[HC_TB][HC_MAX_MIX + 1], pre[HC_TB][DSV4_HC_MAX];
-#pragma omp parallel num_threads(ex->threads) if (nt * a->n * a->D * (a->nmix + 1) > ROW_PAR_MIN)
+#pragma omp parallel num_threads(ex->threads) if (nt * a->n * D * (a->nmix + 1) > ROW_PAR_MIN)
         {
             if (do_post) {
 #pragma omp for schedule(static)
                 for (int64_t it = 0; it < nt * nch; it++) post_chunk(kn, a, t0 + it / nch, it % nch);
             }
-            pre_block(kn, a, src, t0, nt, mix, pre);
+            pre_dots(kn, a, src, t0, nt, mix);
+        }
+        for (int t = 0; t < nt; t++) pre_split(a, t0 + t, mix[t], pre[t]);
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (nt * a->n * D > 4 * ROW_PAR_MIN)
+        for (int64_t it = 0; it < nt * nch; it++) {
+            int64_t t = it / nch, d0 = (it % nch) * HC_DCHUNK, d1 = d0 + HC_DCHUNK < D ? d0 + HC_DCHUNK : D;
+            kn->hc_wsum(src->data + (t0 + t) * src->st, src->sj, a->n, pre[t], a->y + (t0 + t) * a->ldy, d0, d1);
         }
     }
     return DSV4_OK;
@@ -134,21 +140,17 @@ static const void *row_at(const void *p, int bf16, int64_t i, int64_t ld)
 static void route_hash(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_route_args *a)
 {
     const int k = a->topk;
-#pragma omp parallel num_threads(ex->threads) if (a->T * k * a->D > ROW_PAR_MIN)
-    {
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < a->T * k; p++) {
-            int64_t t = p / k, s = p % k, tok = load_index(a->token_ids, a->tok_i64, t * a->tok_stride);
-            int32_t e = (int32_t)load_index(a->tid2eid, a->tid_i64, tok * a->ldtid + s);
-            const void *xt = row_at(a->x, a->x_bf16, t, a->ldx);
-            float logit;
-            kn->dots(row_at(a->w, a->w_bf16, e, a->ldw), a->w_bf16, &xt, a->x_bf16, 1, a->D, &logit);
-            a->ids[t * a->ldids + s] = e;
-            a->weights[t * a->ldweights + s] = dsv4_router_score(logit);
-        }
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < a->T; t++) dsv4_route_normalize(a->weights + t * a->ldweights, k, a->route_scale);
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * k * a->D > ROW_PAR_MIN)
+    for (int64_t p = 0; p < a->T * k; p++) {
+        int64_t t = p / k, s = p % k, tok = load_index(a->token_ids, a->tok_i64, t * a->tok_stride);
+        int32_t e = (int32_t)load_index(a->tid2eid, a->tid_i64, tok * a->ldtid + s);
+        const void *xt = row_at(a->x, a->x_bf16, t, a->ldx);
+        float logit;
+        kn->dots(row_at(a->w, a->w_bf16, e, a->ldw), a->w_bf16, &xt, a->x_bf16, 1, a->D, &logit);
+        a->ids[t * a->ldids + s] = e;
+        a->weights[t * a->ldweights + s] = dsv4_router_score(logit);
     }
+    for (int64_t t = 0; t < a->T; t++) dsv4_route_normalize(a->weights + t * a->ldweights, k, a->route_scale);
 }
 
 static dsv4_status route_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_route_args *a)
@@ -164,23 +166,19 @@ static dsv4_status route_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec 
         float score[RT_TB][DSV4_ROUTE_MAX_EXPERTS];
         const void *xs[RT_TB];
         for (int t = 0; t < nt; t++) xs[t] = row_at(a->x, a->x_bf16, t0 + t, a->ldx);
-#pragma omp parallel num_threads(ex->threads) if (nt * E * a->D > ROW_PAR_MIN)
-        {
-#pragma omp for schedule(static)
-            for (int c = 0; c < nchunk; c++)
-                for (int e = c * RT_ECHUNK; e < E && e < (c + 1) * RT_ECHUNK; e++) {
-                    float logit[RT_TB];
-                    kn->dots(row_at(a->w, a->w_bf16, e, a->ldw), a->w_bf16, xs, a->x_bf16, nt, a->D, logit);
-                    for (int t = 0; t < nt; t++) score[t][e] = dsv4_router_score(logit[t]);
-                }
-#pragma omp for schedule(static)
-            for (int t = 0; t < nt; t++) {
-                int32_t *ids = a->ids + (t0 + t) * a->ldids;
-                float *w = a->weights + (t0 + t) * a->ldweights;
-                dsv4_route_select(score[t], a->bias, E, a->topk, ids);
-                for (int s = 0; s < a->topk; s++) w[s] = score[t][ids[s]];
-                dsv4_route_normalize(w, a->topk, a->route_scale);
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (nt * E * a->D > ROW_PAR_MIN)
+        for (int c = 0; c < nchunk; c++)
+            for (int e = c * RT_ECHUNK; e < E && e < (c + 1) * RT_ECHUNK; e++) {
+                float logit[RT_TB];
+                kn->dots(row_at(a->w, a->w_bf16, e, a->ldw), a->w_bf16, xs, a->x_bf16, nt, a->D, logit);
+                for (int t = 0; t < nt; t++) score[t][e] = dsv4_router_score(logit[t]);
             }
+        for (int t = 0; t < nt; t++) { /* E * topk compares per token: not worth a second region */
+            int32_t *ids = a->ids + (t0 + t) * a->ldids;
+            float *w = a->weights + (t0 + t) * a->ldweights;
+            dsv4_route_select(score[t], a->bias, E, a->topk, ids);
+            for (int s = 0; s < a->topk; s++) w[s] = score[t][ids[s]];
+            dsv4_route_normalize(w, a->topk, a->route_scale);
         }
     }
     return DSV4_OK;

@@ -2,7 +2,9 @@
  * (byte tables built from formats/codec.h), the staged activations are exact BF16 (code times
  * its power-of-two scale), so vdpbf16ps forms exact products summed in fp32; each block sum
  * (32 elements for MXFP8 and FP4, 128 for FP8_B128) is then scaled by its weight scale with one
- * fp32 FMA. BF16/F32 weights: fp32 FMAs on the unrounded x.
+ * fp32 FMA. vdpbf16ps flushes subnormals, but none occurs: activation scales are >= 2^-33 and
+ * weight codes unscaled, so every product and partial sum is a multiple of 2^-51 (or zero).
+ * BF16/F32 weights: fp32 FMAs on the unrounded x.
  *
  * The weight bytes are turned into BF16 words with in-lane unpacks, so the words of a step come
  * out in a fixed permutation of K; the staged activations are stored in the same permutation

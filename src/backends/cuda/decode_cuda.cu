@@ -1,22 +1,22 @@
 /* Sparse MLA decode on tensor cores (spec/README.md contract 6, kernels.md §3.2).
  *
- * One CTA = one query token x one tile of up to 64 heads (ROWS = 16, 32 or 64 rows of the MMA's
- * M dimension, so any H works without padding to 64) x one split of that token's entries.
- * The entries of both scopes form one list: the first len0 columns of scope 0, then the first
- * len1 of scope 1; split s of S takes the blocks [s*nb/S, (s+1)*nb/S) of 64 entries, so the
- * grid is fixed by the host (no device->host sync, graph-capturable) while the work follows the
- * lengths read on the device. Per block of 64 entries:
- *   1. (FP8 pages) raw entries (576 data + 8 scale bytes) arrive by cp.async in shared memory
- *      one block ahead; all 256 threads dequantize them into a BF16 tile [64][512] (the
- *      E4M3 x 2^k products are exact in BF16). BF16 rows (the two-pass peer) are copied
- *      straight into one of two tiles.
- *   2. S = Q K^T with mma.sync m16n8k16 (BF16 in, FP32 accumulate), Q in shared memory; the
- *      warps of a head group split the 64 entries and exchange row maxima through shared memory.
- *   3. Online softmax in base 2 (fp32), P rounded to BF16 into shared memory (as FlashMLA does).
- *   4. O += P V with V = the same tile (ldmatrix.trans), each warp owning a slice of the 512 dims.
- * Tiles in shared memory are XOR-swizzled by 16-byte chunks (chunk ^ row%8): the ldmatrix
- * reads of 8 rows hit 8 different bank groups. With S > 1 every split writes its normalized
- * partial output and lse; a combine kernel merges them in a fixed order and applies the sink. */
+ * One CTA = one query token x one tile of heads x one split of that token's entries. The
+ * entries of both scopes form one list: the first len0 columns of scope 0, then the first len1
+ * of scope 1; split s of S takes the blocks [s*nb/S, (s+1)*nb/S) of 64 entries, so the grid is
+ * fixed by the host (no device->host sync, graph-capturable) while the work follows the lengths
+ * read on the device. Per block of 64 entries:
+ *   1. entry indices are read one block ahead; FP8 entries (576 data + 8 scale bytes) arrive by
+ *      cp.async in shared memory and all threads dequantize them into a BF16 tile [64][512]
+ *      (E4M3 x 2^k is exact in BF16); BF16 rows (the two-pass peer) are copied straight into
+ *      one of two tiles;
+ *   2. S = Q K^T (BF16 in, FP32 accumulate), masked entries -inf;
+ *   3. online softmax in base 2 (fp32 sums), P rounded to BF16 (as FlashMLA does);
+ *   4. O += P V with V = the same tile.
+ * Two kernels: decode_kernel<MT> (mma.sync m16n8k16 + ldmatrix, tiles of 16 or 32 heads, and the
+ * fallback for 64) and, for tiles of 64 heads on sm_90a, the warpgroup-MMA kernels below.
+ * Tiles in shared memory use the 128-byte swizzle of wgmma (tile_off). With S > 1 every split
+ * writes its normalized partial output and lse; a combine kernel merges them in a fixed order
+ * and applies the sink. */
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_kernels.h"
 

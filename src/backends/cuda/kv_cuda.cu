@@ -3,7 +3,9 @@
  * row, 16 consecutive dims per lane: lanes 0..27 hold the 448 nope dims (4 lanes per 64-dim
  * scale group), lanes 28..31 the 64 RoPE dims. Products and sums that the CPU reference rounds
  * one by one use the _rn intrinsics so that no multiply-add is contracted: the cache bytes are
- * then identical to the CPU backends'. */
+ * then identical to the CPU backends'. Device data is not range-checked by the op layer: a slot
+ * outside the cache or a position outside the table skips that row, and a slot written twice in
+ * one call keeps the later row (as the sequential CPU loop does). */
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_kernels.h"
 

@@ -1,4 +1,5 @@
-/* A strict JSON reader (RFC 8259) for safetensors headers, the shard index and config.json.
+/* The strict JSON reader (RFC 8259) of the library: safetensors headers, the shard index,
+ * config.json and tokenizer.json.
  *
  * The document becomes a flat tape of nodes in document order: a container's children follow it
  * and node.end is the index just past its subtree, so members are walked with i = first child,
@@ -7,8 +8,8 @@
  * characters, lone surrogates, trailing commas, comments, leading zeros, NaN/Infinity, numbers
  * that overflow a double, duplicate object keys, nesting deeper than 64, anything after the value.
  * Allocation: the tape (grown geometrically) and one arena; nothing per value. */
-#ifndef DSV4_MODEL_JSON_H
-#define DSV4_MODEL_JSON_H
+#ifndef DSV4_CORE_JSON_H
+#define DSV4_CORE_JSON_H
 
 #include "dsv4/core.h"
 

@@ -1,4 +1,4 @@
-#include "model/json.h"
+#include "core/json.h"
 
 #include "core/error.h"
 
@@ -436,7 +436,7 @@ dsv4_status mj_parse(const char *text, size_t len, const char *what, mj_doc *doc
     else st = parse_value(&p, 0);
     if (st == DSV4_OK) {
         skip_ws(&p);
-        if (p.pos != len) st = fail_at(&p, p.pos, "text after the JSON value");
+        if (p.pos != len) st = fail_at(&p, p.pos, "trailing data after the JSON value");
     }
     if (st != DSV4_OK) {
         mj_free(&d);

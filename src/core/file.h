@@ -1,0 +1,16 @@
+/* Reading a whole file into memory: config.json and the shard index (src/model) and
+ * tokenizer.json (src/tokenizer) all come through here. */
+#ifndef DSV4_CORE_FILE_H
+#define DSV4_CORE_FILE_H
+
+#include "dsv4/core.h"
+
+#include <stddef.h>
+
+/* Read all of `path` (at most `max` bytes) into a new NUL-terminated buffer: *buf (free() it)
+ * holds *len bytes before the NUL. Fails with DSV4_ERR_NOT_FOUND (no such file), DSV4_ERR_IO
+ * (cannot open or read), DSV4_ERR_FORMAT (more than `max` bytes) or DSV4_ERR_NO_MEMORY, the
+ * message naming the path; *buf and *len are written only on success. */
+dsv4_status dsv4_read_file(const char *path, size_t max, char **buf, size_t *len);
+
+#endif
