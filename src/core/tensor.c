@@ -55,6 +55,8 @@ int64_t dsv4_tensor_numel(const dsv4_tensor *t)
 
 int dsv4_tensor_is_contiguous(const dsv4_tensor *t)
 {
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0) return 1; /* an empty view touches nothing (numpy gives it stride 0) */
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->stride[i] != s) return 0;

@@ -82,12 +82,6 @@ static dsv4_status check_cache(const char *op, const char *arg, const dsv4_kv_ca
     return DSV4_OK;
 }
 
-/* Contiguous, where an empty view always is (whatever its strides). */
-static dsv4_status contiguous(const char *op, const char *arg, const dsv4_tensor *t)
-{
-    return dsv4_tensor_numel(t) == 0 ? DSV4_OK : dsv4_check_contiguous(op, arg, t);
-}
-
 static int is_host(const dsv4_tensor *t) { return t->device == DSV4_DEVICE_CPU; }
 
 /* Host index data: every element of an I32/I64 vector or matrix in [lo, hi), or negative
@@ -117,7 +111,7 @@ static dsv4_status check_rope(const char *op, const dsv4_tensor *positions, cons
     DSV4_TRY(check_vec(op, "positions", positions, DSV4_I64, n, b));
     const int64_t rw[2] = {DSV4_ANY, 2 * 32};
     DSV4_TRY(check_arg(op, "rope", rope, DSV4_DT(DSV4_F32), 2, rw, b));
-    DSV4_TRY(contiguous(op, "rope", rope));
+    DSV4_TRY(dsv4_check_contiguous(op, "rope", rope));
     if (rope->shape[0] < 1) return dsv4_fail(DSV4_ERR_SHAPE, "%s: the rope table has no rows", op);
     return check_range(op, "positions", positions, 0, rope->shape[0], 0);
 }
@@ -175,7 +169,7 @@ dsv4_status dsv4_rope_table(dsv4_ctx *ctx, const dsv4_rope_params *params, dsv4_
     OP_BEGIN("rope_table", rope_table);
     const int64_t want[2] = {DSV4_ANY, 64};
     DSV4_TRY(check_arg(op, "table", table, DSV4_DT(DSV4_F32), 2, want, b));
-    DSV4_TRY(contiguous(op, "table", table));
+    DSV4_TRY(dsv4_check_contiguous(op, "table", table));
     double freq[32];
     DSV4_TRY(dsv4_rope_frequencies(params, freq));
     if (table->shape[0] == 0) return DSV4_OK;
@@ -293,7 +287,7 @@ static dsv4_status check_attn_io(const char *op, const dsv4_tensor *q, const dsv
     size_t have = 0;
     if (workspace) {
         DSV4_TRY(dsv4_check_tensor(op, "workspace", workspace, DSV4_DT(DSV4_U8), 1, NULL));
-        DSV4_TRY(contiguous(op, "workspace", workspace));
+        DSV4_TRY(dsv4_check_contiguous(op, "workspace", workspace));
         DSV4_TRY(on_device(op, "workspace", workspace, b));
         have = (size_t)workspace->shape[0];
     }

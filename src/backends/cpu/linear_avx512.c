@@ -176,7 +176,7 @@ INLINE void tile_q(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], 
                     S[i] = _mm512_permutexvar_ps(idx_fp4, _mm512_castps128_ps512(_mm_loadu_ps(&sw[i][kk / 32])));
                 } else {
                     dec_fp8(&T, c, W[i]);
-                    if (!b128)
+                    if (!b128) /* lanes 0-7: first block of 32, 8-15: second */
                         S[i] = _mm512_permutexvar_ps(
                             idx_mx, _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)&sw[i][kk / 32]))));
                 }
