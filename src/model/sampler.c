@@ -6,7 +6,6 @@
 #include "core/error.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 static uint64_t splitmix64(uint64_t *x)
@@ -64,14 +63,21 @@ int32_t eng_gumbel_pick(const float *p, int64_t n, uint64_t rng[4])
     return (int32_t)(best < 0 ? 0 : best);
 }
 
-/* descending probability, then ascending id (qsort is not stable) */
-static _Thread_local const float *cmp_probs;
-static int by_prob(const void *a, const void *b)
+/* heap order: the higher probability first, then the lower id */
+static int before(const float *p, int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); }
+
+static void sift_down(int32_t *h, int64_t n, int64_t i, const float *p)
 {
-    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    float pi = cmp_probs[i], pj = cmp_probs[j];
-    if (pi != pj) return pi > pj ? -1 : 1;
-    return (i > j) - (i < j);
+    for (;;) {
+        int64_t l = 2 * i + 1, best = i;
+        if (l < n && before(p, h[l], h[best])) best = l;
+        if (l + 1 < n && before(p, h[l + 1], h[best])) best = l + 1;
+        if (best == i) return;
+        int32_t t = h[i];
+        h[i] = h[best];
+        h[best] = t;
+        i = best;
+    }
 }
 
 void eng_probs(dsv4_engine *e, const float *logits, const dsv4_sampling *s, float *out)
@@ -87,16 +93,22 @@ void eng_probs(dsv4_engine *e, const float *logits, const dsv4_sampling *s, floa
     }
     for (int64_t i = 0; i < V; i++) out[i] = (float)(out[i] / sum);
     if (!(s->top_p < 1.0f)) return;
-    /* nucleus: the smallest prefix (by probability) whose mass reaches top_p */
-    int32_t *ord = e->s.order;
-    for (int64_t i = 0; i < V; i++) ord[i] = (int32_t)i;
-    cmp_probs = out;
-    qsort(ord, (size_t)V, sizeof *ord, by_prob);
+    /* nucleus: the most likely tokens, one at a time off a max-heap (no sort of the whole
+     * vocabulary, no allocation), until their mass reaches top_p */
+    int32_t *h = e->s.order;
+    for (int64_t i = 0; i < V; i++) h[i] = (int32_t)i;
+    for (int64_t i = V / 2 - 1; i >= 0; i--) sift_down(h, V, i, out);
     double mass = 0.0;
-    int64_t keep = 0;
-    while (keep < V && (keep == 0 || mass < s->top_p)) mass += out[ord[keep++]];
-    for (int64_t i = keep; i < V; i++) out[ord[i]] = 0.0f;
-    for (int64_t i = 0; i < keep; i++) out[ord[i]] = (float)(out[ord[i]] / mass);
+    int64_t n = V;
+    while (n > 0 && (n == V || mass < s->top_p)) { /* popped ids collect at h[n..V-1] */
+        int32_t top = h[0];
+        mass += out[top];
+        h[0] = h[--n];
+        h[n] = top;
+        sift_down(h, n, 0, out);
+    }
+    for (int64_t i = 0; i < n; i++) out[h[i]] = 0.0f;
+    for (int64_t i = n; i < V; i++) out[h[i]] = (float)(out[h[i]] / mass);
 }
 
 dsv4_status dsv4_engine_sample(dsv4_engine *e, const float *logits, const dsv4_sampling *s, uint64_t rng[4], int32_t *token)

@@ -23,7 +23,11 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define KC 1024 /* K elements whose weight scales are decoded at once (multiple of 128) */
-#define PREFETCH 2048 /* bytes ahead in each weight row, into L2 (measured: 512-4096 all near the best) */
+/* Software prefetch of each weight row: far ahead into L2 (running on into the rows of the next
+ * tile), near ahead into L1. Measured on the 2-core EPYC: +15-25 % over the hardware prefetchers
+ * alone at M = 1; 8192/512 was the best of the pairs tried (2048-8192 / 256-1024). */
+#define PREFETCH_FAR 8192
+#define PREFETCH_NEAR 512
 
 /* ---- tables (from the codec) ---------------------------------------------------------------- */
 static uint8_t fp8_lo[128], fp8_hi[128], fp4_lo[64], fp4_hi[64];
@@ -163,13 +167,13 @@ INLINE void tile_q(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], 
         for (int64_t kk = 0; kk < kc; kk += step) {
             const __mmask64 mask = low_bytes(fp4 ? (kc - kk) / 2 : kc - kk);
             const int64_t off = k0 + kk, ob = fp4 ? off / 2 : off; /* element, byte offset in the row */
-            /* prefetch PREFETCH bytes ahead, running on into the rows of the next tile near the end */
-            const int64_t ahead = ob + PREFETCH < row_bytes ? PREFETCH : PREFETCH + t->w_next - row_bytes;
+            const int64_t far = ob + PREFETCH_FAR < row_bytes ? PREFETCH_FAR : PREFETCH_FAR + t->w_next - row_bytes;
             __m512i W[DSV4_LIN_NT][4];
             __m512 S[DSV4_LIN_NT];
 #pragma GCC unroll 8
             for (int i = 0; i < NT; i++) {
-                _mm_prefetch((const char *)w[i] + ob + ahead, _MM_HINT_T1); /* never faults */
+                _mm_prefetch((const char *)w[i] + ob + far, _MM_HINT_T1); /* prefetches never fault */
+                _mm_prefetch((const char *)w[i] + ob + PREFETCH_NEAR, _MM_HINT_T0);
                 const __m512i c = _mm512_maskz_loadu_epi8(mask, w[i] + ob);
                 if (fp4) {
                     dec_fp4(&T, c, W[i]);
