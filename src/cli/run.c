@@ -332,6 +332,7 @@ static int generate(const run_args *a, dsv4_engine *e, run_state *r, const int32
     } else {
         print_json(a, r, prompt, n_prompt, &st, &mem);
     }
+    fflush(stdout); /* the output before the progress line (stderr), also when both go to one file */
     progress(a, n_prompt, &st, &mem);
     return 0;
 }
