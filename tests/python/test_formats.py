@@ -11,16 +11,6 @@ import pytest
 import dsv4
 import oracles as o
 
-PATHS = [("cpu-ref", None), ("cpu", "scalar"), ("cpu", "avx2"), ("cpu", "avx512")]
-
-
-@pytest.fixture(params=PATHS, ids=lambda p: f"{p[0]}-{p[1] or 'ref'}")
-def backend(request, monkeypatch):
-    name, isa = request.param
-    if isa:
-        monkeypatch.setenv("DSV4_CPU_ISA", isa)
-    return name
-
 
 def f32_from_bits(u):
     return np.asarray(u, np.uint32).view(np.float32)

@@ -10,16 +10,6 @@ import pytest
 import dsv4
 import oracles as o
 
-PATHS = [("cpu-ref", None), ("cpu", "scalar"), ("cpu", "avx2"), ("cpu", "avx512")]
-
-
-@pytest.fixture(params=PATHS, ids=lambda p: f"{p[0]}-{p[1] or 'ref'}")
-def backend(request, monkeypatch):
-    name, isa = request.param
-    if isa:
-        monkeypatch.setenv("DSV4_CPU_ISA", isa)
-    return name
-
 
 def bf16_randn(rng, shape, scale=1.0):
     return o.bf16_encode((rng.standard_normal(shape) * scale).astype(np.float32))

@@ -9,7 +9,6 @@ import pytest
 import dsv4
 import oracles as o
 
-from test_layer import backend  # noqa: F401  (fixture: cpu-ref and every cpu ISA path)
 
 
 def bf16(x):
