@@ -45,6 +45,7 @@ test-gpu:
 
 bench: build
 	./$(BUILD)/dsv4 bench formats
+	./$(BUILD)/dsv4 bench linear
 	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests/python python3 bench/bench_tokenizer.py
 
 clean:

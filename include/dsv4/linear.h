@@ -28,7 +28,17 @@
  *
  * Shapes: M >= 0 rows (M = 0 does nothing), N >= 1, K >= 32 and a multiple of 32.
  * Work space: the quantized formats stage the quantized activations in caller memory sized by
- * dsv4_linear_workspace_size (any alignment; 0 bytes for BF16/F32). Nothing is allocated. */
+ * dsv4_linear_workspace_size (any alignment; 0 bytes for BF16/F32). Nothing is allocated.
+ *
+ * Staging once for several weights: dsv4_linear_stage quantizes the rows of x into the work
+ * space exactly as dsv4_linear does, and dsv4_linear_staged runs the product on that staging,
+ * so activations multiplied by several weights (an expert's w1 and w3) are quantized once;
+ * dsv4_linear_stage + dsv4_linear_staged == dsv4_linear bit for bit. A staging depends only on
+ * the activation rule, hence the families that share one:
+ *   act128: FP8_B128 and FP4 (rows staged for one are consumed by the other, same K);
+ *   mx32:   MXFP8 alone.
+ * BF16/F32 have nothing to stage: dsv4_linear_stage only checks x (the work space is not
+ * touched; 0 bytes needed), and dsv4_linear_staged is then dsv4_linear (it reads x). */
 #ifndef DSV4_LINEAR_H
 #define DSV4_LINEAR_H
 
@@ -60,6 +70,27 @@ DSV4_API dsv4_status dsv4_linear_workspace_size(dsv4_ctx *ctx, dsv4_linear_forma
 DSV4_API dsv4_status dsv4_linear(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *x, const dsv4_tensor *w,
                                  const dsv4_tensor *scale, const dsv4_tensor *bias, dsv4_tensor *y, void *workspace,
                                  size_t workspace_bytes);
+
+/* Quantize the rows of x [M, K] (F32 or BF16) into the work space (at least
+ * dsv4_linear_workspace_size(fmt, M, K) bytes) with the activation rule of `fmt`. The staging
+ * is opaque and belongs to the context's backend and, for "cpu", to the ISA path in use: it
+ * records M, K, the family and its layout, and stays valid until the work space is written by
+ * another call (dsv4_linear and dsv4_grouped_linear write theirs there too). The work space
+ * must not overlap x. */
+DSV4_API dsv4_status dsv4_linear_stage(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *x, void *workspace,
+                                       size_t workspace_bytes);
+
+/* dsv4_linear(fmt, x, w, scale, bias, y) on the activations staged in the work space by
+ * dsv4_linear_stage. For the quantized formats x gives only the shape [M, K] (its values are not
+ * read; any F32 or BF16 view of the staged rows, or one of their shape); a staging of other rows
+ * (M or K), of another family (MXFP8 vs FP8_B128/FP4), or made by another backend or ISA path
+ * (or no staging at all) fails with DSV4_ERR_INVALID_ARG, nothing written.
+ * The call may rewrite the staging in place into the arrangement of its own format (it stays a
+ * staging of the same rows for the whole family), so calls on one staging must not run at the
+ * same time. The other checks are those of dsv4_linear. */
+DSV4_API dsv4_status dsv4_linear_staged(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *x,
+                                        const dsv4_tensor *w, const dsv4_tensor *scale, const dsv4_tensor *bias,
+                                        dsv4_tensor *y, void *workspace, size_t workspace_bytes);
 
 /* Grouped product (the attention's wo_a): G = x->shape[1] groups,
  *   y[t, g, :] = x[t, g, :] times rows g*R .. g*R+R-1 of the weight,

@@ -3,7 +3,8 @@
  *
  * Entry points get raw pointers the op layer (src/ops/linear.c) has validated: dtypes, shapes,
  * unit inner strides, non-negative strides, non-overlap of y and the work space with the
- * inputs, and a work space of at least workspace_size(fmt, groups*m, k) bytes. Strides are in
+ * inputs, and a work space of at least workspace_size(fmt, groups*m, k) bytes (a staging
+ * describes itself in the work space; only the backend reads and checks that). Strides are in
  * elements of the pointed-to type (FP4X2: bytes, i.e. two values). */
 #ifndef DSV4_CORE_OPS_LINEAR_H
 #define DSV4_CORE_OPS_LINEAR_H
@@ -33,12 +34,20 @@ typedef struct dsv4_linear_args {
     int64_t ys_m, ys_g;
     void *workspace;
     size_t workspace_bytes;
+    /* 1 (quantized formats, groups = 1): the work space already holds the staging that `stage`
+     * made of the m rows (x is then not read); the backend checks it is one of m rows of length
+     * k, of fmt's family and its own layout, and fails without writing y if not. */
+    int staged;
 } dsv4_linear_args;
 
 struct dsv4_linear_ops {
     /* Work space bytes for `rows` rows of length k (k a multiple of 32). */
     size_t (*workspace_size)(dsv4_linear_format fmt, int64_t rows, int64_t k);
     dsv4_status (*linear)(const dsv4_exec *ex, const dsv4_linear_args *a);
+    /* The staging step of `linear` alone (quantized formats; groups = 1, and of the args only fmt,
+     * m, k, x, x_bf16, xs_m and the work space are read): quantize the m rows of x into the work
+     * space, in the form `linear` with staged = 1 consumes. NULL: the backend cannot stage. */
+    dsv4_status (*stage)(const dsv4_exec *ex, const dsv4_linear_args *a);
 };
 
 #endif

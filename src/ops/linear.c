@@ -65,6 +65,7 @@ typedef struct call {
     int xdims;
     void *workspace;
     size_t workspace_bytes;
+    int staged; /* dsv4_linear_staged: the quantized formats read the staging, not x */
 } call;
 
 static dsv4_status check_weight(const call *c, int64_t rows, int64_t k)
@@ -119,6 +120,8 @@ static dsv4_status run(dsv4_ctx *ctx, const call *c)
     dsv4_exec ex;
     DSV4_TRY(check_format(op, c->fmt));
     DSV4_TRY(resolve(ctx, op, &b, &ex));
+    const int staged = c->staged && is_quantized(c->fmt);
+    if (staged) DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, linear, stage, op));
     const unsigned fb = DSV4_DT(DSV4_F32) | DSV4_DT(DSV4_BF16);
     DSV4_TRY(dsv4_check_tensor(op, "x", c->x, fb, c->xdims, NULL));
     DSV4_TRY(check_inner(op, "x", c->x));
@@ -159,7 +162,7 @@ static dsv4_status run(dsv4_ctx *ctx, const call *c)
         .bias = c->bias ? c->bias->data : NULL, .bias_bf16 = c->bias && c->bias->dtype == DSV4_BF16,
         .bias_s = c->bias ? c->bias->stride[0] : 0,
         .y = c->y->data, .y_bf16 = c->y->dtype == DSV4_BF16, .ys_m = c->y->stride[0], .ys_g = grouped ? c->y->stride[1] : 0,
-        .workspace = c->workspace, .workspace_bytes = c->workspace_bytes,
+        .workspace = c->workspace, .workspace_bytes = c->workspace_bytes, .staged = staged,
     };
     return b->linear->linear(&ex, &a);
 }
@@ -168,13 +171,53 @@ dsv4_status dsv4_linear(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor
                         const dsv4_tensor *scale, const dsv4_tensor *bias, dsv4_tensor *y, void *workspace,
                         size_t workspace_bytes)
 {
-    call c = {"linear", fmt, x, w, scale, bias, y, 2, workspace, workspace_bytes};
+    call c = {"linear", fmt, x, w, scale, bias, y, 2, workspace, workspace_bytes, 0};
     return run(ctx, &c);
+}
+
+dsv4_status dsv4_linear_staged(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *x, const dsv4_tensor *w,
+                               const dsv4_tensor *scale, const dsv4_tensor *bias, dsv4_tensor *y, void *workspace,
+                               size_t workspace_bytes)
+{
+    call c = {"linear_staged", fmt, x, w, scale, bias, y, 2, workspace, workspace_bytes, 1};
+    return run(ctx, &c);
+}
+
+dsv4_status dsv4_linear_stage(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *x, void *workspace,
+                              size_t workspace_bytes)
+{
+    const char *op = "linear_stage";
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(check_format(op, fmt));
+    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_check_tensor(op, "x", x, DSV4_DT(DSV4_F32) | DSV4_DT(DSV4_BF16), 2, NULL));
+    DSV4_TRY(check_inner(op, "x", x));
+    const int64_t m = x->shape[0], k = x->shape[1];
+    DSV4_TRY(check_k(op, k));
+    if (!is_quantized(fmt)) return DSV4_OK; /* nothing to stage: dsv4_linear_staged reads x */
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, linear, stage, op));
+    if (x->device != b->device)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: x is not in the memory of backend '%s'", op, b->name);
+    const size_t need = b->linear->workspace_size(fmt, m, k);
+    if (workspace_bytes < need || !workspace)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: work space of %zu bytes%s; %s needs %zu (dsv4_linear_workspace_size)",
+                         op, workspace_bytes, workspace ? "" : " (null)", dsv4_linear_format_name(fmt), need);
+    const char *wlo = workspace, *whi = wlo + need, *lo, *hi;
+    dsv4_tensor_span(x, &lo, &hi);
+    if (wlo < hi && lo < whi) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space overlaps x", op);
+    if (m == 0) return DSV4_OK;
+    const dsv4_linear_args a = {
+        .fmt = fmt, .groups = 1, .m = m, .k = k,
+        .x = x->data, .x_bf16 = x->dtype == DSV4_BF16, .xs_m = x->stride[0],
+        .workspace = workspace, .workspace_bytes = workspace_bytes,
+    };
+    return b->linear->stage(&ex, &a);
 }
 
 dsv4_status dsv4_grouped_linear(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *x, const dsv4_tensor *w,
                                 const dsv4_tensor *scale, dsv4_tensor *y, void *workspace, size_t workspace_bytes)
 {
-    call c = {"grouped_linear", fmt, x, w, scale, NULL, y, 3, workspace, workspace_bytes};
+    call c = {"grouped_linear", fmt, x, w, scale, NULL, y, 3, workspace, workspace_bytes, 0};
     return run(ctx, &c);
 }

@@ -151,28 +151,30 @@ static dsv4_tensor ws_view(char *base, size_t off, int64_t row0, int64_t rows, i
     return t;
 }
 
-/* out = in times one of an expert's matrices, through the linear family. */
+/* out = in times one of an expert's matrices, through the linear family; staged: `in` was
+ * staged in the linear work space by dsv4_linear_stage (BF16/F32: nothing staged, in is read). */
 static dsv4_status product(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *w, const dsv4_tensor *s,
-                           const dsv4_tensor *in, dsv4_tensor *out, char *base, const moe_plan *p)
+                           const dsv4_tensor *in, dsv4_tensor *out, char *base, const moe_plan *p, int staged)
 {
-    return dsv4_linear(ctx, fmt, in, w, s, NULL, out, base + p->lin, p->lin_bytes);
+    return (staged ? dsv4_linear_staged : dsv4_linear)(ctx, fmt, in, w, s, NULL, out, base + p->lin, p->lin_bytes);
 }
 
-/* One expert on `rows` rows starting at row r0 of the input region `xoff` (width D): g = w1·x,
- * u = w3·x, h = swiglu(g, u)·w in place of g, out = w2·h. */
+/* One expert on `rows` rows starting at row r0 of the input region `xoff` (width D): x staged
+ * once, g = w1·x and u = w3·x from that staging, h = swiglu(g, u)·w in place of g, out = w2·h. */
 static dsv4_status run_ffn(dsv4_ctx *ctx, const dsv4_ffn_weights *f, int64_t I, char *base, const moe_plan *p,
                            const dsv4_tensor *x, size_t goff, size_t uoff, size_t ooff, int64_t r0, int64_t rows,
                            const float *rw, float limit)
 {
     dsv4_tensor g = ws_view(base, goff, r0, rows, I), u = ws_view(base, uoff, r0, rows, I),
                 o = ws_view(base, ooff, r0, rows, p->D);
-    DSV4_TRY(product(ctx, f->fmt, f->w1, f->w1_scale, x, &g, base, p));
-    DSV4_TRY(product(ctx, f->fmt, f->w3, f->w3_scale, x, &u, base, p));
+    DSV4_TRY(dsv4_linear_stage(ctx, f->fmt, x, base + p->lin, p->lin_bytes));
+    DSV4_TRY(product(ctx, f->fmt, f->w1, f->w1_scale, x, &g, base, p, 1));
+    DSV4_TRY(product(ctx, f->fmt, f->w3, f->w3_scale, x, &u, base, p, 1));
     dsv4_tensor tw;
     const int64_t wshape[1] = {rows};
     if (rw) dsv4_tensor_init(&tw, (void *)(rw + r0), DSV4_F32, 1, wshape);
     DSV4_TRY(dsv4_swiglu(ctx, &g, &u, rw ? &tw : NULL, limit, &g));
-    return product(ctx, f->fmt, f->w2, f->w2_scale, &g, &o, base, p);
+    return product(ctx, f->fmt, f->w2, f->w2_scale, &g, &o, base, p, 0);
 }
 
 static dsv4_status check_used_experts(const char *op, const dsv4_ffn_weights *experts, const int32_t *off, int E,
@@ -253,7 +255,7 @@ dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids
     DSV4_TRY(check_used_experts(op, experts, off, n_experts, D, I));
     const int64_t R = T * k;
     DSV4_TRY(b->layer->moe_gather(&ex, x->data, x->stride[0], order, R, (int)k, D, (uint16_t *)(base + p.xg)));
-    /* each expert: one product over all of its rows (one gather shared by w1 and w3) */
+    /* each expert: one product over all of its rows (one gather and one staging shared by w1 and w3) */
     for (int e = 0; e < n_experts; e++) {
         int64_t r0 = off[e], n = off[e + 1] - off[e];
         if (!n) continue;

@@ -1,7 +1,8 @@
 /* Linear family (issue 4): every weight format against a float64 evaluation of the contract (on
  * activations quantized by the library's own dsv4_quantize; the independent oracles are in
  * tests/python/test_linear.py), the cpu kernels of every ISA against cpu-ref, 1 vs 2 threads bit
- * for bit, grouped = separate products, transposed scale views, and bad input. */
+ * for bit, grouped = separate products, transposed scale views, staged = unstaged products
+ * (issue 5), and bad input. */
 #include "dsv4.h"
 #include "test_util.h"
 
@@ -277,7 +278,7 @@ static void test_bad_input(void)
     for (int i = 0; i < M * K; i++) x[i] = test_randn();
     memset(poison, 0xA5, sizeof poison);
     memcpy(y, poison, sizeof y);
-    static uint8_t ws[M * K * 2 + 64];
+    static uint8_t ws[M * K * 2 + 128];
     size_t wsb = 0;
     CHECK_STATUS(dsv4_linear_workspace_size(NULL, DSV4_LINEAR_MXFP8, M, K, &wsb), DSV4_OK);
     CHECK(wsb <= sizeof ws, "workspace size %zu", wsb);
@@ -353,6 +354,213 @@ static void test_bad_input(void)
     wcase_free(&c);
 }
 
+/* ---- staging (dsv4_linear_stage / dsv4_linear_staged) ----------------------------------- */
+typedef struct path {
+    const char *backend, *isa; /* isa NULL: DSV4_CPU_ISA unset */
+} path;
+static const path paths[] = {{"cpu-ref", NULL}, {"cpu", "scalar"}, {"cpu", "avx2"}, {"cpu", "avx512"}};
+
+static void set_isa(const char *isa)
+{
+    if (isa)
+        setenv("DSV4_CPU_ISA", isa, 1);
+    else
+        unsetenv("DSV4_CPU_ISA");
+}
+
+static const dsv4_tensor *scale_of(const wcase *c, const dsv4_tensor *ts) { return c->fmt <= DSV4_LINEAR_FP4 ? ts : NULL; }
+
+/* y (F32 [m, n]) of x times c, unstaged (staged = 0) or from the staging in ws (staged = 1). */
+static dsv4_status product_of(dsv4_ctx *ctx, const wcase *c, const dsv4_tensor *x, const dsv4_tensor *bias, float *y,
+                              void *ws, size_t wsb, int staged)
+{
+    dsv4_tensor tw, ts, ty;
+    const int64_t ys[2] = {x->shape[0], c->n};
+    dsv4_tensor_init(&ty, y, DSV4_F32, 2, ys);
+    wcase_views(c, &tw, &ts);
+    return (staged ? dsv4_linear_staged : dsv4_linear)(ctx, c->fmt, x, &tw, scale_of(c, &ts), bias, &ty, ws, wsb);
+}
+
+/* Staged == unstaged bit for bit, for every quantized format, path and thread count: one staging
+ * feeds two weights (w1 and w3 of an expert), and an act128 staging feeds both act128 formats
+ * (FP8_B128 then FP4 then FP8_B128 again: the AVX-512 arrangements differ); x is read only for its
+ * shape; BF16/F32 stage nothing and run as dsv4_linear. */
+static void test_staged(void)
+{
+    for (int pi = 0; pi < 4; pi++)
+        for (int threads = 1; threads <= 2; threads++) {
+            set_isa(paths[pi].isa);
+            dsv4_ctx *ctx = make_ctx(paths[pi].backend, threads);
+            for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
+                const dsv4_linear_format fmt = (dsv4_linear_format)f;
+                const int64_t k = fmt == DSV4_LINEAR_MXFP8 ? 1120 : 1248, xld = k + 8; /* act128 edge block */
+                const int64_t m = (threads == 1 ? 1 : 5) + pi % 2;
+                wcase w1, w3, other; /* other: the other act128 format (FP8_B128 <-> FP4) */
+                wcase_make(&w1, fmt, 77, k, 1, 1);
+                wcase_make(&w3, fmt, 130, k, 0, 0);
+                const int act128 = fmt == DSV4_LINEAR_FP8_B128 || fmt == DSV4_LINEAR_FP4;
+                wcase_make(&other, fmt == DSV4_LINEAR_FP4 ? DSV4_LINEAR_FP8_B128 : DSV4_LINEAR_FP4, 40, k, 0, 0);
+                const int x_bf16 = f % 2;
+                void *xbuf = calloc((size_t)(m * xld), 4), *zeros = calloc((size_t)(m * k), 4);
+                for (int64_t i = 0; i < m * xld; i++) {
+                    const float v = test_randn() * (i % xld < 300 ? 20.0f : 1.0f);
+                    if (x_bf16)
+                        ((uint16_t *)xbuf)[i] = dsv4_bf16_encode(v);
+                    else
+                        ((float *)xbuf)[i] = v;
+                }
+                dsv4_tensor tx, tz, tb;
+                const int64_t xs[2] = {m, k}, xst[2] = {xld, 1}, bs[1] = {w1.n};
+                dsv4_tensor_init_strided(&tx, xbuf, x_bf16 ? DSV4_BF16 : DSV4_F32, 2, xs, xst);
+                dsv4_tensor_init(&tz, zeros, DSV4_F32, 2, xs); /* the shape of x, other values */
+                float bias[77];
+                for (int i = 0; i < 77; i++) bias[i] = test_randn();
+                dsv4_tensor_init(&tb, bias, DSV4_F32, 1, bs);
+                size_t wsb = 0;
+                CHECK_STATUS(dsv4_linear_workspace_size(ctx, fmt, m, k, &wsb), DSV4_OK);
+                const size_t wsa = wsb ? wsb : 64; /* BF16/F32: a poisoned work space they must not touch */
+                uint8_t *ws = malloc(wsa), *ws2 = malloc(wsa);
+                float *a1 = malloc(sizeof(float) * (size_t)(m * 130)), *b1 = malloc(sizeof(float) * (size_t)(m * 130));
+                float *a3 = malloc(sizeof(float) * (size_t)(m * 130)), *b3 = malloc(sizeof(float) * (size_t)(m * 130));
+                float *ao = malloc(sizeof(float) * (size_t)(m * 130)), *bo = malloc(sizeof(float) * (size_t)(m * 130));
+                CHECK_STATUS(product_of(ctx, &w1, &tx, &tb, a1, ws2, wsb, 0), DSV4_OK);
+                CHECK_STATUS(product_of(ctx, &w3, &tx, NULL, a3, ws2, wsb, 0), DSV4_OK);
+                if (act128) CHECK_STATUS(product_of(ctx, &other, &tx, NULL, ao, ws2, wsb, 0), DSV4_OK);
+                memset(ws, 0xA5, wsa);
+                CHECK_STATUS(dsv4_linear_stage(ctx, fmt, &tx, ws, wsa), DSV4_OK);
+                if (fmt > DSV4_LINEAR_FP4) {
+                    int same = 1;
+                    for (size_t i = 0; i < wsa; i++) same &= ws[i] == 0xA5;
+                    CHECK(same, "%s: staging wrote the work space", dsv4_linear_format_name(fmt));
+                }
+                for (int64_t i = 0; i < m * 130; i++) b1[i] = b3[i] = bo[i] = NAN;
+                /* BF16/F32 read x: give them x itself; the quantized formats only its shape */
+                const dsv4_tensor *xs_view = fmt <= DSV4_LINEAR_FP4 ? &tz : &tx;
+                CHECK_STATUS(product_of(ctx, &w1, xs_view, &tb, b1, ws, wsb, 1), DSV4_OK);
+                if (act128) CHECK_STATUS(product_of(ctx, &other, xs_view, NULL, bo, ws, wsb, 1), DSV4_OK);
+                CHECK_STATUS(product_of(ctx, &w3, xs_view, NULL, b3, ws, wsb, 1), DSV4_OK);
+                const char *where = paths[pi].isa ? paths[pi].isa : paths[pi].backend;
+                CHECK(!memcmp(a1, b1, sizeof(float) * (size_t)(m * w1.n)), "%s %s t=%d: staged w1 differs",
+                      dsv4_linear_format_name(fmt), where, threads);
+                CHECK(!memcmp(a3, b3, sizeof(float) * (size_t)(m * w3.n)), "%s %s t=%d: staged w3 differs",
+                      dsv4_linear_format_name(fmt), where, threads);
+                if (act128)
+                    CHECK(!memcmp(ao, bo, sizeof(float) * (size_t)(m * other.n)), "%s %s t=%d: staged %s differs",
+                          dsv4_linear_format_name(fmt), where, threads, dsv4_linear_format_name(other.fmt));
+                free(ws);
+                free(ws2);
+                free(a1);
+                free(b1);
+                free(a3);
+                free(b3);
+                free(ao);
+                free(bo);
+                free(xbuf);
+                free(zeros);
+                wcase_free(&w1);
+                wcase_free(&w3);
+                wcase_free(&other);
+            }
+            dsv4_ctx_destroy(ctx);
+        }
+    unsetenv("DSV4_CPU_ISA");
+}
+
+/* Bad staging input: an error, y untouched (and the work space for dsv4_linear_stage); a failed
+ * staged call leaves the staging usable. */
+static void test_staged_bad_input(void)
+{
+    enum { M = 3, N = 40, K = 256 };
+    wcase c, cb128, cmx, ck;
+    wcase_make(&c, DSV4_LINEAR_FP4, N, K, 0, 0);
+    wcase_make(&cb128, DSV4_LINEAR_FP8_B128, N, K, 0, 0);
+    wcase_make(&cmx, DSV4_LINEAR_MXFP8, N, K, 0, 0);
+    wcase_make(&ck, DSV4_LINEAR_FP4, N, K + 128, 0, 0);
+    float x[M * (K + 128)], y[M * N], poison[M * N], good[M * N];
+    for (int i = 0; i < M * (K + 128); i++) x[i] = test_randn();
+    memset(poison, 0xA5, sizeof poison);
+    memcpy(y, poison, sizeof y);
+    dsv4_tensor tx, t;
+    const int64_t xs[2] = {M, K};
+    dsv4_tensor_init(&tx, x, DSV4_F32, 2, xs);
+    size_t wsb = 0;
+    CHECK_STATUS(dsv4_linear_workspace_size(NULL, DSV4_LINEAR_FP4, M, K + 128, &wsb), DSV4_OK);
+    uint8_t *ws = malloc(wsb), *before = malloc(wsb);
+    const dsv4_linear_format F = DSV4_LINEAR_FP4;
+
+    /* stage: too small, null, unknown format, K, dtype, overlapping x; the work space untouched */
+    size_t need = 0;
+    CHECK_STATUS(dsv4_linear_workspace_size(NULL, F, M, K, &need), DSV4_OK);
+    memset(ws, 0x5A, wsb);
+    memcpy(before, ws, wsb);
+    CHECK_STATUS(dsv4_linear_stage(NULL, F, &tx, ws, need - 1), DSV4_ERR_INVALID_ARG);
+    CHECK(strstr(dsv4_last_error(), "work space") != NULL, "message: %s", dsv4_last_error());
+    CHECK_STATUS(dsv4_linear_stage(NULL, F, &tx, NULL, need), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_linear_stage(NULL, (dsv4_linear_format)7, &tx, ws, wsb), DSV4_ERR_INVALID_ARG);
+    t = tx;
+    t.shape[1] = 48;
+    CHECK_STATUS(dsv4_linear_stage(NULL, F, &t, ws, wsb), DSV4_ERR_SHAPE);
+    t = tx;
+    t.dtype = DSV4_I32;
+    CHECK_STATUS(dsv4_linear_stage(NULL, F, &t, ws, wsb), DSV4_ERR_DTYPE);
+    CHECK_STATUS(dsv4_linear_stage(NULL, F, &tx, x, wsb), DSV4_ERR_INVALID_ARG);
+    CHECK(!memcmp(ws, before, wsb), "a failed stage wrote the work space");
+
+    /* staged: no staging at all, then with a good staging: wrong family, rows, K, path, size */
+    CHECK_STATUS(product_of(NULL, &c, &tx, NULL, y, ws, wsb, 1), DSV4_ERR_INVALID_ARG);
+    CHECK(strstr(dsv4_last_error(), "no staging") != NULL, "message: %s", dsv4_last_error());
+    CHECK_STATUS(dsv4_linear_stage(NULL, F, &tx, ws, wsb), DSV4_OK);
+    CHECK_STATUS(product_of(NULL, &cmx, &tx, NULL, y, ws, wsb, 1), DSV4_ERR_INVALID_ARG); /* act128 -> mx32 */
+    CHECK(strstr(dsv4_last_error(), "mxfp8") != NULL, "message: %s", dsv4_last_error());
+    t = tx;
+    t.shape[0] = M - 1;
+    CHECK_STATUS(product_of(NULL, &c, &t, NULL, y, ws, wsb, 1), DSV4_ERR_INVALID_ARG); /* rows */
+    const int64_t xks[2] = {M, K + 128};
+    dsv4_tensor txk;
+    dsv4_tensor_init(&txk, x, DSV4_F32, 2, xks);
+    CHECK_STATUS(product_of(NULL, &ck, &txk, NULL, y, ws, wsb, 1), DSV4_ERR_INVALID_ARG); /* K */
+    CHECK_STATUS(product_of(NULL, &c, &tx, NULL, y, ws, need - 1, 1), DSV4_ERR_INVALID_ARG); /* size */
+    CHECK_STATUS(product_of(NULL, &c, &tx, NULL, y, NULL, wsb, 1), DSV4_ERR_INVALID_ARG);
+    dsv4_tensor tw, ts, ty;
+    const int64_t ys[2] = {M, N};
+    dsv4_tensor_init(&ty, y, DSV4_F32, 2, ys);
+    wcase_views(&c, &tw, &ts);
+    CHECK_STATUS(dsv4_linear_staged(NULL, (dsv4_linear_format)9, &tx, &tw, &ts, NULL, &ty, ws, wsb),
+                 DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_linear_staged(NULL, DSV4_LINEAR_FP8_B128, &tx, &tw, &ts, NULL, &ty, ws, wsb), DSV4_ERR_DTYPE);
+    dsv4_ctx *ref = make_ctx("cpu-ref", 1), *fast = make_ctx("cpu", 1);
+    setenv("DSV4_CPU_ISA", "avx2", 1); /* staged by the scalar kernels, consumed by AVX2 ones */
+    if (strcmp(dsv4_cpu_isa(), "scalar") != 0) {
+        CHECK_STATUS(dsv4_linear_stage(ref, F, &tx, ws, wsb), DSV4_OK);
+        CHECK_STATUS(product_of(fast, &c, &tx, NULL, y, ws, wsb, 1), DSV4_ERR_INVALID_ARG);
+        CHECK(strstr(dsv4_last_error(), "kernels") != NULL, "message: %s", dsv4_last_error());
+        CHECK_STATUS(product_of(ref, &c, &tx, NULL, good, ws, wsb, 1), DSV4_OK);
+    }
+    unsetenv("DSV4_CPU_ISA");
+    CHECK(!memcmp(y, poison, sizeof y), "an output was written on error");
+
+    /* mx32 staging -> act128 weights; then the staging still serves its own format */
+    CHECK_STATUS(dsv4_linear_stage(NULL, DSV4_LINEAR_MXFP8, &tx, ws, wsb), DSV4_OK);
+    CHECK_STATUS(product_of(NULL, &cb128, &tx, NULL, y, ws, wsb, 1), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(product_of(NULL, &c, &tx, NULL, y, ws, wsb, 1), DSV4_ERR_INVALID_ARG);
+    CHECK(!memcmp(y, poison, sizeof y), "an output was written on error");
+    CHECK_STATUS(product_of(NULL, &cmx, &tx, NULL, y, ws, wsb, 1), DSV4_OK);
+    CHECK_STATUS(product_of(NULL, &cmx, &tx, NULL, good, before, wsb, 0), DSV4_OK);
+    CHECK(!memcmp(y, good, sizeof y), "mxfp8 staged after failed calls differs");
+
+    /* M = 0: nothing to do */
+    const int64_t x0[2] = {0, K};
+    dsv4_tensor tx0;
+    dsv4_tensor_init(&tx0, x, DSV4_F32, 2, x0);
+    CHECK_STATUS(dsv4_linear_stage(NULL, F, &tx0, ws, wsb), DSV4_OK);
+    free(ws);
+    free(before);
+    wcase_free(&c);
+    wcase_free(&cb128);
+    wcase_free(&cmx);
+    wcase_free(&ck);
+}
+
 /* Non-finite activations (documented): the row of y is NaN for the quantized formats. */
 static void test_nonfinite(void)
 {
@@ -379,6 +587,8 @@ int main(void)
     test_threads_and_views();
     test_grouped();
     test_bad_input();
+    test_staged();
+    test_staged_bad_input();
     test_nonfinite();
     TEST_DONE();
 }

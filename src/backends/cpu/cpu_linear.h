@@ -15,8 +15,10 @@
 extern const struct dsv4_linear_ops dsv4_cpu_ref_linear_ops;
 extern const struct dsv4_linear_ops dsv4_cpu_linear_ops;
 
-/* Staged activation row of the quantized formats, in the work space (row stride
- * dsv4_lin_row_bytes(k)):
+/* Staging of the quantized formats, in the work space: from its first 64-byte boundary, a
+ * 64-byte description (rows, k, the format it is arranged for, the kernel set that made it:
+ * linear_cpu.c checks it before a staged product), then the rows (stride dsv4_lin_row_bytes(k)).
+ * Staged activation row:
  *   BF16 staging (vector kernels): the dequantized activation x_q * s_x as BF16 (exact: a code
  *     times a power of two), k values then zeros up to a multiple of 128 (in the kernel's
  *     order of K, see stage_row).
@@ -50,6 +52,10 @@ typedef struct dsv4_cpu_linear_kernels {
      * dequantized, zero-padded to a multiple of 128 and put in the order the kernel's weight
      * decoding produces; replaces the generic loop over stage_group. */
     void (*stage_row)(dsv4_linear_format fmt, const void *x, int x_bf16, int64_t k, uint16_t *dst);
+    /* NULL when the staged row of an act128 format (FP8_B128, FP4) does not depend on which one;
+     * else the staged row arranged for `from` rewritten in place into the arrangement of `to`
+     * (both act128 formats). */
+    void (*rearrange_row)(dsv4_linear_format from, dsv4_linear_format to, uint16_t *row, int64_t k);
 } dsv4_cpu_linear_kernels;
 
 extern const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_scalar;

@@ -81,4 +81,4 @@ static void stage_group(const uint8_t *codes, int len, float scale, uint16_t *ds
         _mm_storeu_si128((__m128i *)(dst + i), v256_bf16_encode(_mm256_mul_ps(v256_e4m3_decode(codes + i), s)));
 }
 
-const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_avx2 = {1, shape, tile, stage_group, NULL};
+const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_avx2 = {1, shape, tile, stage_group, NULL, NULL};

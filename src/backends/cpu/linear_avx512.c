@@ -126,6 +126,19 @@ INLINE void chunk_scales(const dsv4_lin_tile *t, const int NT, int64_t b0, int n
     }
 }
 
+/* Prefetch of the cache line at byte ob of each weight row: PREFETCH_FAR ahead into L2 (running
+ * on into the rows of the next tile near the end of the rows) and PREFETCH_NEAR ahead into L1.
+ * Prefetches never fault, so addresses past the weights are harmless. */
+INLINE void prefetch_rows(const dsv4_lin_tile *t, const int NT, const void *const *w, int64_t ob, int64_t row_bytes)
+{
+    const int64_t far = ob + PREFETCH_FAR < row_bytes ? PREFETCH_FAR : PREFETCH_FAR + t->w_next - row_bytes;
+#pragma GCC unroll 8
+    for (int i = 0; i < NT; i++) {
+        _mm_prefetch((const char *)w[i] + ob + far, _MM_HINT_T1);
+        _mm_prefetch((const char *)w[i] + ob + PREFETCH_NEAR, _MM_HINT_T0);
+    }
+}
+
 INLINE void reduce_out(const int MT, const int NT, __m512 acc[DSV4_LIN_MT][DSV4_LIN_NT],
                        float out[DSV4_LIN_MT][DSV4_LIN_NT])
 {
@@ -167,13 +180,11 @@ INLINE void tile_q(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], 
         for (int64_t kk = 0; kk < kc; kk += step) {
             const __mmask64 mask = low_bytes(fp4 ? (kc - kk) / 2 : kc - kk);
             const int64_t off = k0 + kk, ob = fp4 ? off / 2 : off; /* element, byte offset in the row */
-            const int64_t far = ob + PREFETCH_FAR < row_bytes ? PREFETCH_FAR : PREFETCH_FAR + t->w_next - row_bytes;
             __m512i W[DSV4_LIN_NT][4];
             __m512 S[DSV4_LIN_NT];
+            prefetch_rows(t, NT, t->w, ob, row_bytes);
 #pragma GCC unroll 8
             for (int i = 0; i < NT; i++) {
-                _mm_prefetch((const char *)w[i] + ob + far, _MM_HINT_T1); /* prefetches never fault */
-                _mm_prefetch((const char *)w[i] + ob + PREFETCH_NEAR, _MM_HINT_T0);
                 const __m512i c = _mm512_maskz_loadu_epi8(mask, w[i] + ob);
                 if (fp4) {
                     dec_fp4(&T, c, W[i]);
@@ -286,7 +297,10 @@ INLINE void tile_float(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_N
     for (int m = 0; m < MT; m++)
 #pragma GCC unroll 8
         for (int i = 0; i < NT; i++) acc0[m][i] = acc1[m][i] = _mm512_setzero_ps();
+    const int64_t row_bytes = t->k * (w_bf16 ? 2 : 4);
     for (int64_t kk = 0; kk < t->k; kk += 32) {
+        prefetch_rows(t, NT, t->w, kk * (w_bf16 ? 2 : 4), row_bytes);
+        if (!w_bf16) prefetch_rows(t, NT, t->w, kk * 4 + 64, row_bytes); /* 128 bytes a step */
         __m512 W0[DSV4_LIN_NT], W1[DSV4_LIN_NT];
 #pragma GCC unroll 8
         for (int i = 0; i < NT; i++) {
@@ -352,4 +366,26 @@ static void stage_group(const uint8_t *codes, int len, float scale, uint16_t *ds
         _mm256_storeu_si256((__m256i *)(dst + i), v512_bf16_encode(_mm512_mul_ps(v512_e4m3_decode(codes + i), s)));
 }
 
-const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_avx512 = {1, shape, tile, stage_group, stage_row};
+/* Element held at position p (< 128) of a block of 128 staged values arranged for fmt (see
+ * arrange_row): FP8 in steps of 64, FP4 in one step of 128. */
+static int arranged_element(dsv4_linear_format fmt, int p)
+{
+    if (fmt == DSV4_LINEAR_FP4) return 32 * (p % 32 / 8) + perm_fp4[p / 32][p % 32];
+    return 64 * (p / 64) + perm_fp8[p % 64 / 32][p % 32];
+}
+
+/* An act128 staged row arranged for `from` rewritten in the arrangement of `to` (the FP8_B128 and
+ * FP4 stagings differ only there): both are permutations inside each block of 128. */
+static void rearrange_row(dsv4_linear_format from, dsv4_linear_format to, uint16_t *row, int64_t k)
+{
+    if ((from == DSV4_LINEAR_FP4) == (to == DSV4_LINEAR_FP4)) return;
+    pthread_once(&tables_once, init_tables);
+    const int64_t kp = (k + 127) / 128 * 128;
+    for (int64_t s = 0; s < kp; s += 128) {
+        uint16_t nat[128];
+        for (int p = 0; p < 128; p++) nat[arranged_element(from, p)] = row[s + p];
+        for (int p = 0; p < 128; p++) row[s + p] = nat[arranged_element(to, p)];
+    }
+}
+
+const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_avx512 = {1, shape, tile, stage_group, stage_row, rearrange_row};

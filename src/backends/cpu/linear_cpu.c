@@ -1,10 +1,13 @@
 /* The linear family of both cpu backends: one driver, run with the scalar kernels (cpu-ref) or
  * with the best ISA's (cpu). The driver stages each activation row (quantized by the ISA's own
  * staging kernel, or here with the format kernels of the same ISA; both bit-identical to
- * formats/codec.h), cuts the output into tiles, hands the tiles of N to the threads (a tile is
- * computed whole by one thread, in a fixed K order), and adds the bias and rounds. */
+ * formats/codec.h) and describes the staging in the work space (a staged call checks that
+ * description instead of staging), cuts the output into tiles, hands the tiles of N to the
+ * threads (a tile is computed whole by one thread, in a fixed K order), and adds the bias and
+ * rounds. */
 #include "backends/cpu/cpu_formats.h"
 #include "backends/cpu/cpu_linear.h"
+#include "core/error.h"
 #include "formats/codec.h"
 
 #include <string.h>
@@ -13,10 +16,26 @@ static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
 
 int64_t dsv4_lin_row_bytes(int64_t k) { return (k + 127) / 128 * 128 * 2; }
 
+/* The description of a staging, at the first 64-byte boundary of the work space; the rows
+ * follow at HEAD_BYTES from it. */
+#define HEAD_BYTES 64
+#define STAGING_MAGIC 0x6567617473347664ull /* "dv4stage" */
+typedef struct staging_head {
+    uint64_t magic;
+    const dsv4_cpu_linear_kernels *lk; /* the kernel set whose layout the rows are in */
+    int64_t rows, k;
+    int32_t fmt; /* the format the rows are arranged for */
+} staging_head;
+_Static_assert(sizeof(staging_head) <= HEAD_BYTES, "staging head");
+
 static size_t workspace_size(dsv4_linear_format fmt, int64_t rows, int64_t k)
 {
-    return quantized(fmt) ? (size_t)(rows * dsv4_lin_row_bytes(k)) + 64 : 0;
+    return quantized(fmt) ? (size_t)(rows * dsv4_lin_row_bytes(k)) + 64 + HEAD_BYTES : 0;
 }
+
+static staging_head *head_of(void *workspace) { return (staging_head *)(((uintptr_t)workspace + 63) & ~(uintptr_t)63); }
+static uint8_t *rows_of(void *workspace) { return (uint8_t *)head_of(workspace) + HEAD_BYTES; }
+static int mx32(dsv4_linear_format fmt) { return fmt == DSV4_LINEAR_MXFP8; }
 
 static const void *x_row(const dsv4_linear_args *a, int64_t m, int64_t g)
 {
@@ -79,22 +98,69 @@ static void store_tile(const dsv4_linear_args *a, int64_t g, int64_t m0, int mv,
     }
 }
 
+/* Quantize the groups*m rows of x into the work space and describe the staging. */
+static void stage_rows(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_format_kernels *fk, const dsv4_exec *ex,
+                       const dsv4_linear_args *a)
+{
+    const int64_t rows = a->m * a->groups, rb = dsv4_lin_row_bytes(a->k);
+    uint8_t *ws = rows_of(a->workspace);
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (rows * a->k > DSV4_CPU_CHUNK)
+    for (int64_t r = 0; r < rows; r++) {
+        const void *x = x_row(a, r / a->groups, r % a->groups);
+        if (lk->stage_row)
+            lk->stage_row(a->fmt, x, a->x_bf16, a->k, (uint16_t *)(ws + r * rb));
+        else
+            stage_row(lk, fk, a, x, ws + r * rb);
+    }
+    *head_of(a->workspace) = (staging_head){STAGING_MAGIC, lk, rows, a->k, (int32_t)a->fmt};
+}
+
+static const char *kernels_name(const dsv4_cpu_linear_kernels *lk)
+{
+    return lk == &dsv4_cpu_linear_kernels_avx512 ? "avx512" : lk == &dsv4_cpu_linear_kernels_avx2 ? "avx2" : "scalar";
+}
+
+/* A staged call: check that the work space holds a staging of these rows for this family and
+ * these kernels (nothing written if not), then arrange it for a->fmt where the layout differs. */
+static dsv4_status use_staging(const dsv4_cpu_linear_kernels *lk, const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    const char *op = "linear_staged";
+    staging_head *h = head_of(a->workspace);
+    if (h->magic != STAGING_MAGIC || !quantized((dsv4_linear_format)h->fmt))
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space holds no staging (dsv4_linear_stage)", op);
+    if (h->lk != lk)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG,
+                         "%s: the staging was made by the %s kernels, this call runs the %s ones (stage and "
+                         "consume with the same backend and DSV4_CPU_ISA)",
+                         op, kernels_name(h->lk), kernels_name(lk));
+    const dsv4_linear_format sf = (dsv4_linear_format)h->fmt;
+    if (mx32(sf) != mx32(a->fmt))
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: activations staged for %s (%s) cannot feed %s weights (%s)", op,
+                         dsv4_linear_format_name(sf), mx32(sf) ? "mx32" : "act128", dsv4_linear_format_name(a->fmt),
+                         mx32(a->fmt) ? "mx32" : "act128");
+    if (h->rows != a->m || h->k != a->k)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the staging holds %lld rows of K = %lld; x is [%lld, %lld]", op,
+                         (long long)h->rows, (long long)h->k, (long long)a->m, (long long)a->k);
+    if (sf != a->fmt && lk->rearrange_row) {
+        const int64_t rb = dsv4_lin_row_bytes(a->k);
+        uint8_t *ws = rows_of(a->workspace);
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->m * a->k > DSV4_CPU_CHUNK)
+        for (int64_t r = 0; r < a->m; r++) lk->rearrange_row(sf, a->fmt, (uint16_t *)(ws + r * rb), a->k);
+        h->fmt = (int32_t)a->fmt;
+    }
+    return DSV4_OK;
+}
+
 static dsv4_status run_with(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_format_kernels *fk,
                             const dsv4_exec *ex, const dsv4_linear_args *a)
 {
     const int q = quantized(a->fmt);
-    const int64_t rows = a->m * a->groups, rb = dsv4_lin_row_bytes(a->k);
-    uint8_t *ws = q ? (uint8_t *)(((uintptr_t)a->workspace + 63) & ~(uintptr_t)63) : NULL;
-    if (q) {
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (rows * a->k > DSV4_CPU_CHUNK)
-        for (int64_t r = 0; r < rows; r++) {
-            const void *x = x_row(a, r / a->groups, r % a->groups);
-            if (lk->stage_row)
-                lk->stage_row(a->fmt, x, a->x_bf16, a->k, (uint16_t *)(ws + r * rb));
-            else
-                stage_row(lk, fk, a, x, ws + r * rb);
-        }
-    }
+    const int64_t rb = dsv4_lin_row_bytes(a->k);
+    uint8_t *ws = q ? rows_of(a->workspace) : NULL;
+    if (q && a->staged)
+        DSV4_TRY(use_staging(lk, ex, a));
+    else if (q)
+        stage_rows(lk, fk, ex, a);
     int mt, nt;
     lk->shape(a->fmt, a->m, &mt, &nt);
     const int64_t ntiles = (a->n + nt - 1) / nt, total = ntiles * a->groups;
@@ -128,6 +194,20 @@ static dsv4_status run_with(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_fo
     return DSV4_OK;
 }
 
+static const dsv4_cpu_linear_kernels *fast_kernels(const dsv4_cpu_format_kernels **fk)
+{
+    if (dsv4_cpu_has_avx512bf16()) {
+        *fk = &dsv4_cpu_format_kernels_avx512;
+        return &dsv4_cpu_linear_kernels_avx512;
+    }
+    if (dsv4_cpu_isa_level() >= DSV4_ISA_AVX2) {
+        *fk = &dsv4_cpu_format_kernels_avx2;
+        return &dsv4_cpu_linear_kernels_avx2;
+    }
+    *fk = &dsv4_cpu_format_kernels_scalar;
+    return &dsv4_cpu_linear_kernels_scalar;
+}
+
 static dsv4_status ref_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
 {
     return run_with(&dsv4_cpu_linear_kernels_scalar, &dsv4_cpu_format_kernels_scalar, ex, a);
@@ -135,12 +215,24 @@ static dsv4_status ref_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
 
 static dsv4_status fast_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
 {
-    if (dsv4_cpu_has_avx512bf16())
-        return run_with(&dsv4_cpu_linear_kernels_avx512, &dsv4_cpu_format_kernels_avx512, ex, a);
-    if (dsv4_cpu_isa_level() >= DSV4_ISA_AVX2)
-        return run_with(&dsv4_cpu_linear_kernels_avx2, &dsv4_cpu_format_kernels_avx2, ex, a);
-    return ref_linear(ex, a);
+    const dsv4_cpu_format_kernels *fk;
+    const dsv4_cpu_linear_kernels *lk = fast_kernels(&fk);
+    return run_with(lk, fk, ex, a);
 }
 
-const struct dsv4_linear_ops dsv4_cpu_ref_linear_ops = {workspace_size, ref_linear};
-const struct dsv4_linear_ops dsv4_cpu_linear_ops = {workspace_size, fast_linear};
+static dsv4_status ref_stage(const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    stage_rows(&dsv4_cpu_linear_kernels_scalar, &dsv4_cpu_format_kernels_scalar, ex, a);
+    return DSV4_OK;
+}
+
+static dsv4_status fast_stage(const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    const dsv4_cpu_format_kernels *fk;
+    const dsv4_cpu_linear_kernels *lk = fast_kernels(&fk);
+    stage_rows(lk, fk, ex, a);
+    return DSV4_OK;
+}
+
+const struct dsv4_linear_ops dsv4_cpu_ref_linear_ops = {workspace_size, ref_linear, ref_stage};
+const struct dsv4_linear_ops dsv4_cpu_linear_ops = {workspace_size, fast_linear, fast_stage};

@@ -56,4 +56,4 @@ static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
                                                   : dot_float(t, t->act[i], t->w[j]);
 }
 
-const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_scalar = {0, shape, tile, NULL, NULL};
+const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_scalar = {0, shape, tile, NULL, NULL, NULL};
