@@ -45,7 +45,11 @@ test-gpu:
 
 bench: build
 	./$(BUILD)/dsv4 bench formats
+	./$(BUILD)/dsv4 bench attention
 	./$(BUILD)/dsv4 bench linear
+	./$(BUILD)/dsv4 bench layer
+	./$(BUILD)/dsv4 bench model
+	./$(BUILD)/dsv4 bench run
 	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests/python python3 bench/bench_tokenizer.py
 
 clean:
