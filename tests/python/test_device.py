@@ -98,7 +98,10 @@ def test_device_resident_decode_golden():
 
 
 @needs_cuda
-@pytest.mark.parametrize("H,T,extra", [(1, 3, False), (22, 5, True), (64, 1, True), (128, 9, True)])
+# the large-T cases give each CTA several 64-entry blocks (the split plan splits less), which is the
+# only way to exercise the warp-specialized kernel's multi-block pipeline and its cluster copies
+@pytest.mark.parametrize("H,T,extra", [(1, 3, False), (22, 5, True), (64, 1, True), (128, 9, True),
+                                       (64, 300, True), (100, 120, True), (128, 200, True), (192, 64, False)])
 def test_decode_float64_oracle(H, T, extra, request):
     # contract 6 in float64 on the dequantized cache; relative L2 <= 8e-3 (BF16 P and output),
     # lse <= 1e-5 max(1, |lse|) (fp32 logits and sums)

@@ -229,4 +229,86 @@ template <int TB> DSV4_CU_INLINE void cu_wgmma_m64n256(float *d, uint64_t da, ui
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
 }
 
+/* ---- warp specialization (sm_90a): mbarriers, register reallocation, and the distributed
+ * shared memory of a thread-block cluster ---------------------------------------------------- */
+DSV4_CU_INLINE void cu_mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* Makes the initialized barriers visible to the cluster (and to the async proxy). */
+DSV4_CU_INLINE void cu_fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+/* Arrive (release, CTA scope) on a barrier of this CTA. */
+DSV4_CU_INLINE void cu_mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Arrive (release, cluster scope) on a barrier given by its shared::cluster address (this CTA's
+ * or a peer's, from cu_mapa). */
+DSV4_CU_INLINE void cu_mbar_arrive_cluster(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Wait until the phase of parity `parity` of a barrier of this CTA has completed; CL 1 acquires
+ * at cluster scope (arrivals from a peer CTA). */
+template <int CL> DSV4_CU_INLINE void cu_mbar_wait(uint32_t bar, uint32_t parity)
+{
+    if (CL)
+        asm volatile("{\n.reg .pred P1;\nLAB_WAIT:\n"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], %1;\n"
+                     "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+    else
+        asm volatile("{\n.reg .pred P1;\nLAB_WAIT:\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                     "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+template <int N> DSV4_CU_INLINE void cu_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> DSV4_CU_INLINE void cu_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+DSV4_CU_INLINE uint32_t cu_cluster_rank()
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+/* All threads of the cluster (release / acquire). */
+DSV4_CU_INLINE void cu_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* The shared::cluster address of this CTA's shared address `addr` in cluster CTA `rank`. */
+DSV4_CU_INLINE uint32_t cu_mapa(uint32_t addr, uint32_t rank)
+{
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+/* Bulk copy of `bytes` (a multiple of 16) from this CTA's shared memory to a shared::cluster
+ * address (a peer CTA's), completing as transaction bytes on the mbarrier at shared::cluster
+ * address `bar` (in the destination CTA). */
+DSV4_CU_INLINE void cu_bulk_copy_cluster(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "r"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+/* Arrive on a barrier of this CTA and raise its expected transaction bytes by `bytes`. */
+DSV4_CU_INLINE void cu_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* 16- and 8-byte read-only global loads (no L1 allocation; the L2 fetches 256-byte lines). */
+DSV4_CU_INLINE uint4 cu_ldg16_stream(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+DSV4_CU_INLINE uint2 cu_ldg8_stream(const void *p)
+{
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 #endif

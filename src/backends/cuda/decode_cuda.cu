@@ -12,13 +12,18 @@
  *   2. S = Q K^T (BF16 in, FP32 accumulate), masked entries -inf;
  *   3. online softmax in base 2 (fp32 sums), P rounded to BF16 (as FlashMLA does);
  *   4. O += P V with V = the same tile.
- * Two kernels: decode_kernel<MT> (mma.sync m16n8k16 + ldmatrix, tiles of 16 or 32 heads, and the
- * fallback for 64) and, for tiles of 64 heads on sm_90a, the warpgroup-MMA kernels below.
+ * Kernels: decode_kernel<MT> (mma.sync m16n8k16 + ldmatrix, tiles of 16 or 32 heads, and the
+ * fallback for 64) and, for tiles of 64 heads on sm_90a, the warpgroup-MMA kernels below: for FP8
+ * pages the warp-specialized decode_ws_kernel / decode_ws_pair_kernel (a producer warpgroup
+ * dequantizes while two consumer warpgroups run the matrix work), for BF16 rows (and FP8 pages
+ * when $DSV4_CUDA_DECODE_V1 is set) the single-role decode_wgmma_bf16_kernel / decode_fp8_kernel.
  * Tiles in shared memory use the 128-byte swizzle of wgmma (tile_off). With S > 1 every split
  * writes its normalized partial output and lse; a combine kernel merges them in a fixed order
  * and applies the sink. */
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_kernels.h"
+
+#include <stdlib.h>
 
 #define NT 256           /* threads per CTA */
 #define KB 64            /* entries per block */
@@ -183,20 +188,22 @@ static DSV4_CU_INLINE void load_block(const dsv4_cu_decode &p, const ent_pf &f, 
 
 /* Q rows h0 .. h0 + ROWS - 1 of token t (zeros beyond H) into the swizzled tile; all loads of a
  * thread are in flight before the first store. */
-template <int ROWS>
+template <int ROWS, int NTH = NT>
 static DSV4_CU_INLINE void load_q(const dsv4_cu_decode &p, int t, int h0, uint8_t *sQ, int tid)
 {
-    uint4 v[ROWS * 64 / NT];
+    constexpr int N = (ROWS * 64 + NTH - 1) / NTH;
+    uint4 v[N];
 #pragma unroll
-    for (int k = 0; k < ROWS * 64 / NT; k++) {
-        const int i = k * NT + tid, r = i >> 6, c = i & 63;
+    for (int k = 0; k < N; k++) {
+        const int i = k * NTH + tid, r = i >> 6, c = i & 63;
         v[k] = make_uint4(0, 0, 0, 0);
-        if (h0 + r < p.h) v[k] = cu_ld16(p.q + t * p.q_st + (long long)(h0 + r) * p.q_sh + c * 8);
+        if ((ROWS * 64 % NTH == 0 || i < ROWS * 64) && h0 + r < p.h)
+            v[k] = cu_ld16(p.q + t * p.q_st + (long long)(h0 + r) * p.q_sh + c * 8);
     }
 #pragma unroll
-    for (int k = 0; k < ROWS * 64 / NT; k++) {
-        const int i = k * NT + tid, r = i >> 6, c = i & 63;
-        *(uint4 *)(sQ + tile_off(r, c, ROWS)) = v[k];
+    for (int k = 0; k < N; k++) {
+        const int i = k * NTH + tid, r = i >> 6, c = i & 63;
+        if (ROWS * 64 % NTH == 0 || i < ROWS * 64) *(uint4 *)(sQ + tile_off(r, c, ROWS)) = v[k];
     }
 }
 
@@ -500,8 +507,17 @@ static DSV4_CU_INLINE void wg_wait_s(float *s)
     for (int i = 0; i < 16; i++) cu_reg_fence(s[i]);
 }
 
+/* The barrier of the two consumer warpgroups: the whole CTA, or named barrier 1 over 256
+ * threads when a producer warpgroup runs beside them (WS). */
+template <bool WS> static DSV4_CU_INLINE void wg_sync()
+{
+    if (WS) cu_bar(1, 256);
+    else __syncthreads();
+}
+
 /* Masks, base-2 logits, the row maxima of both warpgroups (through sRed), P in BF16 into sP;
  * updates the running maxima and this thread's partial sums, returns the rescale factors. */
+template <bool WS = false>
 static DSV4_CU_INLINE void wg_softmax(const dsv4_cu_decode &p, float *s, const int *ok, float *sRed, uint8_t *sP,
                                       float *m_run, float *l_part, float *alpha, int wg, int r0, int lane)
 {
@@ -520,7 +536,7 @@ static DSV4_CU_INLINE void wg_softmax(const dsv4_cu_decode &p, float *s, const i
         mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xFFFFFFFFu, mx[hf], 2));
         if ((lane & 3) == 0) sRed[wg * 64 + r0 + 8 * hf] = mx[hf];
     }
-    __syncthreads();
+    wg_sync<WS>();
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int row = r0 + 8 * hf;
@@ -539,7 +555,7 @@ static DSV4_CU_INLINE void wg_softmax(const dsv4_cu_decode &p, float *s, const i
             cu_f32_bf16(p0) | (cu_f32_bf16(p1) << 16);
     }
     cu_fence_proxy_async();
-    __syncthreads();
+    wg_sync<WS>();
 }
 
 /* O = O * alpha + P V over dims 256 wg .. 256 wg + 255 (no rescale while the maxima hold). */
@@ -563,6 +579,7 @@ static DSV4_CU_INLINE void wg_pv(float *o, const float *alpha, uint32_t pa, uint
 }
 
 /* Row sums of both warpgroups (fixed order), then out/lse or the split's partial results. */
+template <bool WS = false>
 static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, const float *m_run,
                                        const float *l_part, float *sL, int t, int h0, int split, int wg, int r0,
                                        int lane)
@@ -575,7 +592,7 @@ static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, 
         l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
         if ((lane & 3) == 0) sL[wg * 64 + r0 + 8 * hf] = l;
     }
-    __syncthreads();
+    wg_sync<WS>();
     const long long th = (long long)t * p.h;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -713,6 +730,287 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 #endif
 }
 
+/* ---- warp-specialized FP8 kernel (sm_90a), the default for 64-head tiles of FP8 pages --------
+ * 384 threads = three warpgroups, one CTA per SM:
+ *   WG0, WG1: the consumers, as in decode_fp8_kernel (Q K^T for entries 32g .. 32g + 31 of a block
+ *        on wgmma m64n32k16, the row maxima exchanged, P in shared memory, O[:, 256g .. +255] +=
+ *        P V on m64n256k16), but they never dequantize and never wait for global memory;
+ *   WG2: the producer. It loads FP8 entries from global memory straight into registers (16-byte
+ *        loads of 32 entries, one round ahead of the round it dequantizes, issued before it waits
+ *        for a free tile) and dequantizes them into two BF16 tiles used in turn, so one tile
+ *        fills while the consumers work on the other.
+ * Handover through mbarriers: full[i] (producer -> consumers) and empty[i] (consumers ->
+ * producer, one arrival per consumer warp); the consumers meet on named barrier 1 (256 threads).
+ * setmaxnreg moves registers from the producer (120) to the consumers (192 each).
+ * NCTA 2: the two 64-head tiles of one token (H 128) run as a cluster of two CTAs; each CTA's
+ * producer dequantizes its half of every block (32 entries) into its own tile and copies that
+ * half into the peer's tile (a bulk shared::cluster copy that completes on the peer's full
+ * barrier), so every entry is loaded and dequantized once per token instead of twice. */
+#define WS_NT 384
+#define WS_Q_OFF 0
+#define WS_K_OFF (64 * ROW_BYTES)               /* two BF16 tiles [64][512] */
+#define WS_P_OFF (WS_K_OFF + 2 * KB * ROW_BYTES)
+#define WS_RED_OFF (WS_P_OFF + 64 * 128)        /* float [2][64]: row maxima of the two consumers */
+#define WS_L_OFF (WS_RED_OFF + 2 * 64 * 4)      /* float [2][64]: row sums */
+#define WS_OK_OFF (WS_L_OFF + 2 * 64 * 4)       /* int [2][64]: entry valid, by tile */
+#define WS_BAR_OFF (WS_OK_OFF + 2 * KB * 4)     /* uint64 full[2], empty[2] */
+#define WS_SMEM (WS_BAR_OFF + 32 + 1024)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Index of entry e (0..63) of block jb of this CTA's range; idx -1 beyond it. */
+static DSV4_CU_INLINE ent_pf ws_fetch(const dsv4_cu_decode &p, int t, const cta_range &r, int jb, int e)
+{
+    ent_pf f = {-1, 0};
+    const long long pos = r.pos0 + (long long)jb * KB + e;
+    if (jb < r.nblk && pos < r.pend) {
+        f.second = pos >= r.len0;
+        const dsv4_cu_scope &sc = f.second ? p.scope[1] : p.scope[0];
+        f.idx = __ldg(sc.indices + t * sc.ld + (f.second ? pos - r.len0 : pos));
+    }
+    return f;
+}
+
+/* One producer thread's share of a round: one entry's 16-byte quarter of each 64-byte group
+ * (seven FP8 groups, the two halves of the BF16 RoPE part) and its scale bytes. */
+typedef struct {
+    uint4 d[7], rp[2];
+    uint2 s8;
+    int good;
+} ws_raw;
+
+static DSV4_CU_INLINE void ws_load(const dsv4_cu_decode &p, const ent_pf &f, int q4, ws_raw &w)
+{
+    const uint8_t *src = p.scope[0].cache.pages, *ssrc = src;
+    w.good = entry_source<true>(p, f, &src, &ssrc);
+    if (w.good) {
+#pragma unroll
+        for (int g = 0; g < 7; g++) w.d[g] = cu_ldg16_stream(src + g * 64 + q4 * 16);
+#pragma unroll
+        for (int i = 0; i < 2; i++) w.rp[i] = cu_ldg16_stream(src + 448 + i * 64 + q4 * 16);
+        w.s8 = cu_ldg8_stream(ssrc);
+    } else { /* masked: zeros (scale 2^-127, finite) */
+#pragma unroll
+        for (int g = 0; g < 7; g++) w.d[g] = make_uint4(0, 0, 0, 0);
+        w.rp[0] = w.rp[1] = make_uint4(0, 0, 0, 0);
+        w.s8 = make_uint2(0, 0);
+    }
+}
+
+/* Dequantize into entry e of the tile at byte offset `tile`: lanes 8q .. 8q + 7 hold 8 entries,
+ * so each 16-byte store of a warp hits 8 different bank groups of the swizzled rows. */
+static DSV4_CU_INLINE void ws_store(uint8_t *smem, uint32_t tile, uint32_t okoff, int e, int q4, const ws_raw &w)
+{
+    uint8_t *row = smem + tile + e * 128;
+    const int sw = e & 7;
+#pragma unroll
+    for (int g = 0; g < 7; g++) {
+        const float sc = cu_e8m0_f32(((g < 4 ? w.s8.x : w.s8.y) >> (8 * (g & 3))) & 0xFFu);
+        *(uint4 *)(row + g * (KB * 128) + (((2 * q4) ^ sw) << 4)) =
+            make_uint4(cu_e4m3x2_bf16x2(w.d[g].x, sc), cu_e4m3x2_bf16x2(w.d[g].x >> 16, sc),
+                       cu_e4m3x2_bf16x2(w.d[g].y, sc), cu_e4m3x2_bf16x2(w.d[g].y >> 16, sc));
+        *(uint4 *)(row + g * (KB * 128) + (((2 * q4 + 1) ^ sw) << 4)) =
+            make_uint4(cu_e4m3x2_bf16x2(w.d[g].z, sc), cu_e4m3x2_bf16x2(w.d[g].z >> 16, sc),
+                       cu_e4m3x2_bf16x2(w.d[g].w, sc), cu_e4m3x2_bf16x2(w.d[g].w >> 16, sc));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) *(uint4 *)(row + 7 * (KB * 128) + (((4 * i + q4) ^ sw) << 4)) = w.rp[i];
+    if (q4 == 0) *(int *)(smem + okoff + e * 4) = w.good;
+}
+
+/* The producer warpgroup. Round R (32 entries) is entries 32 (R % 2) .. of block R / 2 (NCTA 1),
+ * or this CTA's half, entries 32 rank .., of block R (NCTA 2); lane 8q + i of warp pw takes entry
+ * 8 pw + i of the round and quarter q of its groups. Round R + 1 is loaded while round R is
+ * dequantized; indices are read two rounds ahead. */
+template <int NCTA>
+static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range &rg, int t, uint8_t *smem, int pw,
+                                       int lane, uint32_t rank)
+{
+    constexpr int RPB = NCTA == 1 ? 2 : 1; /* rounds per block */
+    const int q4 = lane >> 3;
+    const int nr = rg.nblk * RPB;
+    const uint32_t base = cu_smem(smem), rbase = NCTA == 2 ? cu_mapa(base, rank ^ 1u) : 0u;
+    const int e0 = (NCTA == 1 ? 0 : 32 * (int)rank) + 8 * pw + (lane & 7);
+#define WS_ENT(R) (e0 + (NCTA == 1 ? 32 * ((R) & 1) : 0))
+    ent_pf fa = ws_fetch(p, t, rg, 0, WS_ENT(0)), fb = ws_fetch(p, t, rg, 1 / RPB, WS_ENT(1));
+    ws_raw wa, wb;
+    if (nr > 0) ws_load(p, fa, q4, wa);
+    fa = ws_fetch(p, t, rg, 2 / RPB, WS_ENT(2));
+#pragma unroll 1
+    for (int R = 0; R < nr; R += 2) {
+        /* round R + 1 in flight */
+        if (R + 1 < nr) ws_load(p, fb, q4, wb);
+        fb = ws_fetch(p, t, rg, (R + 3) / RPB, WS_ENT(R + 3));
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int RR = R + h;
+            if (RR >= nr) break;
+            const int j = RR / RPB, b = j & 1;
+            if (RR % RPB == 0 && j >= 2) cu_mbar_wait<NCTA - 1>(base + WS_BAR_OFF + 16 + b * 8, ((j >> 1) - 1) & 1);
+            const uint32_t tile = WS_K_OFF + b * KB * ROW_BYTES, okoff = WS_OK_OFF + b * KB * 4;
+            ws_store(smem, tile, okoff, WS_ENT(RR), q4, h ? wb : wa);
+            if (RR % RPB == RPB - 1) { /* this CTA's part of block j is in its tile */
+                const uint32_t full = WS_BAR_OFF + b * 8;
+                cu_fence_proxy_async();
+                if (NCTA == 2) {
+                    /* all 32 rows of this half, then one thread copies them into the peer's tile
+                     * (8 column blocks of 4 KB and the 32 valid flags) and expects the peer's half */
+                    cu_bar(2, 128);
+                    if (pw == 0 && lane == 0) {
+                        const uint32_t half = rank * 32 * 128;
+#pragma unroll 1
+                        for (int cb = 0; cb < 8; cb++)
+                            cu_bulk_copy_cluster(rbase + tile + cb * (KB * 128) + half, base + tile + cb * (KB * 128) + half,
+                                                 32 * 128, rbase + full);
+                        cu_bulk_copy_cluster(rbase + okoff + rank * 128, base + okoff + rank * 128, 128, rbase + full);
+                        cu_mbar_arrive_expect_tx(base + full, 8 * 32 * 128 + 128);
+                    } else {
+                        cu_mbar_arrive(base + full);
+                    }
+                } else {
+                    cu_mbar_arrive(base + full);
+                }
+            }
+            if (h == 0 && R + 2 < nr) { /* round R + 2 in flight while R + 1 is dequantized */
+                ws_load(p, fa, q4, wa);
+                fa = ws_fetch(p, t, rg, (R + 4) / RPB, WS_ENT(R + 4));
+            }
+        }
+    }
+#undef WS_ENT
+}
+
+/* A value the compiler cannot see through: keeps the per-k-step descriptors of the loops below
+ * from being hoisted out of the block loop (64 of them would hold 128 registers). */
+static DSV4_CU_INLINE uint64_t ws_opaque(uint64_t x)
+{
+    uint64_t r;
+    asm volatile("mov.b64 %0, %1;\n" : "=l"(r) : "l"(x));
+    return r;
+}
+
+/* wg_qk and wg_pv with the descriptors rebuilt in every block. */
+static DSV4_CU_INLINE void ws_qk(float *s, uint32_t qa, uint32_t ka, int wg)
+{
+    const uint64_t dq = ws_opaque(cu_desc_sw128(qa, 16, 1024)), dk = ws_opaque(cu_desc_sw128(ka + wg * 32 * 128, 16, 1024));
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 32; kk++) {
+        const uint32_t koff = ((kk >> 2) * 8192 + (kk & 3) * 32) >> 4;
+        cu_wgmma_m64n32<0>(s, dq + koff, dk + koff, kk > 0);
+    }
+    cu_wgmma_commit();
+}
+
+static DSV4_CU_INLINE void ws_pv(float *o, const float *alpha, uint32_t pa, uint32_t ka, int wg)
+{
+    if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < 128; i++) o[i] *= alpha[(i >> 1) & 1];
+    }
+#pragma unroll
+    for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+    const uint64_t dp = ws_opaque(cu_desc_sw128(pa, 16, 1024)), dv = ws_opaque(cu_desc_sw128(ka + wg * 4 * 8192, 8192, 1024));
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; kk++) cu_wgmma_m64n256<1>(o, dp + ((kk * 32) >> 4), dv + ((kk * 16 * 128) >> 4), 1);
+    cu_wgmma_commit();
+    cu_wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+}
+
+/* A consumer warp is done with tile b (its wgmma reads have completed); NCTA 2: on the barriers
+ * of both CTAs (cbase, rbase: shared::cluster addresses of this CTA's and the peer's memory). */
+template <int NCTA> static DSV4_CU_INLINE void ws_release(uint32_t base, uint32_t cbase, uint32_t rbase, int b, int lane)
+{
+    __syncwarp();
+    if (lane == 0) {
+        const uint32_t empty = WS_BAR_OFF + 16 + b * 8;
+        if (NCTA == 2) {
+            cu_mbar_arrive_cluster(cbase + empty);
+            cu_mbar_arrive_cluster(rbase + empty);
+        } else {
+            cu_mbar_arrive(base + empty);
+        }
+    }
+}
+
+template <int NCTA> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
+{
+    extern __shared__ __align__(128) uint8_t smem_raw[];
+    uint8_t *smem = align1024(smem_raw);
+    const int t = blockIdx.x, h0 = blockIdx.y * 64, split = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const uint32_t rank = NCTA == 2 ? cu_cluster_rank() : 0u;
+    const uint32_t base = cu_smem(smem);
+    const uint32_t cbase = NCTA == 2 ? cu_mapa(base, rank) : 0u, rbase = NCTA == 2 ? cu_mapa(base, rank ^ 1u) : 0u;
+    const cta_range rg = cta_entries(p, t, split);
+    const int nblk = rg.nblk;
+    if (tid == 0) {
+#pragma unroll
+        for (int b = 0; b < 2; b++) {
+            cu_mbar_init(base + WS_BAR_OFF + b * 8, 128);           /* full: every producer thread */
+            cu_mbar_init(base + WS_BAR_OFF + 16 + b * 8, 8 * NCTA); /* empty: every consumer warp */
+        }
+        cu_fence_mbar_init();
+    }
+    load_q<64, WS_NT>(p, t, h0, smem + WS_Q_OFF, tid);
+    cu_fence_proxy_async();
+    __syncthreads();
+    if (NCTA == 2) cu_cluster_sync(); /* the peer's barriers are initialized */
+
+    /* Registers: 168 per thread at launch (384 x 168 of the 64 K); the producer gives 48 back and
+     * each consumer takes 24 (192 + 192 + 120 = 3 x 168). */
+    if (wg == 2) {
+        cu_setmaxnreg_dec<120>();
+        ws_producer<NCTA>(p, rg, t, smem, warp & 3, lane, rank);
+        if (NCTA == 2) cu_cluster_sync(); /* no CTA leaves while its peer may still signal it */
+    } else {
+        cu_setmaxnreg_inc<192>();
+        const int r0 = 16 * (warp & 3) + (lane >> 2); /* this thread's rows: r0 and r0 + 8 */
+        const uint32_t qa = base + WS_Q_OFF, pa = base + WS_P_OFF, ka0 = base + WS_K_OFF;
+        float *sRed = (float *)(smem + WS_RED_OFF), *sL = (float *)(smem + WS_L_OFF);
+        float o[128], s[16], alpha[2];
+        float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 128; i++) o[i] = 0.0f;
+#pragma unroll 1
+        for (int j = 0; j < nblk; j++) {
+            const int b = j & 1;
+            const uint32_t ka = ka0 + b * KB * ROW_BYTES;
+            cu_mbar_wait<0>(base + WS_BAR_OFF + b * 8, (j >> 1) & 1); /* tile b holds block j */
+            ws_qk(s, qa, ka, wg);
+            wg_wait_s(s);
+            wg_softmax<true>(p, s, (const int *)(smem + WS_OK_OFF) + b * KB, sRed, smem + WS_P_OFF, m_run, l_part,
+                             alpha, wg, r0, lane);
+            ws_pv(o, alpha, pa, ka, wg);
+            ws_release<NCTA>(base, cbase, rbase, b, lane);
+        }
+        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+        if (NCTA == 2) cu_cluster_sync();
+    }
+}
+#endif
+
+__global__ void __launch_bounds__(WS_NT, 1) decode_ws_kernel(const dsv4_cu_decode p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    ws_body<1>(p);
+#else
+    __trap();
+#endif
+}
+
+/* Two 64-head tiles of one token as a cluster (grid y even). */
+__global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(WS_NT, 1) decode_ws_pair_kernel(const dsv4_cu_decode p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    ws_body<2>(p);
+#else
+    __trap();
+#endif
+}
+
 /* One warp per (token, head): merge the splits in order, apply the sink, write BF16 + lse. */
 __global__ void __launch_bounds__(NT) combine_kernel(const dsv4_cu_decode p)
 {
@@ -793,13 +1091,40 @@ template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_
     return (int)cudaGetLastError();
 }
 
+/* The warp-specialized FP8 kernel; pair: tiles in clusters of two (the tile count is even). */
+static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int pair)
+{
+    void (*kernel)(dsv4_cu_decode) = pair ? decode_ws_pair_kernel : decode_ws_kernel;
+    static int configured[2];
+    if (!configured[pair]) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM);
+        if (e != cudaSuccess) return (int)e;
+        configured[pair] = 1;
+    }
+    dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
+    kernel<<<grid, WS_NT, WS_SMEM, stream>>>(*d);
+    return (int)cudaGetLastError();
+}
+
+static int env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && *v != '0';
+}
+
 extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
 {
     if (d->t == 0 || d->h == 0) return 0;
     cudaStream_t st = (cudaStream_t)stream;
     const int rows = dsv4_cu_decode_rows(d->h);
+    const long long tiles = (d->h + 63) / 64;
     int err;
-    if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
+    /* FP8 pages on sm_90a: the warp-specialized kernel ($DSV4_CUDA_DECODE_V1 picks the previous
+     * single-role one, $DSV4_CUDA_NO_PAIR keeps the tiles of a token in separate CTAs; benchmarks
+     * compare them). */
+    if (rows == 64 && d->wgmma && d->fp8 && d->aligned && !env_on("DSV4_CUDA_DECODE_V1"))
+        err = launch_ws(d, st, tiles % 2 == 0 && !env_on("DSV4_CUDA_NO_PAIR"));
+    else if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
     else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
     else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);
     if (err || d->splits <= 1) return err;
