@@ -162,6 +162,31 @@ dsv4_status dsv4_check_contiguous(const char *op, const char *arg, const dsv4_te
     return DSV4_OK;
 }
 
+dsv4_status dsv4_check_output(const char *op, const char *arg, const dsv4_tensor *t)
+{
+    /* dims of size > 1 ordered by stride: each must step past the whole extent of the smaller ones */
+    int order[DSV4_MAX_DIMS], n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) return DSV4_OK;
+        if (t->shape[i] > 1) order[n++] = i;
+    }
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && t->stride[order[b]] < t->stride[order[b - 1]]; b--) {
+            int tmp = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = tmp;
+        }
+    int64_t extent = 1; /* elements spanned by the dims seen so far */
+    for (int j = 0; j < n; j++) {
+        int d = order[j];
+        if (t->stride[d] < extent)
+            return dsv4_fail(DSV4_ERR_STRIDE, "%s: output %s overlaps itself (dim %d has stride %lld)", op, arg, d,
+                             (long long)t->stride[d]);
+        extent = t->stride[d] * (t->shape[d] - 1) + extent;
+    }
+    return DSV4_OK;
+}
+
 dsv4_status dsv4_check_aligned(const char *op, const char *arg, const dsv4_tensor *t, size_t bytes)
 {
     if (((uintptr_t)t->data) % bytes)

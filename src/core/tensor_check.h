@@ -15,6 +15,9 @@ dsv4_status dsv4_check_tensor(const char *op, const char *arg, const dsv4_tensor
 /* The last dim has unit stride (rows may be strided). */
 dsv4_status dsv4_check_inner_contiguous(const char *op, const char *arg, const dsv4_tensor *t);
 dsv4_status dsv4_check_contiguous(const char *op, const char *arg, const dsv4_tensor *t);
+/* An output view: no two of its elements share memory (no zero/broadcast stride on a dim of size
+ * > 1, and no dim's elements interleaved with another's), so writers never race on an element. */
+dsv4_status dsv4_check_output(const char *op, const char *arg, const dsv4_tensor *t);
 /* Data pointer aligned to `bytes`. */
 dsv4_status dsv4_check_aligned(const char *op, const char *arg, const dsv4_tensor *t, size_t bytes);
 /* Tensor lives on the CPU. */

@@ -196,6 +196,7 @@ dsv4_status dsv4_qnorm_rope_kv_insert(dsv4_ctx *ctx, dsv4_tensor *q, const dsv4_
 {
     OP_BEGIN("qnorm_rope_kv_insert", qnorm_rope_kv_insert);
     DSV4_TRY(check_heads(op, "q", q, DSV4_ANY, DSV4_ANY, b));
+    DSV4_TRY(dsv4_check_output(op, "q", q));
     int64_t n = q->shape[0], h = q->shape[1];
     dsv4_kv_geom g;
     DSV4_TRY(check_insert(op, kv, cache, slot_mapping, n, b, &g));
@@ -243,6 +244,7 @@ dsv4_status dsv4_dequant_gather(dsv4_ctx *ctx, const dsv4_kv_cache *cache, const
     int64_t s = slots->shape[0];
     const int64_t ow[2] = {s, KVD};
     DSV4_TRY(check_arg(op, "out", out, DSV4_DT(DSV4_BF16), 2, ow, b));
+    DSV4_TRY(dsv4_check_output(op, "out", out));
     DSV4_TRY(check_range(op, "slots", slots, 0, g.num_slots, 1));
     const dsv4_tensor *others[2] = {&cache->pages, slots};
     const char *names[2] = {"cache", "slots"};
@@ -276,6 +278,7 @@ static dsv4_status check_attn_io(const char *op, const dsv4_tensor *q, const dsv
     DSV4_TRY(check_heads(op, "q", q, DSV4_ANY, DSV4_ANY, b));
     int64_t t = q->shape[0], h = q->shape[1];
     DSV4_TRY(check_heads(op, "out", out, t, h, b));
+    DSV4_TRY(dsv4_check_output(op, "out", out));
     if (lse) {
         const int64_t lw[2] = {t, h};
         DSV4_TRY(dsv4_check_tensor(op, "lse", lse, DSV4_DT(DSV4_F32), 2, lw));
@@ -398,6 +401,7 @@ dsv4_status dsv4_inv_rope(dsv4_ctx *ctx, dsv4_tensor *o, const dsv4_tensor *posi
 {
     OP_BEGIN("inv_rope", inv_rope);
     DSV4_TRY(check_heads(op, "o", o, DSV4_ANY, DSV4_ANY, b));
+    DSV4_TRY(dsv4_check_output(op, "o", o));
     DSV4_TRY(check_rope(op, positions, rope, o->shape[0], b));
     const dsv4_tensor *others[2] = {positions, rope};
     const char *names[2] = {"positions", "rope"};

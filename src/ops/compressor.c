@@ -39,7 +39,9 @@ static dsv4_status check_state(const char *op, const dsv4_compressor_desc *d, co
     int coff = d->ratio == 4 ? 2 : 1;
     const int64_t shape[2] = {(int64_t)coff * d->ratio, (int64_t)coff * d->dim};
     DSV4_TRY(dsv4_check_tensor(op, "state_kv", skv, DSV4_DT(DSV4_F32), 2, shape));
+    DSV4_TRY(dsv4_check_output(op, "state_kv", skv));
     DSV4_TRY(dsv4_check_tensor(op, "state_score", ss, DSV4_DT(DSV4_F32), 2, shape));
+    DSV4_TRY(dsv4_check_output(op, "state_score", ss));
     DSV4_TRY(dsv4_check_inner_contiguous(op, "state_kv", skv));
     DSV4_TRY(dsv4_check_inner_contiguous(op, "state_score", ss));
     DSV4_TRY(dsv4_check_host(op, "state_kv", skv));
@@ -73,9 +75,11 @@ static dsv4_status check_outputs(const char *op, const dsv4_compressor_desc *d, 
     if (d->kind == DSV4_COMPRESSOR_MAIN || (out && out->dtype == DSV4_BF16)) {
         if (os) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: out_scales must be NULL when out holds BF16 values", op);
         DSV4_TRY(dsv4_check_tensor(op, "out", out, DSV4_DT(DSV4_BF16), 2, vshape));
+    DSV4_TRY(dsv4_check_output(op, "out", out));
     } else {
         const int64_t cshape[2] = {m, d->dim / 2}, sshape[2] = {m, d->dim / 32};
         DSV4_TRY(dsv4_check_tensor(op, "out", out, DSV4_DT(DSV4_FP4X2) | DSV4_DT(DSV4_U8), 2, cshape));
+    DSV4_TRY(dsv4_check_output(op, "out", out));
         DSV4_TRY(dsv4_check_tensor(op, "out_scales", os, DSV4_DT(DSV4_E8M0) | DSV4_DT(DSV4_U8), 2, sshape));
         DSV4_TRY(dsv4_check_inner_contiguous(op, "out_scales", os));
         *mode = DSV4_CMP_OUT_PACKED;

@@ -82,6 +82,8 @@ dsv4_status dsv4_quantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *x, 
     dsv4_exec ex;
     DSV4_TRY(resolve(ctx, op, &b, &ex));
     DSV4_TRY(check_qtriple(op, rule, x, codes, scales, b));
+    DSV4_TRY(dsv4_check_output(op, "codes", codes));
+    DSV4_TRY(dsv4_check_output(op, "scales", scales));
     if (dsv4_tensors_overlap(x, codes) || dsv4_tensors_overlap(x, scales) || dsv4_tensors_overlap(codes, scales))
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: x, codes and scales must not overlap", op);
     return b->formats->quantize_rows(&ex, rule, x->data, x->stride[0], x->shape[0], x->shape[1], codes->data,
@@ -96,6 +98,7 @@ dsv4_status dsv4_dequantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *c
     dsv4_exec ex;
     DSV4_TRY(resolve(ctx, op, &b, &ex));
     DSV4_TRY(check_qtriple(op, rule, x, codes, scales, b));
+    DSV4_TRY(dsv4_check_output(op, "x", x));
     if (dsv4_tensors_overlap(x, codes) || dsv4_tensors_overlap(x, scales))
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: x must not overlap codes or scales", op);
     return b->formats->dequantize_rows(&ex, rule, codes->data, codes->stride[0], scales->data, scales->stride[0],
@@ -114,6 +117,7 @@ dsv4_status dsv4_dequantize_weight(dsv4_ctx *ctx, const dsv4_tensor *w, const ds
     int64_t n = w->shape[0], k = fp4 ? 2 * w->shape[1] : w->shape[1];
     const int64_t oshape[2] = {n, k};
     DSV4_TRY(dsv4_check_tensor(op, "out", out, DSV4_DT(DSV4_F32), 2, oshape));
+    DSV4_TRY(dsv4_check_output(op, "out", out));
     DSV4_TRY(dsv4_check_inner_contiguous(op, "out", out));
     if (fp4 && k % 32) return dsv4_fail(DSV4_ERR_SHAPE, "%s: FP4 K = %lld is not a multiple of 32", op, (long long)k);
     const int64_t sshape[2] = {fp4 ? n : (n + 127) / 128, fp4 ? k / 32 : (k + 127) / 128};

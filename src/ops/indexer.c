@@ -113,6 +113,7 @@ dsv4_status dsv4_indexer_q(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tenso
     } else {
         if (out_scales) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: out_scales must be NULL when out holds BF16 values", op);
         DSV4_TRY(dsv4_check_tensor(op, "out", out, DSV4_DT(DSV4_BF16), 3, (const int64_t[]){T, H, d}));
+    DSV4_TRY(dsv4_check_output(op, "out", out));
     }
     const dsv4_tensor *ins[3] = {q, positions, rope}, *outs[2] = {out, packed ? out_scales : NULL};
     const char *inames[3] = {"q", "positions", "rope"}, *onames[2] = {"out", "out_scales"};
@@ -142,6 +143,7 @@ dsv4_status dsv4_indexer_weights(dsv4_ctx *ctx, const dsv4_tensor *proj, int hea
     DSV4_TRY(dsv4_check_tensor(op, "proj", proj, DSV4_DT(DSV4_BF16) | DSV4_DT(DSV4_F32), 2, NULL));
     const int64_t T = proj->shape[0], H = proj->shape[1];
     DSV4_TRY(dsv4_check_tensor(op, "out", out, DSV4_DT(DSV4_F32), 2, (const int64_t[]){T, H}));
+    DSV4_TRY(dsv4_check_output(op, "out", out));
     const dsv4_tensor *ins[1] = {proj}, *outs[1] = {out};
     const char *inames[1] = {"proj"}, *onames[1] = {"out"};
     DSV4_TRY(dsv4_ix_check_views(op, b, ins, inames, 1));
@@ -211,6 +213,7 @@ dsv4_status dsv4_indexer_scores(dsv4_ctx *ctx, const dsv4_indexer_args *args, ds
     DSV4_TRY(resolve(ctx, op, &b, &ex));
     DSV4_TRY(check_args(op, b, args, &o));
     DSV4_TRY(dsv4_check_tensor(op, "scores", scores, DSV4_DT(DSV4_F32), 2, (const int64_t[]){o.tokens, o.n_cache}));
+    DSV4_TRY(dsv4_check_output(op, "scores", scores));
     const dsv4_tensor *ins[6], *outs[1] = {scores};
     const char *onames[1] = {"scores"};
     arg_views(args, ins);
@@ -238,7 +241,9 @@ static dsv4_status check_topk_out(const char *op, const dsv4_backend *b, const d
     if (topk < 1 || topk > ((int64_t)1 << 30))
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: topk %lld not in [1, 2^30]", op, (long long)topk);
     DSV4_TRY(dsv4_check_tensor(op, "indices", indices, DSV4_DT(DSV4_I32), 2, (const int64_t[]){T, topk}));
+    DSV4_TRY(dsv4_check_output(op, "indices", indices));
     DSV4_TRY(dsv4_check_tensor(op, "lengths", lengths, DSV4_DT(DSV4_I32), 1, (const int64_t[]){T}));
+    DSV4_TRY(dsv4_check_output(op, "lengths", lengths));
     const dsv4_tensor *outs[1] = {indices};
     const char *onames[1] = {"indices"};
     DSV4_TRY(dsv4_ix_check_views(op, b, outs, onames, 1));
@@ -300,6 +305,7 @@ dsv4_status dsv4_indexer_topk(dsv4_ctx *ctx, const dsv4_tensor *scores, const ds
     DSV4_TRY(resolve(ctx, op, &b, &ex));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, topk, op));
     DSV4_TRY(dsv4_check_tensor(op, "scores", scores, DSV4_DT(DSV4_F32), 2, NULL));
+    DSV4_TRY(dsv4_check_output(op, "scores", scores));
     const int64_t T = scores->shape[0], N = scores->shape[1];
     if (N >= ((int64_t)1 << 31) - 1)
         return dsv4_fail(DSV4_ERR_SHAPE, "%s: %lld candidates overflow int32 indices", op, (long long)N);

@@ -33,10 +33,7 @@ dsv4_status dsv4_layer_out(const char *op, const char *name, const dsv4_tensor *
                            const int64_t *shape, const dsv4_backend *b)
 {
     DSV4_TRY(dsv4_layer_arg(op, name, t, dtypes, ndim, shape, b));
-    for (int i = 0; i < ndim; i++)
-        if (t->shape[i] > 1 && t->stride[i] == 0)
-            return dsv4_fail(DSV4_ERR_STRIDE, "%s: output %s has a zero (broadcast) stride in dim %d", op, name, i);
-    return DSV4_OK;
+    return dsv4_check_output(op, name, t);
 }
 
 dsv4_status dsv4_layer_no_overlap(const char *op, const dsv4_layer_io *outs, int nout, const dsv4_layer_io *ins,

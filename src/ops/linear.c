@@ -139,6 +139,7 @@ static dsv4_status run(dsv4_ctx *ctx, const call *c)
     DSV4_TRY(check_weight(c, rows, k));
     const int64_t yshape[3] = {m, grouped ? groups : n, n};
     DSV4_TRY(dsv4_check_tensor(op, "y", c->y, fb, c->xdims, yshape));
+    DSV4_TRY(dsv4_check_output(op, "y", c->y));
     DSV4_TRY(check_inner(op, "y", c->y));
     if (c->bias) {
         const int64_t bshape[1] = {n};

@@ -1,4 +1,5 @@
 /* Core: tensor views, validation errors, contexts and dispatch, thread-count independence. */
+#include "core/tensor_check.h"
 #include "dsv4.h"
 #include "test_util.h"
 
@@ -28,6 +29,40 @@ static void test_views(void)
     CHECK_STATUS(dsv4_tensor_init(&t, buf, DSV4_F32, 6, shape), DSV4_ERR_INVALID_ARG);
     CHECK_STATUS(dsv4_tensor_init(NULL, buf, DSV4_F32, 3, shape), DSV4_ERR_INVALID_ARG);
     CHECK(dsv4_dtype_size(DSV4_BF16) == 2 && dsv4_dtype_size(DSV4_I64) == 8, "dtype sizes");
+}
+
+/* Output views whose elements share memory are refused (threads would race on them). */
+static void test_output_views(void)
+{
+    float buf[64];
+    dsv4_tensor t;
+    int64_t shape[2] = {4, 4};
+    int64_t ok1[2] = {4, 1}, ok2[2] = {1, 4}, ok3[2] = {16, 2}, bad1[2] = {0, 1}, bad2[2] = {2, 1}, bad3[2] = {1, 3};
+    dsv4_tensor_init_strided(&t, buf, DSV4_F32, 2, shape, ok1);
+    CHECK_STATUS(dsv4_check_output("op", "y", &t), DSV4_OK);
+    dsv4_tensor_init_strided(&t, buf, DSV4_F32, 2, shape, ok2); /* transposed */
+    CHECK_STATUS(dsv4_check_output("op", "y", &t), DSV4_OK);
+    dsv4_tensor_init_strided(&t, buf, DSV4_F32, 2, shape, ok3); /* gaps are fine */
+    CHECK_STATUS(dsv4_check_output("op", "y", &t), DSV4_OK);
+    dsv4_tensor_init_strided(&t, buf, DSV4_F32, 2, shape, bad1); /* broadcast rows */
+    CHECK_STATUS(dsv4_check_output("op", "y", &t), DSV4_ERR_STRIDE);
+    dsv4_tensor_init_strided(&t, buf, DSV4_F32, 2, shape, bad2); /* rows overlap */
+    CHECK_STATUS(dsv4_check_output("op", "y", &t), DSV4_ERR_STRIDE);
+    dsv4_tensor_init_strided(&t, buf, DSV4_F32, 2, shape, bad3); /* interleaved */
+    CHECK_STATUS(dsv4_check_output("op", "y", &t), DSV4_ERR_STRIDE);
+    int64_t one[2] = {1, 4}, zs[2] = {0, 1};
+    dsv4_tensor_init_strided(&t, buf, DSV4_F32, 2, one, zs); /* zero stride on a dim of size 1 */
+    CHECK_STATUS(dsv4_check_output("op", "y", &t), DSV4_OK);
+    /* through an op: dequantize into rows that alias each other */
+    uint8_t codes[4 * 64] = {0}, scales[4] = {127, 127, 127, 127};
+    int64_t cs[2] = {4, 64}, ss[2] = {4, 1}, xst[2] = {0, 1};
+    dsv4_tensor tc, ts, tx;
+    dsv4_tensor_init(&tc, codes, DSV4_U8, 2, cs);
+    dsv4_tensor_init(&ts, scales, DSV4_U8, 2, ss);
+    dsv4_tensor_init_strided(&tx, buf, DSV4_F32, 2, cs, xst);
+    buf[0] = 42.0f;
+    CHECK_STATUS(dsv4_dequantize(NULL, DSV4_QRULE_KV64, &tc, &ts, &tx), DSV4_ERR_STRIDE);
+    CHECK(buf[0] == 42.0f, "refused output written");
 }
 
 static void test_contexts(void)
@@ -148,6 +183,7 @@ int main(void)
 {
     test_seed();
     test_views();
+    test_output_views();
     test_contexts();
     test_bad_input();
     test_thread_independence();
