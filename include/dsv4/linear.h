@@ -33,8 +33,8 @@
  * Staging once for several weights: dsv4_linear_stage quantizes the rows of x into the work
  * space exactly as dsv4_linear does, and dsv4_linear_staged runs the product on that staging,
  * so activations multiplied by several weights (an expert's w1 and w3) are quantized once;
- * dsv4_linear_stage + dsv4_linear_staged == dsv4_linear bit for bit. A staging depends only on
- * the activation rule, hence the families that share one:
+ * dsv4_linear_stage + dsv4_linear_staged == dsv4_linear bit for bit. The staged values depend
+ * only on the activation rule, hence the families that share a staging:
  *   act128: FP8_B128 and FP4 (rows staged for one are consumed by the other, same K);
  *   mx32:   MXFP8 alone.
  * BF16/F32 have nothing to stage: dsv4_linear_stage only checks x (the work space is not
@@ -60,8 +60,9 @@ typedef enum dsv4_linear_format {
 
 DSV4_API const char *dsv4_linear_format_name(dsv4_linear_format fmt);
 
-/* Bytes of work space dsv4_linear / dsv4_grouped_linear need for `rows` rows of x of length k
- * (rows = M, or T*G for the grouped form) on the context's backend. */
+/* Bytes of work space dsv4_linear / dsv4_grouped_linear / dsv4_linear_stage / dsv4_linear_staged
+ * need for `rows` rows of x of length k (rows = M, or T*G for the grouped form) on the context's
+ * backend. */
 DSV4_API dsv4_status dsv4_linear_workspace_size(dsv4_ctx *ctx, dsv4_linear_format fmt, int64_t rows, int64_t k,
                                                 size_t *bytes);
 
@@ -76,15 +77,16 @@ DSV4_API dsv4_status dsv4_linear(dsv4_ctx *ctx, dsv4_linear_format fmt, const ds
  * is opaque and belongs to the context's backend and, for "cpu", to the ISA path in use: it
  * records M, K, the family and its layout, and stays valid until the work space is written by
  * another call (dsv4_linear and dsv4_grouped_linear write theirs there too). The work space
- * must not overlap x. */
+ * must not overlap x. M = 0 stages nothing. */
 DSV4_API dsv4_status dsv4_linear_stage(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *x, void *workspace,
                                        size_t workspace_bytes);
 
 /* dsv4_linear(fmt, x, w, scale, bias, y) on the activations staged in the work space by
  * dsv4_linear_stage. For the quantized formats x gives only the shape [M, K] (its values are not
- * read; any F32 or BF16 view of the staged rows, or one of their shape); a staging of other rows
- * (M or K), of another family (MXFP8 vs FP8_B128/FP4), or made by another backend or ISA path
- * (or no staging at all) fails with DSV4_ERR_INVALID_ARG, nothing written.
+ * read: pass the x that was staged, or any F32/BF16 tensor of its shape outside the work space);
+ * a staging of other rows (M or K), of another family (MXFP8 vs FP8_B128/FP4), or made by
+ * another backend or ISA path (or no staging at all) fails with DSV4_ERR_INVALID_ARG, nothing
+ * written.
  * The call may rewrite the staging in place into the arrangement of its own format (it stays a
  * staging of the same rows for the whole family), so calls on one staging must not run at the
  * same time. The other checks are those of dsv4_linear. */

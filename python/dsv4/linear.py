@@ -23,6 +23,8 @@ lib.dsv4_linear_workspace_size.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes
                                            ctypes.POINTER(ctypes.c_size_t)]
 lib.dsv4_linear.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_size_t]
 lib.dsv4_grouped_linear.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_size_t]
+lib.dsv4_linear_stage.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+lib.dsv4_linear_staged.argtypes = lib.dsv4_linear.argtypes
 
 
 def _fmt(fmt):
@@ -80,16 +82,45 @@ def _run(fn, fmt, x, weight, scale, y_shape, out, y, workspace, backend, threads
     return y
 
 
-def linear(x, weight, scale, fmt, out="bf16", bias=None, y=None, workspace=None, backend=None, threads=None):
-    """y [M, N] = x [M, K] . weight^T (+ bias [N], f32 or u16 BF16). `y` may be given (any row
-    stride; its dtype then sets the output format); it is untouched on error."""
+def linear_stage(x, fmt, workspace=None, backend=None, threads=None):
+    """Quantize the rows of x [M, K] into a work space (uint8 array, made when None) for
+    linear_staged with weights of `fmt` or of its staging family (fp8_b128 and fp4 share one,
+    mxfp8 has its own); bf16/f32 stage nothing. Returns the work space."""
     x = np.asarray(x)
     if x.ndim != 2:
-        raise DSV4Error(2, f"linear: x must be 2-D [M, K], got {x.ndim}-D")
+        raise DSV4Error(2, f"linear_stage: x must be 2-D [M, K], got {x.ndim}-D")
+    f = _fmt(fmt)
+    tx = _float_tensor(x, "x")
+    if workspace is None:
+        workspace = np.empty(max(workspace_size(fmt, x.shape[0], x.shape[1], backend, threads), 1), np.uint8)
+    check(lib.dsv4_linear_stage(ctx(backend, threads), f, ctypes.byref(tx), ctypes.c_void_p(workspace.ctypes.data),
+                                workspace.nbytes))
+    return workspace
+
+
+def linear_staged(x, weight, scale, fmt, workspace, out="bf16", bias=None, y=None, backend=None, threads=None):
+    """linear() on the activations that linear_stage put in `workspace`: bit for bit the same
+    result. For the quantized formats x gives only the shape [M, K] of the staged rows (its values
+    are not read); bf16/f32 read x. A staging that does not match (rows, K, family, backend or ISA
+    path) raises ValueError, y untouched. The call may rearrange the staging in place."""
+    return _run_2d("linear_staged", lib.dsv4_linear_staged, x, weight, scale, fmt, out, bias, y, workspace, backend,
+                   threads)
+
+
+def _run_2d(name, fn, x, weight, scale, fmt, out, bias, y, workspace, backend, threads):
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise DSV4Error(2, f"{name}: x must be 2-D [M, K], got {x.ndim}-D")
     n = np.asarray(weight).shape[0] if np.asarray(weight).ndim else 0
     tb = _float_tensor(bias, "bias") if bias is not None else None
     extra = (ctypes.byref(tb) if tb is not None else None,)
-    return _run(lib.dsv4_linear, fmt, x, weight, scale, (x.shape[0], n), out, y, workspace, backend, threads, extra)
+    return _run(fn, fmt, x, weight, scale, (x.shape[0], n), out, y, workspace, backend, threads, extra)
+
+
+def linear(x, weight, scale, fmt, out="bf16", bias=None, y=None, workspace=None, backend=None, threads=None):
+    """y [M, N] = x [M, K] . weight^T (+ bias [N], f32 or u16 BF16). `y` may be given (any row
+    stride; its dtype then sets the output format); it is untouched on error."""
+    return _run_2d("linear", lib.dsv4_linear, x, weight, scale, fmt, out, bias, y, workspace, backend, threads)
 
 
 def grouped_linear(x, weight, scale, fmt, groups=None, out="bf16", y=None, workspace=None, backend=None,

@@ -394,7 +394,7 @@ static void test_staged(void)
             for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
                 const dsv4_linear_format fmt = (dsv4_linear_format)f;
                 const int64_t k = fmt == DSV4_LINEAR_MXFP8 ? 1120 : 1248, xld = k + 8; /* act128 edge block */
-                const int64_t m = (threads == 1 ? 1 : 5) + pi % 2;
+                const int64_t m = (threads == 1 ? 1 : 60) + pi % 2; /* 60 rows: staged by 2 threads */
                 wcase w1, w3, other; /* other: the other act128 format (FP8_B128 <-> FP4) */
                 wcase_make(&w1, fmt, 77, k, 1, 1);
                 wcase_make(&w3, fmt, 130, k, 0, 0);
@@ -537,6 +537,8 @@ static void test_staged_bad_input(void)
         CHECK_STATUS(product_of(ref, &c, &tx, NULL, good, ws, wsb, 1), DSV4_OK);
     }
     unsetenv("DSV4_CPU_ISA");
+    dsv4_ctx_destroy(ref);
+    dsv4_ctx_destroy(fast);
     CHECK(!memcmp(y, poison, sizeof y), "an output was written on error");
 
     /* mx32 staging -> act128 weights; then the staging still serves its own format */

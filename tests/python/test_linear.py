@@ -15,19 +15,17 @@ import pytest
 
 import dsv4
 import oracles as O
-from dsv4.linear import workspace_size
+from dsv4.linear import linear_stage, linear_staged, workspace_size
 
 FMTS = ["fp8_b128", "mxfp8", "fp4", "bf16", "f32"]
 QUANT = ["fp8_b128", "mxfp8", "fp4"]
-ISAS = ["avx512", "avx2", "scalar"]
 TOL = 1e-5  # relative to sum |terms|: only the fp32 summation order differs
+# Every test taking `backend` (conftest.py) runs on cpu-ref and on each ISA path of cpu.
 
 
-@pytest.fixture(params=ISAS)
-def isa(request, monkeypatch):
-    """Run the cpu backend with its kernels capped at one ISA (DSV4_CPU_ISA is read per call)."""
-    monkeypatch.setenv("DSV4_CPU_ISA", request.param)
-    return request.param
+def path_of(backend):
+    """The path the `backend` fixture set up (for seeds and messages)."""
+    return f"{backend}/{os.environ.get('DSV4_CPU_ISA', 'ref')}"
 
 
 # ---- float64 oracle ------------------------------------------------------------------------
@@ -141,8 +139,8 @@ def k_for(fmt, rng):
 # ---- tests ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("m", [1, 2, 7, 64, 257])
 @pytest.mark.parametrize("fmt", FMTS)
-def test_linear_matches_oracle(fmt, m, isa):
-    rng = O.rng(f"linear {fmt} m={m} {isa}")
+def test_linear_matches_oracle(fmt, m, backend):
+    rng = O.rng(f"linear {fmt} m={m} {path_of(backend)}")
     n = int(rng.choice([77, 129, 255]))  # odd N: partial tiles, B128 edge row block
     k = k_for(fmt, rng) if m < 64 else int(rng.choice([96, 352]))
     w, s = rand_weight(fmt, n, k, rng, pad=bool(rng.integers(2)), transposed_scale=bool(rng.integers(2)))
@@ -155,55 +153,47 @@ def test_linear_matches_oracle(fmt, m, isa):
     ref, mag = oracle(x, w, s, fmt, bias)
     for out in ("bf16", "f32"):
         y = O.poison((m, n), np.uint16 if out == "bf16" else np.float32)
-        dsv4.linear(x, w, s, fmt, bias=bias, y=y, backend="cpu")
-        check_close(y, ref, mag, f"cpu/{isa} {fmt} m={m} n={n} k={k} out={out}")
-        if isa == "avx512":  # the scalar reference, once per case
-            yr = O.poison((m, n), y.dtype)
-            dsv4.linear(x, w, s, fmt, bias=bias, y=yr, backend="cpu-ref")
-            check_close(yr, ref, mag, f"cpu-ref {fmt} m={m} out={out}")
-            # optimized vs reference: both within the bound of the oracle, so within twice it
-            d = np.abs(as_f64(y) - as_f64(yr))
-            lim = 2 * TOL * mag + (2.0**-7 * np.abs(ref) if out == "bf16" else 0) + 1e-30
-            assert (d <= lim).all(), f"cpu vs cpu-ref {fmt} m={m} out={out}"
+        dsv4.linear(x, w, s, fmt, bias=bias, y=y, backend=backend)
+        check_close(y, ref, mag, f"{path_of(backend)} {fmt} m={m} n={n} k={k} out={out}")
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_threads_bit_identical(fmt, isa):
-    rng = O.rng(f"threads {fmt} {isa}")
+def test_threads_bit_identical(fmt, backend):
+    rng = O.rng(f"threads {fmt} {path_of(backend)}")
     n, k = 301, 1024 + 96
     w, s = rand_weight(fmt, n, k, rng)
     for m in (1, 5):
         x = rand_x(m, k, True, rng)
-        y1 = dsv4.linear(x, w, s, fmt, out="f32", threads=1)
-        y2 = dsv4.linear(x, w, s, fmt, out="f32", threads=2)
+        y1 = dsv4.linear(x, w, s, fmt, out="f32", backend=backend, threads=1)
+        y2 = dsv4.linear(x, w, s, fmt, out="f32", backend=backend, threads=2)
         assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), f"{fmt} m={m}: 1 vs 2 threads differ"
         # a row's result does not depend on the other rows of the call either
-        y_row = dsv4.linear(x[m - 1:], w, s, fmt, out="f32", threads=2)
+        y_row = dsv4.linear(x[m - 1:], w, s, fmt, out="f32", backend=backend, threads=2)
         assert np.array_equal(y_row.view(np.uint32), y1[m - 1:].view(np.uint32))
 
 
 @pytest.mark.parametrize("fmt", ["fp8_b128", "mxfp8", "fp4"])
-def test_transposed_scale_view_identical(fmt, isa):
+def test_transposed_scale_view_identical(fmt, backend):
     rng = O.rng(f"transposed {fmt}")
     n, k = 200, 640
     w, s = rand_weight(fmt, n, k, rng)
     st = np.ascontiguousarray(s.T).T  # same values, strides (1, rows)
     assert st.strides != s.strides
     x = rand_x(3, k, False, rng)
-    a = dsv4.linear(x, w, s, fmt, out="f32")
-    b = dsv4.linear(x, w, st, fmt, out="f32")
+    a = dsv4.linear(x, w, s, fmt, out="f32", backend=backend)
+    b = dsv4.linear(x, w, st, fmt, out="f32", backend=backend)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_grouped_equals_separate(fmt, isa):
-    rng = O.rng(f"grouped {fmt} {isa}")
+def test_grouped_equals_separate(fmt, backend):
+    rng = O.rng(f"grouped {fmt} {path_of(backend)}")
     t, g, r = int(rng.choice([1, 3])), 4, int(rng.choice([64, 160]))
     k = int(rng.choice([256, 352]))
     w, s = rand_weight(fmt, g * r, k, rng, transposed_scale=bool(rng.integers(2)))
     x = rand_x(g, k, bool(rng.integers(2)), rng, lead=(t,))  # [T, G, K]
     y = O.poison((t, g, r), np.float32)
-    dsv4.grouped_linear(x, w, s, fmt, groups=g, y=y)
+    dsv4.grouped_linear(x, w, s, fmt, groups=g, y=y, backend=backend)
     for gi in range(g):
         rows = slice(gi * r, (gi + 1) * r)
         if fmt == "fp8_b128":  # the scale rows of group gi: only when R is a multiple of 128
@@ -212,7 +202,7 @@ def test_grouped_equals_separate(fmt, isa):
             sg = s[gi * r // 128:(gi + 1) * r // 128]
         else:
             sg = None if s is None else s[rows]
-        sep = dsv4.linear(x[:, gi], w[rows], sg, fmt, out="f32")
+        sep = dsv4.linear(x[:, gi], w[rows], sg, fmt, out="f32", backend=backend)
         assert np.array_equal(sep.view(np.uint32), y[:, gi].view(np.uint32)), f"group {gi}"
     # and against the oracle (covers R not a multiple of 128 for fp8_b128)
     for gi in range(g):
@@ -234,7 +224,7 @@ def identity_weight(fmt, k):
 
 
 @pytest.mark.parametrize("fmt", QUANT)
-def test_activation_rounding_exact(fmt, isa):
+def test_activation_rounding_exact(fmt, backend):
     """The staged activations are exactly the act128 / mx32 quantize-dequantize of the oracle:
     E4M3 ties (normal and subnormal) and random values, read back through an identity weight."""
     rng = O.rng(f"rounding {fmt}")
@@ -247,12 +237,12 @@ def test_activation_rounding_exact(fmt, isa):
     x[2:] = rng.standard_normal((4, k)) * np.array([[1e-3], [1.0], [1e3], [1e-7]])
     x[:2, ::32] = 448.0  # pins every group's scale to 1, so the ties stay ties
     w, s = identity_weight(fmt, k)
-    y = dsv4.linear(x, w, s, fmt, out="f32")
+    y = dsv4.linear(x, w, s, fmt, out="f32", backend=backend)
     ref = dequant_act(x, fmt)
     assert np.array_equal(y, ref.astype(np.float32)), f"{np.sum(y != ref)} staged values differ"
 
 
-def test_nonfinite_activations(isa):
+def test_nonfinite_activations(backend):
     """Documented: a NaN or +-Inf in a row of x makes that row of y NaN for the quantized
     formats (NaN code, or a NaN scale for an Inf group); BF16/F32 weights follow IEEE."""
     rng = O.rng("nonfinite")
@@ -263,7 +253,7 @@ def test_nonfinite_activations(isa):
         x[1, 5] = np.nan
         x[2, 200] = np.inf
         x[3, 17] = -np.inf
-        y = dsv4.linear(x, w, s, fmt, out="f32")
+        y = dsv4.linear(x, w, s, fmt, out="f32", backend=backend)
         assert np.isnan(y[1:]).all(), fmt
         assert np.isfinite(y[0]).all(), fmt
         ref, mag = oracle(x[:1], w, s, fmt)
@@ -271,12 +261,12 @@ def test_nonfinite_activations(isa):
     w, _ = rand_weight("f32", n, k, rng)
     x = rand_x(2, k, False, rng)
     x[1, 3] = np.inf
-    y = dsv4.linear(x, w, None, "f32", out="f32")
+    y = dsv4.linear(x, w, None, "f32", out="f32", backend=backend)
     expect = np.where(w[:, 3] > 0, np.inf, np.where(w[:, 3] < 0, -np.inf, np.nan))
     np.testing.assert_array_equal(y[1], expect)
 
 
-def test_nan_weight_code_and_scale(isa):
+def test_nan_weight_code_and_scale(backend):
     rng = O.rng("nan weight")
     n, k = 300, 256
     for fmt in ("fp8_b128", "mxfp8"):
@@ -284,17 +274,17 @@ def test_nan_weight_code_and_scale(isa):
         w[3, 10] = 0x7F  # NaN code
         w[7, 100] = 0xFF
         s[-1, 0] = 255  # NaN scale: rows of the last scale row (b128: the last row block)
-        y = dsv4.linear(rand_x(2, k, True, rng), w, s, fmt, out="f32")
+        y = dsv4.linear(rand_x(2, k, True, rng), w, s, fmt, out="f32", backend=backend)
         nan_rows = {3, 7} | (set(range(256, n)) if fmt == "fp8_b128" else {n - 1})
         for r in range(n):
             assert np.isnan(y[:, r]).all() == (r in nan_rows), (fmt, r)
     w, s = rand_weight("fp4", n, k, rng)
     s[5, 2] = 255
-    y = dsv4.linear(rand_x(1, k, True, rng), w, s, "fp4", out="f32")
+    y = dsv4.linear(rand_x(1, k, True, rng), w, s, "fp4", out="f32", backend=backend)
     assert np.isnan(y[0, 5]) and np.isfinite(np.delete(y[0], 5)).all()
 
 
-def test_extreme_activation_scales(isa):
+def test_extreme_activation_scales(backend):
     """Tiny and huge activations: the scale floors (act128 1e-4, mx32 1e-10) and large scales."""
     rng = O.rng("extreme")
     n, k = 33, 384
@@ -305,7 +295,7 @@ def test_extreme_activation_scales(isa):
         x[1, :128] = 0.0  # an all-zero group
         x[2] *= 1e20
         ref, mag = oracle(x, w, s, fmt)
-        y = dsv4.linear(x, w, s, fmt, out="f32")
+        y = dsv4.linear(x, w, s, fmt, out="f32", backend=backend)
         check_close(y, ref, mag, fmt)
 
 
@@ -315,6 +305,101 @@ def test_m_zero_and_workspace_query():
     assert y.shape == (0, 8)
     assert workspace_size("bf16", 10, 64) == 0
     assert workspace_size("mxfp8", 10, 4096) >= 10 * 4096 * 2
+
+
+# ---- staging once for several weights (issue 5) -------------------------------------------
+OTHER_ACT128 = {"fp8_b128": "fp4", "fp4": "fp8_b128"}  # the formats that share an act128 staging
+
+
+def bits(y):
+    return y.view(np.uint32 if y.dtype == np.float32 else np.uint16)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_staged_equals_unstaged(fmt, backend):
+    """linear_stage + linear_staged == linear bit for bit, 1 and 2 threads: one staging feeds two
+    weights (an expert's w1 and w3), and an act128 staging the other act128 format too (between
+    the two, so the staging is rearranged there and back where the layouts differ). The quantized
+    formats read x for its shape only."""
+    rng = O.rng(f"staged {fmt} {path_of(backend)}")
+    k = int(rng.choice([352, 1248]))
+    w1, s1 = rand_weight(fmt, 77, k, rng, pad=True, transposed_scale=True)
+    w3, s3 = rand_weight(fmt, 130, k, rng)
+    other = OTHER_ACT128.get(fmt)
+    if other:
+        wo, so = rand_weight(other, 40, k, rng)
+    bias = O.bf16_encode(rng.standard_normal(77).astype(np.float32))
+    for threads in (1, 2):
+        for m in (1, 6, 200):  # 200 rows: staged (and rearranged) by 2 threads
+            x = rand_x(m, k, bool(rng.integers(2)), rng, pad=True)
+            run = dict(backend=backend, threads=threads)
+            want1 = dsv4.linear(x, w1, s1, fmt, bias=bias, **run)
+            want3 = dsv4.linear(x, w3, s3, fmt, out="f32", **run)
+            ws = linear_stage(x, fmt, **run)
+            shape_only = np.zeros(x.shape, np.float32) if fmt in QUANT else x
+            got1 = linear_staged(shape_only, w1, s1, fmt, ws, bias=bias, **run)
+            if other:
+                got_o = linear_staged(shape_only, wo, so, other, ws, out="f32", **run)
+                want_o = dsv4.linear(x, wo, so, other, out="f32", **run)
+                assert np.array_equal(bits(got_o), bits(want_o)), f"{other} from a {fmt} staging, m={m} t={threads}"
+            got3 = linear_staged(shape_only, w3, s3, fmt, ws, out="f32", **run)
+            assert np.array_equal(bits(got1), bits(want1)), f"w1 m={m} t={threads}"
+            assert np.array_equal(bits(got3), bits(want3)), f"w3 m={m} t={threads}"
+
+
+def test_staged_bad_inputs():
+    """A staging that does not fit the call: ValueError, y (and a failed stage's work space)
+    untouched; the staging still serves the calls it fits."""
+    rng = O.rng("staged bad inputs")
+    n, k = 24, 256
+    x = rand_x(3, k, False, rng)
+    w, s = rand_weight("fp4", n, k, rng)
+    wb, sb = rand_weight("fp8_b128", n, k, rng)
+    wm, sm = rand_weight("mxfp8", n, k, rng)
+    y = O.poison((3, n), np.float32)
+    # stage: work space too small, unknown format, x not 2-D / K not a multiple of 32
+    small = np.full(workspace_size("fp4", 3, k) - 1, 0x5A, np.uint8)
+    with pytest.raises(ValueError, match="work space"):
+        linear_stage(x, "fp4", workspace=small)
+    assert (small == 0x5A).all(), "a failed stage wrote the work space"
+    with pytest.raises(ValueError):
+        linear_stage(x, "nvfp4")
+    with pytest.raises(ValueError):
+        linear_stage(x[None], "fp4")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        linear_stage(x[:, :48], "fp4")
+    # staged: no staging, another family, other rows, another K, a work space too small
+    fresh = np.zeros(workspace_size("fp4", 3, k), np.uint8)
+    assert "no staging" in bad_case(linear_staged, x, w, s, "fp4", fresh, y=y)
+    ws = linear_stage(x, "fp4")
+    assert "mxfp8" in bad_case(linear_staged, x, wm, sm, "mxfp8", ws, y=y)
+    assert "rows" in bad_case(linear_staged, x[:2], w, s, "fp4", ws, y=y[:2])
+    w2, s2 = rand_weight("fp4", n, k + 128, rng)
+    bad_case(linear_staged, rand_x(3, k + 128, False, rng), w2, s2, "fp4", ws, y=y)
+    assert "work space" in bad_case(linear_staged, x, w, s, "fp4", ws[:64], y=y)
+    bad_case(linear_staged, x, w, s, "nvfp4", ws, y=y)
+    # staged by the scalar reference, consumed by the AVX2 kernels
+    if dsv4.cpu_isa() != "scalar":
+        ws_ref = linear_stage(x, "fp4", backend="cpu-ref")
+        os.environ["DSV4_CPU_ISA"] = "avx2"
+        try:
+            assert "kernels" in bad_case(linear_staged, x, w, s, "fp4", ws_ref, y=y, backend="cpu")
+        finally:
+            del os.environ["DSV4_CPU_ISA"]
+    # an mx32 staging does not feed act128 weights; after all that, the staging still works
+    wsm = linear_stage(x, "mxfp8")
+    bad_case(linear_staged, x, wb, sb, "fp8_b128", wsm, y=y)
+    ref = dsv4.linear(x, wm, sm, "mxfp8", out="f32")
+    assert np.array_equal(bits(linear_staged(x, wm, sm, "mxfp8", wsm, out="f32")), bits(ref))
+    ref = dsv4.linear(x, wb, sb, "fp8_b128", out="f32")
+    assert np.array_equal(bits(linear_staged(x, wb, sb, "fp8_b128", ws, out="f32")), bits(ref))
+    # bf16/f32: nothing to stage (the work space is not touched), the product reads x
+    wf, _ = rand_weight("bf16", n, k, rng)
+    poison = np.full(64, 0xA5, np.uint8)
+    linear_stage(x, "bf16", workspace=poison)
+    assert (poison == 0xA5).all()
+    ref = dsv4.linear(x, wf, None, "bf16", out="f32")
+    assert np.array_equal(bits(linear_staged(x, wf, None, "bf16", poison, out="f32")), bits(ref))
 
 
 # ---- bad input: ValueError with the library's message, outputs untouched -------------------
