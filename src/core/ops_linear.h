@@ -40,6 +40,13 @@ typedef struct dsv4_linear_args {
     int staged;
 } dsv4_linear_args;
 
+/* The format's name, for messages (the one table, shared by the op layer and the backends). */
+static inline const char *dsv4_linear_fmt_str(dsv4_linear_format fmt)
+{
+    static const char *const names[DSV4_LINEAR_FORMAT_COUNT] = {"fp8_b128", "mxfp8", "fp4", "bf16", "f32"};
+    return (unsigned)fmt < DSV4_LINEAR_FORMAT_COUNT ? names[fmt] : "?";
+}
+
 struct dsv4_linear_ops {
     /* Work space bytes for `rows` rows of length k (k a multiple of 32). */
     size_t (*workspace_size)(dsv4_linear_format fmt, int64_t rows, int64_t k);

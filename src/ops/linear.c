@@ -4,12 +4,7 @@
 #include "core/ops_linear.h"
 #include "core/tensor_check.h"
 
-static const char *const format_names[DSV4_LINEAR_FORMAT_COUNT] = {"fp8_b128", "mxfp8", "fp4", "bf16", "f32"};
-
-const char *dsv4_linear_format_name(dsv4_linear_format fmt)
-{
-    return (unsigned)fmt < DSV4_LINEAR_FORMAT_COUNT ? format_names[fmt] : "?";
-}
+const char *dsv4_linear_format_name(dsv4_linear_format fmt) { return dsv4_linear_fmt_str(fmt); }
 
 static int is_quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
 

@@ -136,7 +136,7 @@ static dsv4_status use_staging(const dsv4_cpu_linear_kernels *lk, const dsv4_exe
     const dsv4_linear_format sf = (dsv4_linear_format)h->fmt;
     if (mx32(sf) != mx32(a->fmt))
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: activations staged for %s (%s) cannot feed %s weights (%s)", op,
-                         dsv4_linear_format_name(sf), mx32(sf) ? "mx32" : "act128", dsv4_linear_format_name(a->fmt),
+                         dsv4_linear_fmt_str(sf), mx32(sf) ? "mx32" : "act128", dsv4_linear_fmt_str(a->fmt),
                          mx32(a->fmt) ? "mx32" : "act128");
     if (h->rows != a->m || h->k != a->k)
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the staging holds %lld rows of K = %lld; x is [%lld, %lld]", op,
