@@ -11,8 +11,11 @@
  * grouped `wo_a` of FP8 checkpoints as BF16, as DeepSeek's converter does) are converted at load.
  *
  * Semantics per token are those of the reference (architecture.md §12): a batched call of n tokens
- * (prefill, a chunk of it, or the verification of drafts) leaves exactly the caches and states that
- * n single-token calls leave. The engine runs every op on its context's backend and never names one.
+ * (prefill, a chunk of it, or the verification of drafts) leaves the caches and states that n
+ * single-token calls leave, bit for bit, and gives the same logits (every op's result for a token
+ * is independent of the other tokens in the call; the sparse attention cuts each query's entries
+ * into splits of a fixed size). The engine runs every op on its context's backend and never
+ * names one.
  *
  * One engine is used by one thread at a time (the ops inside use the context's threads). */
 #ifndef DSV4_ENGINE_H
@@ -58,9 +61,17 @@ typedef struct dsv4_engine_memory {
 DSV4_API dsv4_status dsv4_engine_memory_info(const dsv4_engine *e, dsv4_engine_memory *out);
 
 /* ---- sequences ------------------------------------------------------------------------------
- * A sequence is a slot 0..max_seqs-1 with its own caches, starting empty (length 0). */
+ * A sequence is a slot 0..max_seqs-1 with its own caches, starting empty (length 0).
+ *
+ * Failures. Every argument, token id, the capacity and the planned memory are checked before a
+ * call changes anything: such a failure leaves the sequence as it was. A failure after the caches
+ * started to change (an op failing in the middle of the layers, which these checks are meant to
+ * rule out) marks the sequence failed: forward, generate and export then refuse it with
+ * DSV4_ERR_INVALID_ARG until it is reset or freed. */
 DSV4_API dsv4_status dsv4_engine_seq_create(dsv4_engine *e, int *seq);
 DSV4_API dsv4_status dsv4_engine_seq_free(dsv4_engine *e, int seq);
+/* Empty the sequence (length 0, not failed), keeping its slot. */
+DSV4_API dsv4_status dsv4_engine_seq_reset(dsv4_engine *e, int seq);
 /* Tokens the main model has processed (the next token goes to this position); -1 if no such sequence. */
 DSV4_API int64_t dsv4_engine_seq_length(const dsv4_engine *e, int seq);
 
@@ -142,7 +153,9 @@ typedef struct dsv4_generate_stats {
 } dsv4_generate_stats;
 
 /* Runs on sequence `seq` (its length must be 0); out_tokens receives up to `cap` generated ids
- * (*n_out of them). stats may be NULL. */
+ * (*n_out of them). stats may be NULL. Every prompt id is checked before anything runs. A stop
+ * request from the callback during the prefill (prompt_logits chunks) ends the generation there:
+ * the sequence holds the prompt tokens fed so far and no token is generated. */
 DSV4_API dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt, int64_t n_prompt,
                                           const dsv4_generate_options *options, int32_t *out_tokens, int64_t cap,
                                           int64_t *n_out, dsv4_generate_stats *stats);

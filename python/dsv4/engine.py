@@ -57,6 +57,7 @@ lib.dsv4_engine_get_options.restype = EngineOptions
 lib.dsv4_engine_memory_info.argtypes = [_P, ctypes.POINTER(EngineMemory)]
 lib.dsv4_engine_seq_create.argtypes = [_P, ctypes.POINTER(ctypes.c_int)]
 lib.dsv4_engine_seq_free.argtypes = [_P, ctypes.c_int]
+lib.dsv4_engine_seq_reset.argtypes = [_P, ctypes.c_int]
 lib.dsv4_engine_seq_length.argtypes = [_P, ctypes.c_int]
 lib.dsv4_engine_seq_length.restype = ctypes.c_int64
 lib.dsv4_engine_forward.argtypes = [_P, ctypes.c_int, _P, ctypes.c_int64, _P, ctypes.c_int64, _P, ctypes.c_int64]
@@ -112,6 +113,10 @@ class Engine:
     def seq_free(self, seq):
         check(lib.dsv4_engine_seq_free(self._h, int(seq)))
 
+    def seq_reset(self, seq):
+        """Empty the sequence (also one marked failed by a call that failed midway), keeping its slot."""
+        check(lib.dsv4_engine_seq_reset(self._h, int(seq)))
+
     def seq_length(self, seq):
         return lib.dsv4_engine_seq_length(self._h, int(seq))
 
@@ -157,23 +162,24 @@ class Engine:
         return t.value
 
     def generate(self, prompt, max_tokens, mtp=0, temperature=0.0, top_p=1.0, seed=0, stop_at_eos=False,
-                 prompt_logits=False, keep_logits=False, seq=None):
+                 prompt_logits=False, keep_logits=False, seq=None, on_step=None):
         """Generate on a fresh sequence (or `seq`, which must be empty). Returns (tokens int32, stats dict,
         steps list); each step is a dict with its tokens, drafted/accepted counts and seconds, plus the
-        target logits of the positions it ran when keep_logits."""
+        target logits of the positions it ran when keep_logits. on_step(step dict) returning True stops
+        the generation after that step (during the prefill: after that chunk, with no token generated)."""
         ids = _ids(prompt)
         steps = []
 
-        def on_step(_user, sp):
+        def step_cb(_user, sp):
             s = sp.contents
             d = {"step": s.step, "tokens": [s.tokens[i] for i in range(s.n_tokens)], "drafted": s.drafted,
                  "accepted": s.accepted, "seconds": s.seconds, "first_position": s.first_position}
             if keep_logits and s.n_logits:
                 d["logits"] = np.ctypeslib.as_array(s.logits, shape=(s.n_logits, self.vocab)).copy()
             steps.append(d)
-            return 0
+            return int(bool(on_step(d))) if on_step else 0
 
-        cb = GEN_CALLBACK(on_step)
+        cb = GEN_CALLBACK(step_cb)
         o = GenOptions(int(max_tokens), int(mtp), Sampling(float(temperature), float(top_p), int(seed)),
                        int(bool(stop_at_eos)), int(bool(prompt_logits)), cb, None)
         own = seq is None

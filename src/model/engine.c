@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "dsv4/device.h"
 #include "dsv4/formats.h"
+#include "formats/codec.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +57,26 @@ dsv4_status eng_check_seq(const dsv4_engine *e, int seq, const char *op)
     if (seq < 0 || seq >= e->opt.max_seqs || !e->seqs[seq].live)
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: sequence %d does not exist (max_seqs %d)", op, seq, e->opt.max_seqs);
     return DSV4_OK;
+}
+
+dsv4_status eng_check_usable(const dsv4_engine *e, int seq, const char *op)
+{
+    DSV4_TRY(eng_check_seq(e, seq, op));
+    if (e->seqs[seq].failed)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG,
+                         "%s: sequence %d is unusable: an earlier call failed after changing its caches "
+                         "(dsv4_engine_seq_reset or dsv4_engine_seq_free it)", op, seq);
+    return DSV4_OK;
+}
+
+dsv4_status eng_seq_failed(dsv4_engine *e, int seq, dsv4_status st, const char *op)
+{
+    if (st == DSV4_OK) return st;
+    e->seqs[seq].failed = 1;
+    char msg[480];
+    snprintf(msg, sizeof msg, "%s", dsv4_last_error());
+    return dsv4_fail(st, "%s: sequence %d is now unusable until reset or freed (its caches were partly updated): %s", op,
+                     seq, msg);
 }
 
 float *eng_state(const dsv4_engine *e, const eng_layer *L, int sq) { return L->state + (size_t)sq * (size_t)L->state_floats; }
@@ -146,33 +167,185 @@ static dsv4_ffn_weights ffn_of(const dsv4_expert_weights *x)
     return f;
 }
 
-/* ---- workspace sizes ----------------------------------------------------------------------- */
+/* ---- workspace sizes ------------------------------------------------------------------------
+ * One workspace serves every op. What an op needs can depend on the number of tokens T of the
+ * call and, for the sparse attention, on the width of its scopes in a way that is not monotone
+ * (more queries can mean fewer splits per query): the plan is the maximum over every T in
+ * [1, max_batch] and every scope width a call can have. Shapes that several blocks share are
+ * asked once. A query that fails fails the engine's creation, not a forward pass. */
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
-static size_t lin_ws(dsv4_engine *e, const dsv4_linear_weight *w, int64_t rows)
+#define WS_KEYS 64
+typedef struct ws_plan {
+    dsv4_engine *e;
+    size_t bytes;
+    int64_t keys[WS_KEYS][8]; /* the shapes asked already */
+    int n_keys;
+} ws_plan;
+
+/* 1 if `key` was asked before (else it is recorded). */
+static int seen(ws_plan *p, const int64_t key[8])
 {
-    size_t b = 0;
-    if (w->weight.data && dsv4_linear_workspace_size(e->ctx, eng_fmt(w), rows, w->in_features, &b) != DSV4_OK) b = 0;
-    return b;
+    for (int i = 0; i < p->n_keys; i++)
+        if (!memcmp(p->keys[i], key, sizeof p->keys[i])) return 1;
+    if (p->n_keys < WS_KEYS) memcpy(p->keys[p->n_keys++], key, sizeof p->keys[0]);
+    return 0;
 }
 
-static size_t layer_ws(dsv4_engine *e, const eng_layer *L, int64_t T)
+/* A product of T * rows_per_T rows of length k, for every T. */
+static dsv4_status plan_linear(ws_plan *p, dsv4_linear_format fmt, int64_t k, int64_t rows_per_T)
 {
+    const int64_t key[8] = {1, fmt, k, rows_per_T};
+    if (seen(p, key)) return DSV4_OK;
+    for (int64_t T = 1; T <= p->e->opt.max_batch; T++) {
+        size_t b = 0;
+        DSV4_TRY(dsv4_linear_workspace_size(p->e->ctx, fmt, T * rows_per_T, k, &b));
+        p->bytes = max_sz(p->bytes, b);
+    }
+    return DSV4_OK;
+}
+
+static dsv4_status plan_lin(ws_plan *p, const dsv4_linear_weight *w, int64_t rows_per_T)
+{
+    return w->weight.data ? plan_linear(p, eng_fmt(w), w->in_features, rows_per_T) : DSV4_OK;
+}
+
+static dsv4_status plan_plain(ws_plan *p, const dsv4_tensor *w, int64_t rows_per_T)
+{
+    return w->data ? plan_linear(p, eng_tfmt(w), w->shape[w->ndim - 1], rows_per_T) : DSV4_OK;
+}
+
+static void ffn_key(const dsv4_ffn_weights *f, int64_t *key)
+{
+    key[0] = f->fmt;
+    key[1] = f->w1->shape[0];
+    key[2] = f->w1->shape[1];
+    key[3] = f->w2->shape[0];
+    key[4] = f->w2->shape[1];
+}
+
+static dsv4_status plan_block(ws_plan *p, const eng_layer *L)
+{
+    dsv4_engine *e = p->e;
     const dsv4_layer_weights *w = L->w;
     const dsv4_model_config *c = e->cfg;
-    size_t b = 0;
     const dsv4_linear_weight *lins[] = {&w->wq_a, &w->wq_b, &w->wkv, &w->wo_b, &w->index_wq_b, &w->e_proj};
-    for (size_t i = 0; i < sizeof lins / sizeof *lins; i++) b = max_sz(b, lin_ws(e, lins[i], T));
-    b = max_sz(b, lin_ws(e, &w->h_proj, T * e->hc));
-    size_t x = 0;
-    if (dsv4_sparse_mla_decode_workspace(e->ctx, T, e->H, e->W, L->ratio ? e->cwidth : 0, &x) == DSV4_OK) b = max_sz(b, x);
-    if (L->kind == DSV4_ATTN_CSA) b = max_sz(b, dsv4_indexer_workspace_size(e->ctx, T, c->index_topk));
+    for (size_t i = 0; i < sizeof lins / sizeof *lins; i++) DSV4_TRY(plan_lin(p, lins[i], 1));
+    DSV4_TRY(plan_lin(p, &w->h_proj, e->hc));
+    const dsv4_tensor *plain[] = {&w->compressor.wkv, &w->compressor.wgate, &w->index_compressor.wkv,
+                                  &w->index_compressor.wgate, &w->index_weights_proj};
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++) DSV4_TRY(plan_plain(p, plain[i], 1));
+    DSV4_TRY(plan_linear(p, eng_tfmt(&L->wo_a), L->wo_a.shape[1], c->o_groups)); /* grouped: T*G rows */
     dsv4_ffn_weights ex = ffn_of(&w->experts[0]), sh = ffn_of(&w->shared);
-    x = 0;
-    if (dsv4_moe_workspace_size(e->ctx, T, (int)c->n_activated_experts, (int)c->n_routed_experts, &ex,
-                                c->n_shared_experts ? &sh : NULL, &x) == DSV4_OK)
-        b = max_sz(b, x);
-    return b;
+    int64_t key[8] = {2};
+    ffn_key(&ex, key + 1);
+    if (L->has_shared) key[6] = sh.fmt + 1, key[7] = sh.w1->shape[0];
+    if (seen(p, key)) return DSV4_OK;
+    for (int64_t T = 1; T <= e->opt.max_batch; T++) {
+        size_t b = 0;
+        DSV4_TRY(dsv4_moe_workspace_size(e->ctx, T, (int)c->n_activated_experts, (int)c->n_routed_experts, &ex,
+                                         L->has_shared ? &sh : NULL, &b));
+        p->bytes = max_sz(p->bytes, b);
+    }
+    return DSV4_OK;
+}
+
+/* The sparse attention: SWA scope of width W, plus a compressed scope of width 0 (none yet), topk
+ * (CSA) or 1 .. max_context/ratio (HCA: every entry so far). */
+static dsv4_status plan_attention(ws_plan *p)
+{
+    dsv4_engine *e = p->e;
+    uint8_t *width = calloc((size_t)e->cwidth + 1, 1);
+    if (!width) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
+    width[0] = 1;
+    int csa = 0;
+    for (int b = 0; b < e->n_blocks; b++) {
+        const eng_layer *L = &e->layers[b];
+        if (L->kind == DSV4_ATTN_CSA) width[e->cfg->index_topk] = csa = 1;
+        if (L->kind == DSV4_ATTN_HCA)
+            for (int64_t c = 1; c <= e->opt.max_context / L->ratio; c++) width[c] = 1;
+    }
+    dsv4_status st = DSV4_OK;
+    for (int64_t T = 1; T <= e->opt.max_batch && st == DSV4_OK; T++) {
+        for (int64_t c = 0; c <= e->cwidth && st == DSV4_OK; c++) {
+            size_t b = 0;
+            if (width[c]) st = dsv4_sparse_mla_decode_workspace(e->ctx, T, e->H, e->W, c, &b);
+            p->bytes = max_sz(p->bytes, b);
+        }
+        if (csa && st == DSV4_OK) p->bytes = max_sz(p->bytes, dsv4_indexer_workspace_size(e->ctx, T, e->cfg->index_topk));
+    }
+    free(width);
+    return st;
+}
+
+static dsv4_status plan_workspace(dsv4_engine *e, size_t *bytes)
+{
+    ws_plan *p = calloc(1, sizeof *p);
+    if (!p) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
+    p->e = e;
+    dsv4_status st = DSV4_OK;
+    for (int b = 0; b < e->n_blocks && st == DSV4_OK; b++) st = eng_wrap(plan_block(p, &e->layers[b]), "engine: workspace of block", b);
+    if (st == DSV4_OK) st = eng_wrap(plan_attention(p), "engine: workspace of the attention", -1);
+    if (st == DSV4_OK) st = eng_wrap(plan_plain(p, &e->w->head, 1), "engine: workspace of the head", -1);
+    *bytes = p->bytes;
+    free(p);
+    return st;
+}
+
+/* The embedding as the forward copies it: BF16 rows, converted once here from an F32 table
+ * (RNE, as the per-token conversion did). */
+static dsv4_status embed_table(dsv4_engine *e, arena *conv)
+{
+    const dsv4_tensor *t = &e->w->embed;
+    if (t->dtype == DSV4_BF16) {
+        e->embed = t->data;
+        return DSV4_OK;
+    }
+    if (t->dtype != DSV4_F32)
+        return dsv4_fail(DSV4_ERR_DTYPE, "engine: embed.weight of dtype %s where BF16 or F32 is needed", dsv4_dtype_name(t->dtype));
+    const int64_t n = e->V * e->D;
+    uint16_t *buf = take(conv, (uint64_t)n * 2);
+    e->embed = buf;
+    if (buf) {
+        const uint8_t *src = t->data;
+        for (int64_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, src + i * 4, 4); /* mapped in place: maybe unaligned */
+            buf[i] = dsv4_bf16_from_f32(f);
+        }
+    }
+    return DSV4_OK;
+}
+
+/* Hash routing reads tid2eid[token] in the middle of a forward pass: every entry is checked here,
+ * once, so that no token can make a forward fail after earlier layers changed the caches. */
+static dsv4_status check_tid2eid(const dsv4_engine *e, int b)
+{
+    const dsv4_tensor *t = &e->w->layers[b].tid2eid;
+    const int64_t E = e->cfg->n_routed_experts;
+    if (t->dtype != DSV4_I32 && t->dtype != DSV4_I64)
+        return dsv4_fail(DSV4_ERR_DTYPE, "engine: block %d: ffn.gate.tid2eid has dtype %s (I32 or I64 needed)", b,
+                         dsv4_dtype_name(t->dtype));
+    if (t->ndim != 2 || t->shape[0] < e->cfg->vocab_size)
+        return dsv4_fail(DSV4_ERR_SHAPE, "engine: block %d: ffn.gate.tid2eid needs [%lld, k] rows", b,
+                         (long long)e->cfg->vocab_size);
+    const int sz = t->dtype == DSV4_I64 ? 8 : 4;
+    for (int64_t v = 0; v < t->shape[0]; v++)
+        for (int64_t j = 0; j < t->shape[1]; j++) {
+            const uint8_t *at = (const uint8_t *)t->data + (v * t->stride[0] + j * t->stride[1]) * sz;
+            int64_t x;
+            if (sz == 8) {
+                memcpy(&x, at, 8);
+            } else {
+                int32_t y;
+                memcpy(&y, at, 4);
+                x = y;
+            }
+            if (x < 0 || x >= E)
+                return dsv4_fail(DSV4_ERR_FORMAT, "engine: block %d: ffn.gate.tid2eid[%lld][%lld] = %lld is not an expert in [0, %lld)",
+                                 b, (long long)v, (long long)j, (long long)x, (long long)E);
+        }
+    return DSV4_OK;
 }
 
 /* ---- the layout walk ----------------------------------------------------------------------- */
@@ -253,8 +426,9 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
         }
     }
     DSV4_TRY(hc_site(e, &A[A_CONV], &e->w->hc_head_fn, &e->w->hc_head_scale, &e->w->hc_head_base, &e->hc_head));
+    DSV4_TRY(embed_table(e, &A[A_CONV]));
     for (int b = 0; b < e->n_blocks; b++) DSV4_TRY(eng_wrap(layout_layer(e, A, &e->layers[b], b), "engine: block", b));
-    for (int sq = 0; sq < S; sq++) e->seqs[sq].pending = take(&A[A_STATE], (uint64_t)(hc * D) * 2);
+    for (int sq = 0; sq < S; sq++) e->seqs[sq].pending = take(&A[A_STATE], (uint64_t)(2 * hc * D) * 2);
 
     /* scratch of one forward call */
     arena *s = &A[A_SCRATCH];
@@ -284,10 +458,15 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->wts = take(s, (uint64_t)(T * nI) * 4);
     x->ikv = take(s, (uint64_t)(T * 2 * dI) * 4);
     x->igate = take(s, (uint64_t)(T * 2 * dI) * 4);
+    x->rslots = take(s, (uint64_t)T * 8);
     x->sidx = take(s, (uint64_t)(T * e->W) * 4);
     x->slen = take(s, (uint64_t)T * 4);
-    x->cidx = take(s, (uint64_t)(T * e->cwidth) * 4);
+    x->cidx = take(s, (uint64_t)(T * c->index_topk) * 4);
     x->clen = take(s, (uint64_t)T * 4);
+    for (int p = 0; p < e->n_pools; p++) {
+        x->hidx[p] = e->pool_hca[p] ? take(s, (uint64_t)(maxc / e->pool_ratio[p] + 1) * 4) : NULL;
+        x->hlen[p] = e->pool_hca[p] ? take(s, (uint64_t)T * 4) : NULL;
+    }
     x->ids = take(s, (uint64_t)(T * topk) * 4);
     x->rw = take(s, (uint64_t)(T * topk) * 4);
     x->logits = take(s, (uint64_t)(e->opt.logits_rows * V) * 4);
@@ -295,10 +474,8 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->probs = take(s, (uint64_t)V * 4);
     x->probs2 = take(s, (uint64_t)V * 4);
     x->order = take(s, (uint64_t)V * 4);
-    size_t ws = 0;
-    for (int b = 0; b < e->n_blocks; b++) ws = max_sz(ws, layer_ws(e, &e->layers[b], T));
-    e->s.ws_bytes = ws;
-    x->ws = take(s, ws ? ws : 1);
+    if (!s->base) DSV4_TRY(plan_workspace(e, &e->s.ws_bytes)); /* sizes pass: the blocks' weights are set */
+    x->ws = take(s, e->s.ws_bytes ? e->s.ws_bytes : 1);
     return DSV4_OK;
 }
 
@@ -320,6 +497,7 @@ static dsv4_status check_config(const dsv4_engine *e)
                          (long long)c->o_groups);
     for (int b = 0; b < e->n_blocks; b++) {
         const dsv4_layer_weights *w = &e->w->layers[b];
+        if (w->hash_routed) DSV4_TRY(check_tid2eid(e, b));
         if (w->kind == DSV4_ATTN_CSA && w->compress_ratio != 4)
             return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: block %d is CSA with ratio %d (the overlapping compressor needs 4)",
                              b, w->compress_ratio);
@@ -383,6 +561,7 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
             if (p == ENG_MAX_RATIOS) return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: more than %d compression ratios", ENG_MAX_RATIOS);
             e->pool_ratio[e->n_pools++] = w->compress_ratio;
         }
+        e->pool_hca[p] = w->kind == DSV4_ATTN_HCA; /* one kind per ratio: CSA is 4, HCA never 4 */
     }
     e->layers = calloc((size_t)e->n_blocks, sizeof *e->layers);
     e->seqs = calloc((size_t)e->opt.max_seqs, sizeof *e->seqs);
@@ -456,16 +635,11 @@ dsv4_engine_options dsv4_engine_get_options(const dsv4_engine *e)
 }
 
 /* ---- sequences ----------------------------------------------------------------------------- */
-static dsv4_status seq_init(dsv4_engine *e, int sq)
+/* An empty sequence: fresh compressor states, length 0. Cache entries left by an earlier use of
+ * the slot are never read: a query sees only positions and entries written before it. */
+static dsv4_status seq_clear(dsv4_engine *e, int sq)
 {
     eng_seq *s = &e->seqs[sq];
-    DSV4_TRY(dsv4_kv_seq_create(e->ring_pool, e->R, &s->ring));
-    DSV4_TRY(dsv4_kv_seq_reserve(s->ring, e->R));
-    for (int p = 0; p < e->n_pools; p++) {
-        int64_t entries = (e->opt.max_context + e->pool_ratio[p] - 1) / e->pool_ratio[p];
-        DSV4_TRY(dsv4_kv_seq_create(e->pools[p], entries, &s->comp[p]));
-        DSV4_TRY(dsv4_kv_seq_reserve(s->comp[p], entries));
-    }
     for (int b = 0; b < e->n_blocks; b++) {
         const eng_layer *L = &e->layers[b];
         if (!L->ratio) continue;
@@ -485,6 +659,21 @@ static dsv4_status seq_init(dsv4_engine *e, int sq)
     }
     s->len = 0;
     s->mtp_len = 0;
+    s->failed = 0;
+    return DSV4_OK;
+}
+
+static dsv4_status seq_init(dsv4_engine *e, int sq)
+{
+    eng_seq *s = &e->seqs[sq];
+    DSV4_TRY(dsv4_kv_seq_create(e->ring_pool, e->R, &s->ring));
+    DSV4_TRY(dsv4_kv_seq_reserve(s->ring, e->R));
+    for (int p = 0; p < e->n_pools; p++) {
+        int64_t entries = (e->opt.max_context + e->pool_ratio[p] - 1) / e->pool_ratio[p];
+        DSV4_TRY(dsv4_kv_seq_create(e->pools[p], entries, &s->comp[p]));
+        DSV4_TRY(dsv4_kv_seq_reserve(s->comp[p], entries));
+    }
+    DSV4_TRY(seq_clear(e, sq));
     s->live = 1;
     return DSV4_OK;
 }
@@ -514,6 +703,12 @@ dsv4_status dsv4_engine_seq_create(dsv4_engine *e, int *seq)
     }
     *seq = sq;
     return DSV4_OK;
+}
+
+dsv4_status dsv4_engine_seq_reset(dsv4_engine *e, int seq)
+{
+    DSV4_TRY(eng_check_seq(e, seq, "engine_seq_reset"));
+    return seq_clear(e, seq);
 }
 
 dsv4_status dsv4_engine_seq_free(dsv4_engine *e, int seq)
@@ -574,7 +769,7 @@ static void put_entry(const dsv4_kv_cache *c, int64_t slot, uint8_t *out, size_t
 
 dsv4_status dsv4_engine_seq_export(const dsv4_engine *e, int seq, void *out, size_t cap, size_t *len)
 {
-    DSV4_TRY(eng_check_seq(e, seq, "engine_seq_export"));
+    DSV4_TRY(eng_check_usable(e, seq, "engine_seq_export"));
     DSV4_CHECK_ARG(len, "engine_seq_export: null length pointer");
     const eng_seq *s = &e->seqs[seq];
     size_t pos = 0;

@@ -81,7 +81,11 @@ static dsv4_status prefill(gen *g, const int32_t *prompt, int64_t n)
         DSV4_TRY(dsv4_engine_forward(e, g->sq, prompt + c0, m, e->s.logits, rows, NULL, 0));
         if (c0 + m < n) {
             dsv4_gen_step s = {0, NULL, 0, 0, 0, now_s() - t0, e->s.logits, rows, c0};
-            if (g->o->callback && g->o->callback(g->o->user, &s)) g->stop = 1;
+            if (g->o->callback && g->o->callback(g->o->user, &s)) {
+                g->stop = 1; /* the sequence holds the prompt up to here; nothing is generated */
+                g->st.prefill_seconds = now_s() - t0;
+                return DSV4_OK;
+            }
             continue;
         }
         int32_t x = pick(g, e->s.logits + (rows - 1) * e->V);
@@ -102,17 +106,15 @@ static dsv4_status draft(gen *g, int32_t x, int k, int *have_head, int64_t *head
     const eng_layer *M = &e->layers[e->cfg->n_layers];
     const int64_t row = e->hc * e->D, V = e->V, n = q->len;
     if (!*have_head) {
-        memcpy(s->Xm, q->pending, (size_t)row * 2);
-        DSV4_TRY(eng_mtp_rows(e, g->sq, n - 1, &x, 1));
+        DSV4_TRY(eng_mtp_rows(e, g->sq, n - 1, &x, 1, q->pending + q->pend * row, NULL));
         DSV4_TRY(eng_logits(e, M, s->X, 1, s->qlogits));
         q->mtp_len = n;
         *head_row = 0;
     }
     *have_head = 0;
     d[0] = pick(g, s->qlogits);
-    for (int j = 1; j < k; j++) {
-        memcpy(s->Xm, s->X + (j == 1 ? *head_row : 0) * row, (size_t)row * 2);
-        DSV4_TRY(eng_mtp_rows(e, g->sq, n - 1 + j, &d[j - 1], 1));
+    for (int j = 1; j < k; j++) { /* the streams of the previous draft row feed the next */
+        DSV4_TRY(eng_mtp_rows(e, g->sq, n - 1 + j, &d[j - 1], 1, s->X + (j == 1 ? *head_row : 0) * row, NULL));
         DSV4_TRY(eng_logits(e, M, s->X, 1, s->qlogits + j * V));
         d[j] = pick(g, s->qlogits + j * V);
     }
@@ -162,14 +164,13 @@ static dsv4_status spec_step(gen *g, int64_t step, int32_t *x, int k, int *have_
     DSV4_TRY(draft(g, *x, k, have_head, head_row, toks + 1));
     /* verify: the target model over [x, d_1..d_k], logits of every row, streams kept for the MTP */
     DSV4_TRY(eng_main_forward(e, g->sq, toks, k + 1, 1));
-    DSV4_TRY(eng_logits(e, NULL, s->X, k + 1, s->logits));
-    memcpy(s->Xm, s->X, (size_t)((k + 1) * row) * 2);
+    DSV4_TRY(eng_logits(e, NULL, s->X, k + 1, s->logits)); /* s->X stays: the MTP rows read it */
     int32_t b;
     int i = accept(g, toks + 1, k, &b);
     if (i < k) DSV4_TRY(eng_rollback(e, g->sq, n, i + 1));
     /* the MTP rows of positions n .. n+i with the target's streams; the last is the next head */
     toks[i + 1] = b;
-    DSV4_TRY(eng_mtp_rows(e, g->sq, n, toks + 1, i + 1));
+    DSV4_TRY(eng_mtp_rows(e, g->sq, n, toks + 1, i + 1, s->X, s->X + row));
     DSV4_TRY(eng_logits(e, &e->layers[e->cfg->n_layers], s->X + i * row, 1, s->qlogits));
     q->mtp_len = n + i + 1;
     *have_head = 1;
@@ -200,8 +201,12 @@ dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt,
                                  dsv4_generate_stats *stats)
 {
     const char *op = "engine_generate";
-    DSV4_TRY(eng_check_seq(e, seq, op));
+    DSV4_TRY(eng_check_usable(e, seq, op));
     DSV4_CHECK_ARG(o && n_out && prompt && n_prompt >= 1, "%s: null argument or empty prompt", op);
+    for (int64_t i = 0; i < n_prompt; i++) /* all of it before the first chunk runs */
+        if (prompt[i] < 0 || prompt[i] >= e->V)
+            return dsv4_fail(DSV4_ERR_RANGE, "%s: prompt token %lld = %d is outside the vocabulary [0, %lld)", op,
+                             (long long)i, prompt[i], (long long)e->V);
     DSV4_CHECK_ARG(e->seqs[seq].len == 0, "%s: sequence %d is not empty (length %lld)", op, seq,
                    (long long)e->seqs[seq].len);
     DSV4_CHECK_ARG(o->max_tokens >= 1 && cap >= 0 && (!cap || out_tokens), "%s: need max_tokens >= 1 and an output buffer", op);
@@ -210,26 +215,28 @@ dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt,
                    e->opt.max_mtp);
     DSV4_CHECK_ARG(o->sampling.temperature >= 0.0f && isfinite(o->sampling.temperature) && o->sampling.top_p > 0.0f,
                    "%s: need temperature >= 0 and top_p > 0", op);
-    if (n_prompt + o->max_tokens - 1 > e->opt.max_context)
+    if (n_prompt > e->opt.max_context || o->max_tokens - 1 > e->opt.max_context - n_prompt)
         return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld prompt + %lld new tokens exceed max_context %lld", op,
                          (long long)n_prompt, (long long)o->max_tokens, (long long)e->opt.max_context);
     gen g = {.e = e, .sq = seq, .o = o, .out = out_tokens, .cap = cap, .max = o->max_tokens};
     dsv4_rng_seed(o->sampling.seed, g.rng);
     g.st.prompt_tokens = n_prompt;
-    DSV4_TRY(prefill(&g, prompt, n_prompt));
+    /* everything is checked: a failure from here on fails the sequence (forward marks its own) */
+    dsv4_status st = prefill(&g, prompt, n_prompt);
     int32_t x = g.last;
     double t0 = now_s();
     int have_head = 0;
     int64_t head_row = 0, step = 1;
-    while (!g.stop) {
+    while (!g.stop && st == DSV4_OK) {
         int64_t left = g.max - g.n_out, room = e->opt.max_context - e->seqs[seq].len - 1;
         int k = o->mtp;
         if (k > left - 1) k = (int)(left - 1);
         if (k > room) k = (int)room;
-        if (k >= 1) DSV4_TRY(spec_step(&g, step, &x, k, &have_head, &head_row));
-        else DSV4_TRY(plain_step(&g, step, &x, &have_head));
+        if (k >= 1) st = spec_step(&g, step, &x, k, &have_head, &head_row);
+        else st = plain_step(&g, step, &x, &have_head);
         step++;
     }
+    if (st != DSV4_OK) return e->seqs[seq].failed ? st : eng_seq_failed(e, seq, st, op);
     g.st.decode_seconds = now_s() - t0;
     g.st.generated_tokens = g.n_out;
     g.st.steps = step;

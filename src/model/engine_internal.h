@@ -41,11 +41,14 @@ typedef struct eng_layer {
 
 typedef struct eng_seq {
     int live;
+    int failed;      /* a call failed after it had changed the caches: unusable until reset or freed */
     int64_t len;     /* tokens the main model has processed */
     int64_t mtp_len; /* MTP rows computed with the main model's streams (rows 0..mtp_len-1) */
     dsv4_kv_seq *ring;
     dsv4_kv_seq *comp[ENG_MAX_RATIOS];
-    uint16_t *pending; /* [hc, D] streams of position len-1 while its MTP row waits for the next token */
+    uint16_t *pending; /* [2][hc, D]: half `pend` holds the streams of position len-1 while its MTP row
+                          waits for the next token (the other half takes the next call's) */
+    int pend;
 } eng_seq;
 
 /* Scratch of one forward call of up to max_batch tokens (engine.c plans the sizes). */
@@ -61,8 +64,11 @@ typedef struct eng_scratch {
     uint16_t *qi, *wp;          /* [T, nI*dI], [T, nI] */
     uint8_t *qpk, *qsc;         /* [T, nI, dI/2], [T, nI, dI/32] */
     float *wts, *ikv, *igate;   /* [T, nI], [T, 2*dI] x2 */
-    int32_t *sidx, *slen;       /* [T, window] SWA scope */
-    int32_t *cidx, *clen;       /* [T, cwidth] compressed scope */
+    int64_t *rslots;            /* [T] ring slots of the call's positions (every block's ring) */
+    int32_t *sidx, *slen;       /* [T, window] SWA scope (every block's) */
+    int32_t *cidx, *clen;       /* [T, topk] CSA scope (one layer's) */
+    int32_t *hidx[ENG_MAX_RATIOS]; /* HCA pools: one row [max_context/ratio] of entry slots */
+    int32_t *hlen[ENG_MAX_RATIOS]; /* [T] visible entries per query */
     int32_t *ids;               /* [T, topk] */
     float *rw;                  /* [T, topk] */
     float *logits;              /* [logits_rows, vocab] target-model logits */
@@ -86,8 +92,10 @@ struct dsv4_engine {
     eng_layer *layers;
     dsv4_hc_site hc_head;
     dsv4_tensor rope_main, rope_compress;
+    const uint16_t *embed;       /* BF16 [V, D]: the checkpoint's table, or its conversion at load */
     dsv4_kv_pages *ring_pool, *pools[ENG_MAX_RATIOS];
     int pool_ratio[ENG_MAX_RATIOS], n_pools;
+    int pool_hca[ENG_MAX_RATIOS];  /* the pool's layers are HCA (one scope row shared by them) */
     eng_seq *seqs;
     eng_scratch s;
     void *mem[4];                /* converted, kv, state, scratch */
@@ -95,7 +103,11 @@ struct dsv4_engine {
     uint64_t weights_mapped;
 };
 
-/* ---- forward.c ---- */
+/* ---- forward.c ----
+ * The caller has checked the tokens (ids in [0, vocab)), T in [1, max_batch] and the capacity
+ * (positions < max_context); the workspace is planned for every T and scope width. A failure
+ * returned by these functions can still leave the sequence's caches partly advanced: the public
+ * entry points then mark the sequence failed (eng_seq_failed). */
 /* Main model over T <= max_batch tokens of sequence `sq` at positions len..len+T-1 (advances len).
  * Leaves the final streams in s.X. With save_proj the CSA compressor inputs are kept for a
  * rollback (T <= 1 + max_mtp). */
@@ -103,15 +115,22 @@ dsv4_status eng_main_forward(dsv4_engine *e, int sq, const int32_t *tokens, int6
 /* Logits of rows first..first+n-1 of the streams X [*, hc, D] through hc_head, norm and the head
  * (L = NULL: the main model's; else MTP block L's). */
 dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, int64_t n, float *logits);
-/* MTP rows at positions pos..pos+T-1: input streams s.Xm [T, hc, D] (overwritten), next tokens
- * `tokens` [T]; output streams in s.X. Writes the MTP block's ring. */
-dsv4_status eng_mtp_rows(dsv4_engine *e, int sq, int64_t pos, const int32_t *tokens, int64_t T);
+/* MTP rows at positions pos..pos+T-1: input streams [T, hc, D] = row 0 at `head`, rows 1..T-1
+ * at `rest` (contiguous; may be s.X itself, read before it is written), next tokens `tokens`
+ * [T]; output streams in s.X (s.Xm is scratch). Writes the MTP block's ring. */
+dsv4_status eng_mtp_rows(dsv4_engine *e, int sq, int64_t pos, const int32_t *tokens, int64_t T, const uint16_t *head,
+                         const uint16_t *rest);
 /* Roll the CSA compressor states of `sq` back to the snapshot taken by eng_main_forward(save_proj)
  * and replay its first `keep` tokens. */
 dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep);
 
 /* ---- engine.c ---- */
+/* The sequence exists (eng_check_seq), and is usable (not failed) for eng_check_usable. */
 dsv4_status eng_check_seq(const dsv4_engine *e, int seq, const char *op);
+dsv4_status eng_check_usable(const dsv4_engine *e, int seq, const char *op);
+/* Mark the sequence failed after a call changed its caches and then failed with `st` (returned,
+ * its message prefixed with what happened). */
+dsv4_status eng_seq_failed(dsv4_engine *e, int seq, dsv4_status st, const char *op);
 float *eng_state(const dsv4_engine *e, const eng_layer *L, int sq); /* the layer's state of sequence sq */
 dsv4_tensor eng_t1(const void *p, dsv4_dtype dt, int64_t a);
 dsv4_tensor eng_t2(const void *p, dsv4_dtype dt, int64_t a, int64_t b);

@@ -30,6 +30,8 @@ typedef struct fwd {
     dsv4_tensor tok;   /* I32 [T] */
     int save_proj;     /* keep the CSA compressor inputs for a rollback */
     int has_extra;     /* the attention has a compressed scope this call */
+    int have_window;   /* s->rslots, sidx, slen hold this call's ring slots and SWA scope */
+    int64_t hca_width[ENG_MAX_RATIOS]; /* HCA pools: width of the scope row built this call (-1: none) */
 } fwd;
 
 /* ---- op wrappers ---------------------------------------------------------------------------- */
@@ -60,33 +62,51 @@ static dsv4_tensor rows_view(const void *p, dsv4_dtype dt, int64_t rows, int64_t
 
 static dsv4_tensor workspace(const dsv4_engine *e) { return eng_t1(e->s.ws, DSV4_U8, (int64_t)e->s.ws_bytes); }
 
-/* embed rows of `tok` -> out [T, D] BF16 */
+/* embed rows of `tok` -> out [T, D] BF16 (the table is BF16, converted at load if need be) */
 static void embed(const dsv4_engine *e, const int32_t *tok, int64_t T, uint16_t *out)
 {
-    const dsv4_tensor *emb = &e->w->embed;
     const int64_t D = e->D;
-    for (int64_t t = 0; t < T; t++) {
-        if (emb->dtype == DSV4_BF16) {
-            memcpy(out + t * D, (const uint16_t *)emb->data + (int64_t)tok[t] * D, (size_t)D * 2);
-        } else {
-            const float *row = (const float *)emb->data + (int64_t)tok[t] * D;
-            for (int64_t d = 0; d < D; d++) out[t * D + d] = dsv4_bf16_from_f32(row[d]);
-        }
-    }
+    for (int64_t t = 0; t < T; t++) memcpy(out + t * D, e->embed + (int64_t)tok[t] * D, (size_t)D * 2);
 }
 
 /* ---- attention (§5) ------------------------------------------------------------------------- */
-/* The SWA scope: query t sees positions max(0, p-W+1) .. p, at ring entries p mod R. */
+/* What every block's ring needs, built once per call (all rings share the sequence's block
+ * table): the slots of the call's positions p (ring entry p mod R), and the SWA scope: query t
+ * sees positions max(0, p-W+1) .. p. */
 static dsv4_status window_scope(fwd *f)
 {
+    if (f->have_window) return DSV4_OK;
     const dsv4_engine *e = f->e;
-    int32_t *idx = f->s->sidx;
+    eng_scratch *s = f->s;
+    for (int64_t t = 0; t < f->T; t++) s->rslots[t] = (f->start + t) % e->R;
+    TRY(dsv4_kv_seq_slots(f->seq->ring, s->rslots, f->T, s->rslots));
+    int32_t *idx = s->sidx;
     for (int64_t t = 0; t < f->T; t++) {
         int64_t p = f->start + t, lo = p - e->W + 1 < 0 ? 0 : p - e->W + 1;
         for (int64_t j = 0; j < e->W; j++) idx[t * e->W + j] = lo + j <= p ? (int32_t)((lo + j) % e->R) : -1;
-        f->s->slen[t] = (int32_t)(p - lo + 1);
+        s->slen[t] = (int32_t)(p - lo + 1);
     }
-    return dsv4_kv_seq_indices(f->seq->ring, idx, f->T * e->W, idx);
+    TRY(dsv4_kv_seq_indices(f->seq->ring, idx, f->T * e->W, idx));
+    f->have_window = 1;
+    return DSV4_OK;
+}
+
+/* The HCA scope of a pool, built once per call for all its layers: one row of the slots of entries
+ * 0 .. wmax-1 (wmax = (start+T)/r), which every query views (row stride 0) up to its own count
+ * (p+1)/r. */
+static dsv4_status hca_scope(fwd *f, const eng_layer *L, int64_t *width)
+{
+    eng_scratch *s = f->s;
+    const int p = L->pool;
+    const int64_t r = L->ratio, wmax = (f->start + f->T) / r;
+    *width = wmax;
+    if (!wmax || f->hca_width[p] == wmax) return DSV4_OK;
+    int32_t *row = s->hidx[p];
+    for (int64_t c = 0; c < wmax; c++) row[c] = (int32_t)c;
+    for (int64_t t = 0; t < f->T; t++) s->hlen[p][t] = (int32_t)((f->start + t + 1) / r);
+    TRY(dsv4_kv_seq_indices(f->seq->comp[p], row, wmax, row));
+    f->hca_width[p] = wmax;
+    return DSV4_OK;
 }
 
 /* Lightning indexer (§5.6): the indexer compressor appends its entries, then every query keeps
@@ -174,15 +194,7 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
         *width = f->has_extra ? e->cfg->index_topk : 0;
         return DSV4_OK;
     }
-    int64_t wmax = (f->start + T) / r;
-    *width = wmax;
-    if (!wmax) return DSV4_OK;
-    for (int64_t t = 0; t < T; t++) {
-        int64_t n = (f->start + t + 1) / r;
-        for (int64_t c = 0; c < wmax; c++) s->cidx[t * wmax + c] = c < n ? (int32_t)c : -1;
-        s->clen[t] = (int32_t)n;
-    }
-    return dsv4_kv_seq_indices(f->seq->comp[L->pool], s->cidx, T * wmax, s->cidx);
+    return hca_scope(f, L, width);
 }
 
 /* x = s->x [T, D] (the attention input after attn_norm) -> s->a [T, D]. */
@@ -205,16 +217,16 @@ static dsv4_status attention(fwd *f, const eng_layer *L)
     TRY(linear(e, &w->wkv, &x, &kv));
     TRY(rmsnorm(e, &kv, &w->kv_norm, &kv));
     /* per-head q RMS + RoPE; kv RoPE + FP8 into the ring at entry p mod R */
-    for (int64_t t = 0; t < T; t++) s->cslots[t] = (f->start + t) % e->R;
-    TRY(dsv4_kv_seq_slots(f->seq->ring, s->cslots, T, s->cslots));
-    dsv4_tensor slots = eng_t1(s->cslots, DSV4_I64, T);
+    TRY(window_scope(f));
+    dsv4_tensor slots = eng_t1(s->rslots, DSV4_I64, T);
     TRY(dsv4_qnorm_rope_kv_insert(e->ctx, &q, &kv, &L->ring, &slots, &f->pos, L->rope, (float)c->norm_eps));
     /* what each query attends to (§5.7): its window, and the compressed entries */
-    TRY(window_scope(f));
     int64_t cw = 0;
     if (L->ratio) TRY(compressed_scope(f, L, &x, &qr, &cw));
     dsv4_tensor sidx = eng_t2(s->sidx, DSV4_I32, T, e->W), slen = eng_t1(s->slen, DSV4_I32, T);
-    dsv4_tensor cidx = eng_t2(s->cidx, DSV4_I32, T, cw), clen = eng_t1(s->clen, DSV4_I32, T);
+    const int hca = L->kind == DSV4_ATTN_HCA;
+    dsv4_tensor cidx = hca ? rows_view(s->hidx[L->pool], DSV4_I32, T, cw, 0) : eng_t2(s->cidx, DSV4_I32, T, cw);
+    dsv4_tensor clen = eng_t1(hca ? s->hlen[L->pool] : s->clen, DSV4_I32, T);
     dsv4_sparse_scope swa = {&L->ring, &sidx, &slen}, extra = {&L->comp, &cidx, &clen};
     /* sparse attention with sink, inverse RoPE at the query position (§5.7, §5.8) */
     dsv4_tensor o = eng_t3(s->o, DSV4_BF16, T, H, 512), ws = workspace(e);
@@ -274,6 +286,7 @@ static void begin(fwd *f, dsv4_engine *e, int sq, int64_t start, const int32_t *
     f->seq = &e->seqs[sq];
     f->T = T;
     f->start = start;
+    for (int p = 0; p < ENG_MAX_RATIOS; p++) f->hca_width[p] = -1;
     for (int64_t t = 0; t < T; t++) {
         e->s.positions[t] = start + t;
         e->s.tokens[t] = tokens[t];
@@ -325,7 +338,8 @@ dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, in
 }
 
 /* ---- MTP (§8) ------------------------------------------------------------------------------- */
-dsv4_status eng_mtp_rows(dsv4_engine *e, int sq, int64_t pos, const int32_t *tokens, int64_t T)
+dsv4_status eng_mtp_rows(dsv4_engine *e, int sq, int64_t pos, const int32_t *tokens, int64_t T, const uint16_t *head,
+                         const uint16_t *rest)
 {
     const eng_layer *L = &e->layers[e->cfg->n_layers];
     const dsv4_layer_weights *w = L->w;
@@ -333,13 +347,22 @@ dsv4_status eng_mtp_rows(dsv4_engine *e, int sq, int64_t pos, const int32_t *tok
     const int64_t D = e->D, hc = e->hc;
     fwd f;
     begin(&f, e, sq, pos, tokens, T);
-    /* X[t][j] = bf16(e_proj·enorm(embed[tok]) + h_proj·hnorm(streams[t][j])) */
+    /* X[t][j] = bf16(e_proj·enorm(embed[tok]) + h_proj·hnorm(streams[t][j])): hnorm reads the
+     * input streams (out of place, into Xm) before h_proj writes X */
     dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, D), ep = eng_t2(s->a, DSV4_BF16, T, D);
     dsv4_tensor hh = eng_t2(s->Xm, DSV4_BF16, T * hc, D), hp = eng_t2(s->X, DSV4_BF16, T * hc, D);
+    if (rest == head + hc * D || T == 1) {
+        dsv4_tensor in = eng_t2(head, DSV4_BF16, T * hc, D);
+        TRY(rmsnorm(e, &in, &w->hnorm, &hh));
+    } else {
+        dsv4_tensor in0 = eng_t2(head, DSV4_BF16, hc, D), in1 = eng_t2(rest, DSV4_BF16, (T - 1) * hc, D);
+        dsv4_tensor out0 = eng_t2(s->Xm, DSV4_BF16, hc, D), out1 = eng_t2(s->Xm + hc * D, DSV4_BF16, (T - 1) * hc, D);
+        TRY(rmsnorm(e, &in0, &w->hnorm, &out0));
+        TRY(rmsnorm(e, &in1, &w->hnorm, &out1));
+    }
     embed(e, tokens, T, s->x);
     TRY(rmsnorm(e, &x, &w->enorm, &x));
     TRY(linear(e, &w->e_proj, &x, &ep));
-    TRY(rmsnorm(e, &hh, &w->hnorm, &hh));
     TRY(linear(e, &w->h_proj, &hh, &hp));
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < hc; j++) {
@@ -389,46 +412,32 @@ dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep)
 
 /* ---- the public forward ---------------------------------------------------------------------- */
 /* MTP rows for every main position whose next token is known after the chunk at `start` of Tc
- * tokens; the last position's streams wait in `pending`. Returns the rows run in *rows. */
+ * tokens (the main streams of the chunk in s->X); the last position's streams wait in `pending`
+ * (the other half: the current one may be this call's first row). Returns the rows run in *rows. */
 static dsv4_status mtp_catch_up(dsv4_engine *e, int sq, int64_t start, const int32_t *chunk, int64_t Tc, int64_t *rows)
 {
     eng_seq *q = &e->seqs[sq];
     eng_scratch *s = &e->s;
     const int64_t row = e->hc * e->D;
-    int64_t first = q->mtp_len, n = start + Tc - 1 - first;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r = first + i;
-        memcpy(s->Xm + i * row, r < start ? q->pending : s->X + (r - start) * row, (size_t)row * 2);
-    }
-    memcpy(q->pending, s->X + (Tc - 1) * row, (size_t)row * 2);
+    int64_t first = q->mtp_len, n = start + Tc - 1 - first; /* first >= start - 1 */
+    const uint16_t *head = first < start ? q->pending + q->pend * row : s->X + (first - start) * row;
+    const uint16_t *rest = first < start ? s->X : head + row;
+    memcpy(q->pending + (1 - q->pend) * row, s->X + (Tc - 1) * row, (size_t)row * 2);
     *rows = n;
-    if (n > 0) TRY(eng_mtp_rows(e, sq, first, chunk + (first + 1 - start), n));
+    if (n > 0) TRY(eng_mtp_rows(e, sq, first, chunk + (first + 1 - start), n, head, rest));
+    q->pend = 1 - q->pend;
     q->mtp_len = first + n;
     return DSV4_OK;
 }
 
-dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t *tokens, int64_t n, float *logits, int64_t n_logits,
-                                float *mtp_logits, int64_t n_mtp_logits)
+/* The chunks of a checked call; a failure here may leave the caches partly advanced. */
+static dsv4_status forward_chunks(dsv4_engine *e, int seq, const int32_t *tokens, int64_t n, float *logits,
+                                  int64_t n_logits, float *mtp_logits, int64_t n_mtp_logits, int64_t mtp_rows)
 {
-    const char *op = "engine_forward";
-    TRY(eng_check_seq(e, seq, op));
     eng_seq *q = &e->seqs[seq];
-    DSV4_CHECK_ARG(tokens && n >= 1, "%s: need n >= 1 tokens (got %lld)", op, (long long)n);
-    DSV4_CHECK_ARG(n_logits >= 0 && n_logits <= n && (!n_logits || logits),
-                   "%s: n_logits %lld must be in [0, n = %lld] with a buffer", op, (long long)n_logits, (long long)n);
     const int mtp = e->opt.max_mtp > 0;
-    const int64_t mtp_first = q->mtp_len, mtp_rows = mtp ? q->len + n - 1 - mtp_first : 0;
-    DSV4_CHECK_ARG(n_mtp_logits >= 0 && n_mtp_logits <= mtp_rows && (!n_mtp_logits || mtp_logits),
-                   "%s: n_mtp_logits %lld must be in [0, %lld] (the MTP rows this call runs) with a buffer", op,
-                   (long long)n_mtp_logits, (long long)mtp_rows);
-    for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= e->V)
-            return dsv4_fail(DSV4_ERR_RANGE, "%s: token %lld = %d is outside the vocabulary [0, %lld)", op, (long long)i,
-                             tokens[i], (long long)e->V);
-    if (q->len + n > e->opt.max_context)
-        return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld + %lld tokens exceed max_context %lld", op, (long long)q->len,
-                         (long long)n, (long long)e->opt.max_context);
     const int64_t V = e->V, hc_row = e->hc * e->D, first_logit = n - n_logits, first_mtp = mtp_rows - n_mtp_logits;
+    const int64_t mtp_first = q->mtp_len;
     for (int64_t c0 = 0; c0 < n; c0 += e->opt.max_batch) {
         int64_t Tc = n - c0 < e->opt.max_batch ? n - c0 : e->opt.max_batch, start = q->len;
         TRY(eng_main_forward(e, seq, tokens + c0, Tc, 0));
@@ -443,4 +452,30 @@ dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t *tokens, 
                            mtp_logits + (mlo - first_mtp) * V));
     }
     return DSV4_OK;
+}
+
+dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t *tokens, int64_t n, float *logits, int64_t n_logits,
+                                float *mtp_logits, int64_t n_mtp_logits)
+{
+    const char *op = "engine_forward";
+    TRY(eng_check_usable(e, seq, op));
+    eng_seq *q = &e->seqs[seq];
+    DSV4_CHECK_ARG(tokens && n >= 1, "%s: need n >= 1 tokens (got %lld)", op, (long long)n);
+    DSV4_CHECK_ARG(n_logits >= 0 && n_logits <= n && (!n_logits || logits),
+                   "%s: n_logits %lld must be in [0, n = %lld] with a buffer", op, (long long)n_logits, (long long)n);
+    const int mtp = e->opt.max_mtp > 0;
+    const int64_t mtp_rows = mtp ? q->len + n - 1 - q->mtp_len : 0;
+    DSV4_CHECK_ARG(n_mtp_logits >= 0 && n_mtp_logits <= mtp_rows && (!n_mtp_logits || mtp_logits),
+                   "%s: n_mtp_logits %lld must be in [0, %lld] (the MTP rows this call runs) with a buffer", op,
+                   (long long)n_mtp_logits, (long long)mtp_rows);
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->V)
+            return dsv4_fail(DSV4_ERR_RANGE, "%s: token %lld = %d is outside the vocabulary [0, %lld)", op, (long long)i,
+                             tokens[i], (long long)e->V);
+    if (n > e->opt.max_context - q->len)
+        return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld + %lld tokens exceed max_context %lld", op, (long long)q->len,
+                         (long long)n, (long long)e->opt.max_context);
+    /* everything that can be checked is; what fails from here on fails the sequence */
+    return eng_seq_failed(e, seq, forward_chunks(e, seq, tokens, n, logits, n_logits, mtp_logits, n_mtp_logits, mtp_rows),
+                          op);
 }

@@ -1,10 +1,14 @@
 /* The decode engine on the built-in tiny model (make-tiny: SWA / CSA / HCA layers, hash and learned
  * routing, MTP): prefill == single-token decodes (logits, MTP logits and cache bytes, any chunking),
  * 1 vs 2 threads bit for bit, the optimized cpu backend against the scalar cpu-ref backend,
- * speculative greedy == plain greedy, memory planned once, and bad input -> a status, a message and
- * an untouched sequence. The float64 reference comparisons are in tests/python/test_engine.py. */
+ * speculative greedy == plain greedy, memory planned once, every call size 1..max_batch and MTP
+ * verification at a long context (the attention's workspace is not monotone in the call size),
+ * bad input -> a status, a message and an untouched sequence, a failure in the middle of the
+ * layers -> a failed sequence until reset. The float64 reference comparisons are in
+ * tests/python/test_engine.py. */
 #include "dsv4.h"
 #include "dsv4/engine.h"
+#include "model/engine_internal.h" /* to break a layer's weights for the mid-forward failure test */
 #include "test_util.h"
 
 #include <dirent.h>
@@ -30,13 +34,17 @@ static void rm_dir(const char *d)
     rmdir(d);
 }
 
-static dsv4_engine *open_engine(dsv4_ctx *ctx, int max_batch, int max_mtp)
+static dsv4_engine *open_engine_opt(dsv4_ctx *ctx, dsv4_engine_options o)
 {
-    dsv4_engine_options o = {128, 2, max_batch, max_mtp, 0};
     dsv4_engine *e = NULL;
     dsv4_status st = dsv4_engine_create(ctx, dir, &o, &e);
     CHECK(st == DSV4_OK, "engine_create: %s", dsv4_last_error());
     return e;
+}
+
+static dsv4_engine *open_engine(dsv4_ctx *ctx, int max_batch, int max_mtp)
+{
+    return open_engine_opt(ctx, (dsv4_engine_options){128, 2, max_batch, max_mtp, 0});
 }
 
 static uint8_t *export_seq(dsv4_engine *e, int seq, size_t *len)
@@ -213,6 +221,165 @@ static void test_bad_inputs(dsv4_ctx *c, const int32_t *ids)
     CHECK(x == NULL, "output set on failure");
 }
 
+/* Relative L2 distance of two rows. */
+static double rel_err(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t v = 0; v < n; v++) {
+        double d = (double)a[v] - b[v];
+        num += d * d;
+        den += (double)b[v] * b[v];
+    }
+    return sqrt(num / den);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Every call size T = 1 .. max_batch at a long context (HCA scopes of 66..132 entries, where the
+ * attention splits a query's entries for small T and not for large T, so its workspace is not
+ * monotone in T), then speculative decoding whose (k+1)-token verifications run there too. Every
+ * call must succeed, and the logits must equal, bit for bit, those of the same tokens fed in
+ * max_batch chunks (each op's result for a token is independent of the call size). */
+static void test_long_context_batches(dsv4_ctx *c)
+{
+    enum { MB = 32, N = 1100 };
+    const int64_t V = 512;
+    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){1152, 1, MB, 3, 0});
+    if (!e) return;
+    int32_t *ids = malloc(sizeof *ids * N);
+    for (int i = 0; i < N; i++) ids[i] = (int32_t)(test_rand_u64() % V);
+    float *ramp = malloc(sizeof(float) * (size_t)(N * V)), *whole = malloc(sizeof(float) * (size_t)(N * V));
+    float *mtp = malloc(sizeof(float) * (size_t)(MB * V));
+    int seq, ok = 1, finite = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        float *lg = pass ? whole : ramp;
+        CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
+        for (int c0 = 0, T = 1; c0 < N && ok; c0 += T, T = pass ? MB : T % MB + 1) {
+            if (T > N - c0) T = N - c0;
+            int rows = T - (c0 == 0);
+            dsv4_status st = dsv4_engine_forward(e, seq, ids + c0, T, lg + (int64_t)c0 * V, T, mtp, rows);
+            if (st != DSV4_OK) {
+                CHECK(0, "forward of %d tokens at position %d: %s", T, c0, dsv4_last_error());
+                ok = 0;
+            }
+            for (int64_t i = 0; i < (int64_t)rows * V; i++) finite &= isfinite(mtp[i]);
+        }
+        dsv4_engine_seq_free(e, seq);
+    }
+    if (ok) {
+        double err[N];
+        for (int t = 0; t < N; t++) {
+            err[t] = rel_err(ramp + (int64_t)t * V, whole + (int64_t)t * V, V);
+            finite &= isfinite(err[t]);
+        }
+        qsort(err, N, sizeof *err, cmp_double);
+        printf("long context: every call size 1..%d ok; vs %d-token chunks median rel %.3g\n", MB, MB, err[N / 2]);
+        CHECK(finite && err[N - 1] == 0.0, "long context: finite %d, max rel %g (expected bit equality)", finite,
+              err[N - 1]);
+    }
+    /* speculative decoding from a long prompt: verifications of k+1 = 2..4 tokens at ~1000 positions */
+    for (int k = 1; k <= 3; k += 2) {
+        dsv4_generate_options o = {24, k, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+        dsv4_generate_stats st;
+        int32_t out[24];
+        int64_t n_out = 0;
+        CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq");
+        CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 1000, &o, out, 24, &n_out, &st), DSV4_OK);
+        CHECK(n_out == 24 && st.drafted > 0, "long context mtp %d: %lld tokens, %lld drafted", k, (long long)n_out,
+              (long long)st.drafted);
+        dsv4_engine_seq_free(e, seq);
+    }
+    free(ids);
+    free(ramp);
+    free(whole);
+    free(mtp);
+    dsv4_engine_destroy(e);
+}
+
+/* An op failing in the middle of the layers (forced here by breaking the shape of a layer's wo_a,
+ * which the ops check): the call fails, the sequence is marked failed and refused by forward,
+ * export and generate until reset; after the reset it gives the logits of a fresh sequence. A
+ * failure in the MTP block (after the main layers advanced) and during a speculative step too. */
+static void test_failed_forward(dsv4_ctx *c, const int32_t *ids)
+{
+    dsv4_engine *e = open_engine(c, 16, 2);
+    if (!e) return;
+    int seq, fresh;
+    float want[12 * 512], got[12 * 512];
+    CHECK(dsv4_engine_seq_create(e, &fresh) == DSV4_OK && dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seqs");
+    CHECK_STATUS(dsv4_engine_forward(e, fresh, ids, 12, want, 12, NULL, 0), DSV4_OK);
+    dsv4_engine_seq_free(e, fresh);
+    for (int blk = 2; blk <= 4; blk += 2) { /* block 2: main layers; block 4: the MTP block */
+        CHECK_STATUS(dsv4_engine_forward(e, seq, ids, 5, NULL, 0, NULL, 0), DSV4_OK);
+        dsv4_tensor keep = e->layers[blk].wo_a;
+        e->layers[blk].wo_a.shape[0] -= 1;
+        dsv4_status st = dsv4_engine_forward(e, seq, ids + 5, 7, got, 7, NULL, 0);
+        e->layers[blk].wo_a = keep;
+        CHECK(st != DSV4_OK && strstr(dsv4_last_error(), "unusable"), "block %d: broken forward: %d %s", blk, (int)st,
+              dsv4_last_error());
+        CHECK_STATUS(dsv4_engine_forward(e, seq, ids + 5, 7, got, 7, NULL, 0), DSV4_ERR_INVALID_ARG);
+        CHECK(strstr(dsv4_last_error(), "unusable"), "message: %s", dsv4_last_error());
+        size_t len;
+        CHECK_STATUS(dsv4_engine_seq_export(e, seq, NULL, 0, &len), DSV4_ERR_INVALID_ARG);
+        CHECK_STATUS(dsv4_engine_seq_reset(e, seq), DSV4_OK);
+        CHECK(dsv4_engine_seq_length(e, seq) == 0, "reset length");
+        CHECK_STATUS(dsv4_engine_forward(e, seq, ids, 12, got, 12, NULL, 0), DSV4_OK);
+        CHECK(!memcmp(got, want, sizeof want), "block %d: logits after the reset differ from a fresh sequence's", blk);
+        CHECK_STATUS(dsv4_engine_seq_reset(e, seq), DSV4_OK);
+    }
+    /* a speculative step whose draft fails: generate fails and the sequence is refused */
+    dsv4_generate_options o = {8, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+    int32_t out[8];
+    int64_t n_out;
+    dsv4_tensor keep = e->layers[4].wo_a;
+    e->layers[4].wo_a.shape[0] -= 1;
+    dsv4_status st = dsv4_engine_generate(e, seq, ids, 6, &o, out, 8, &n_out, NULL);
+    e->layers[4].wo_a = keep;
+    CHECK(st != DSV4_OK && strstr(dsv4_last_error(), "unusable"), "broken generate: %d %s", (int)st, dsv4_last_error());
+    CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &o, out, 8, &n_out, NULL), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_engine_seq_free(e, seq), DSV4_OK);
+    CHECK_STATUS(dsv4_engine_seq_create(e, &seq), DSV4_OK);
+    CHECK_STATUS(dsv4_engine_forward(e, seq, ids, 12, got, 12, NULL, 0), DSV4_OK);
+    CHECK(!memcmp(got, want, sizeof want), "logits of a new sequence after a failed one differ");
+    dsv4_engine_destroy(e);
+}
+
+static int stop_first(void *user, const dsv4_gen_step *s)
+{
+    (void)s;
+    ++*(int *)user;
+    return 1;
+}
+
+/* generate checks the whole prompt before it runs a chunk, and honours a stop during the prefill. */
+static void test_generate_prompt(dsv4_ctx *c, const int32_t *ids)
+{
+    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){128, 1, 16, 1, 4});
+    if (!e) return;
+    int seq, calls = 0;
+    int32_t prompt[12], out[4];
+    memcpy(prompt, ids, sizeof prompt);
+    prompt[9] = 512; /* in the third chunk of 4 */
+    int64_t n_out = -1;
+    dsv4_generate_options o = {4, 1, {0.0f, 1.0f, 0}, 0, 1, NULL, NULL};
+    CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq");
+    CHECK_STATUS(dsv4_engine_generate(e, seq, prompt, 12, &o, out, 4, &n_out, NULL), DSV4_ERR_RANGE);
+    CHECK(dsv4_engine_seq_length(e, seq) == 0, "a bad prompt token ran chunks (length %lld)",
+          (long long)dsv4_engine_seq_length(e, seq));
+    prompt[9] = ids[9];
+    o.callback = stop_first;
+    o.user = &calls;
+    CHECK_STATUS(dsv4_engine_generate(e, seq, prompt, 12, &o, out, 4, &n_out, NULL), DSV4_OK);
+    CHECK(calls == 1 && n_out == 0 && dsv4_engine_seq_length(e, seq) == 4,
+          "stop in the prefill: %d callbacks, %lld tokens, length %lld", calls, (long long)n_out,
+          (long long)dsv4_engine_seq_length(e, seq));
+    dsv4_engine_destroy(e);
+}
+
 int main(void)
 {
     test_seed();
@@ -233,6 +400,9 @@ int main(void)
     test_cpu_vs_ref(c1, cr, ids, 512);
     test_speculative(c1, ids);
     test_bad_inputs(c1, ids);
+    test_long_context_batches(c1);
+    test_failed_forward(c1, ids);
+    test_generate_prompt(c1, ids);
     dsv4_ctx_destroy(c1);
     dsv4_ctx_destroy(c2);
     dsv4_ctx_destroy(cr);

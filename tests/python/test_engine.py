@@ -426,6 +426,87 @@ def test_bad_inputs_leave_state_untouched(models, rng, tmp_path):
         Engine(path, max_batch=2, max_mtp=2)
 
 
+def test_every_call_size_at_long_context(models, rng):
+    """Calls of every size 1..max_batch where the HCA scope is long (the attention's workspace is not
+    monotone in the call size: small calls split a query's entries, large ones do not), and MTP
+    verifications there: all succeed, and equal max_batch chunks bit for bit (each op's result for a
+    token is independent of the call size)."""
+    ids = rng.integers(0, 512, 700)
+    with Engine(models["tiny"], max_context=768, max_batch=24, max_mtp=2, threads=1) as e:
+        runs = []
+        for sizes in (np.arange(700) % 24 + 1, np.full(700, 24)):
+            s, c0, lg = e.seq_create(), 0, []
+            for m in sizes:
+                part = ids[c0:c0 + m]
+                if not len(part):
+                    break
+                lg.append(e.forward(s, part, n_mtp_logits=len(part) - (c0 == 0))[0])
+                c0 += len(part)
+            runs.append(np.concatenate(lg))
+            e.seq_free(s)
+        assert np.all(np.isfinite(runs[0])) and np.array_equal(runs[0], runs[1])
+        toks, st, _ = e.generate(ids[:650], 16, mtp=2)
+        assert len(toks) == 16 and st["drafted"] > 0
+
+
+def test_generate_checks_prompt_first_and_stops_in_prefill(models, rng):
+    """A bad id anywhere in the prompt fails before the first chunk runs; a stop request from the
+    callback during a chunked prefill ends the generation there, with no token generated."""
+    ids = rng.integers(0, 512, 12)
+    with Engine(models["tiny"], max_context=64, max_batch=16, max_mtp=1, logits_rows=4) as e:
+        s = e.seq_create()
+        bad = ids.copy()
+        bad[9] = 512
+        with pytest.raises(ValueError, match="prompt token 9"):
+            e.generate(bad, 4, mtp=1, prompt_logits=True, seq=s)
+        assert e.seq_length(s) == 0
+        toks, _, steps = e.generate(ids, 4, mtp=1, prompt_logits=True, seq=s, on_step=lambda d: d["step"] == 0)
+        assert len(toks) == 0 and len(steps) == 1 and e.seq_length(s) == 4
+        # a reset sequence is a fresh one
+        e.seq_reset(s)
+        assert e.seq_length(s) == 0
+        a, _ = e.forward(s, ids)
+        e.seq_free(s)
+        b, _ = e.forward(e.seq_create(), ids)
+        assert np.array_equal(a, b)
+
+
+def test_bad_tid2eid_refused_at_load(models, tmp_path):
+    """Hash routing reads tid2eid in the middle of a forward pass: an entry that is not an expert is
+    refused when the engine is created, not by a forward that has already changed the caches."""
+    base = rc.Checkpoint(models["tiny"])
+    t = dict(base.tensors)
+    tab = t["layers.1.ffn.gate.tid2eid"].copy()
+    tab[300, 1] = base.cfg.n_routed_experts
+    t["layers.1.ffn.gate.tid2eid"] = tab
+    write_official(types.SimpleNamespace(cfg=base.cfg, tensors=t), str(tmp_path / "bad"), mtp=False)
+    with pytest.raises(ValueError, match=r"block 1: ffn.gate.tid2eid\[300\]\[1\]"):
+        Engine(str(tmp_path / "bad"))
+
+
+def test_f32_embedding_converted_at_load(models, rng, tmp_path):
+    """An F32 embedding table is converted to BF16 once at load (RNE): the same logits as the checkpoint
+    that stores those rows in BF16 (values off the BF16 grid, so the rounding is exercised)."""
+    base = rc.Checkpoint(models["tiny"])
+    t = dict(base.tensors)
+    emb = t["embed.weight"] + rng.normal(0.0, 1e-3, t["embed.weight"].shape)
+    t["embed.weight"] = emb.astype(np.float32).astype(np.float64)
+    a, b = str(tmp_path / "bf16"), str(tmp_path / "f32")
+    for d in (a, b):
+        write_official(types.SimpleNamespace(cfg=base.cfg, tensors=t), d, mtp=False)
+    shard = os.path.join(b, "model-00001-of-00002.safetensors")
+    tensors = rc.read_safetensors(shard)
+    assert tensors["embed.weight"][0] == "BF16"
+    tensors["embed.weight"] = ("F32", t["embed.weight"].astype(np.float32))
+    rc.write_safetensors(shard, tensors)
+    ids = rng.integers(0, 512, 20)
+    out = []
+    for d in (a, b):
+        with Engine(d, max_context=32, max_batch=8, threads=1) as e:
+            out.append(e.forward(e.seq_create(), ids)[0])
+    assert np.array_equal(out[0], out[1])
+
+
 def test_sequences_and_memory(models, rng):
     """Memory is planned at creation and does not grow; two interleaved sequences do not disturb each
     other; a freed slot starts empty."""

@@ -87,11 +87,16 @@ static dsv4_status cpu_inv_rope(const dsv4_exec *ex, uint16_t *o, int64_t st, in
 }
 
 /* ---- sparse decode -------------------------------------------------------------------------- */
-#define TARGET_UNITS 32 /* aim for at least this many units per call */
-#define MIN_SPLIT 64    /* positions per split, at least */
+/* A query's entries are cut into splits of a fixed size (merged by LSE in split order), so its
+ * result depends on nothing but its own entries: not on T, the scope widths or the thread count.
+ * That keeps a prefill of n tokens bit-identical to n single-token decodes. Queries run in
+ * blocks sized so that the partials of one block fit in WS_BUDGET bytes (the block size changes
+ * only the work space, never a result). */
+#define SPLIT 64                  /* entries per split */
+#define WS_BUDGET (16u << 20)     /* bytes of partials per block of queries, at most (>= one query) */
 
 typedef struct {
-    int64_t n_tiles, tile, split, max_splits;
+    int64_t n_tiles, tile, split, max_splits, block;
 } attn_plan;
 
 static attn_plan plan_for(int64_t t, int64_t h, int64_t width)
@@ -99,17 +104,18 @@ static attn_plan plan_for(int64_t t, int64_t h, int64_t width)
     attn_plan P;
     P.n_tiles = (h + DSV4_ATTN_TILE - 1) / DSV4_ATTN_TILE;
     P.tile = (h + P.n_tiles - 1) / P.n_tiles;
-    int64_t base = t * P.n_tiles, want = base >= TARGET_UNITS ? 1 : (TARGET_UNITS + base - 1) / base;
-    int64_t split = ((width + want - 1) / want + 15) / 16 * 16;
-    P.split = split < MIN_SPLIT ? MIN_SPLIT : split;
-    P.max_splits = width > 0 ? (width + P.split - 1) / P.split : 1;
+    P.split = SPLIT;
+    P.max_splits = width > 0 ? (width + SPLIT - 1) / SPLIT : 1;
+    size_t per_query = (size_t)(P.max_splits * h) * DSV4_ATTN_PART * sizeof(float);
+    int64_t fit = per_query ? (int64_t)(WS_BUDGET / per_query) : t;
+    P.block = fit < 1 ? 1 : fit > t ? (t > 0 ? t : 1) : fit;
     return P;
 }
 
 static size_t cpu_decode_workspace(const dsv4_exec *ex, int64_t t, int64_t h, int64_t width)
 {
     attn_plan P = plan_for(t, h, width);
-    return P.max_splits > 1 ? (size_t)(t * P.max_splits * h) * DSV4_ATTN_PART * sizeof(float) : 0;
+    return P.max_splits > 1 && t > 0 ? (size_t)(P.block * P.max_splits * h) * DSV4_ATTN_PART * sizeof(float) : 0;
 }
 
 static int64_t splits_of(const attn_plan *P, int64_t n) { return n == 0 ? 1 : (n + P->split - 1) / P->split; }
@@ -130,18 +136,19 @@ static dsv4_attn_unit_fn unit_kernel(void)
     return dsv4_attn_unit_generic;
 }
 
-/* Merge the partials of query t, head h over its nsp splits (in split order). */
-static void merge_head(const dsv4_attn_args *a, const attn_plan *P, int64_t t, int64_t h, int64_t nsp)
+/* Merge the partials of query t (row tb of the block's work space), head h over its nsp splits
+ * (in split order). */
+static void merge_head(const dsv4_attn_args *a, const attn_plan *P, int64_t t, int64_t tb, int64_t h, int64_t nsp)
 {
     const float *ws = a->workspace;
     float o[DSV4_KV_DIM] = {0}, mx = -INFINITY, l = 0.0f;
     int64_t count = 0;
     for (int64_t s = 0; s < nsp; s++) {
-        const float *pt = ws + ((t * P->max_splits + s) * a->h + h) * DSV4_ATTN_PART;
+        const float *pt = ws + ((tb * P->max_splits + s) * a->h + h) * DSV4_ATTN_PART;
         if (pt[514] > 0.0f && pt[512] > mx) mx = pt[512];
     }
     for (int64_t s = 0; s < nsp; s++) {
-        const float *pt = ws + ((t * P->max_splits + s) * a->h + h) * DSV4_ATTN_PART;
+        const float *pt = ws + ((tb * P->max_splits + s) * a->h + h) * DSV4_ATTN_PART;
         if (!(pt[514] > 0.0f)) continue;
         float f = pt[512] == mx ? 1.0f : expf(pt[512] - mx);
         for (int d = 0; d < DSV4_KV_DIM; d++) o[d] += f * pt[d];
@@ -157,36 +164,39 @@ static void decode_run(const dsv4_exec *ex, const dsv4_attn_args *a, const dsv4_
     int64_t width = 0;
     for (int s = 0; s < n_scopes; s++) width += sc[s].width;
     const attn_plan P = plan_for(a->t, a->h, width);
-    const int64_t per_t = P.n_tiles * P.max_splits, units = a->t * per_t;
+    const int64_t per_t = P.n_tiles * P.max_splits;
     float *ws = a->workspace;
+    for (int64_t t0 = 0; t0 < a->t; t0 += P.block) {
+        const int64_t nt = a->t - t0 < P.block ? a->t - t0 : P.block, units = nt * per_t;
 #pragma omp parallel for num_threads(ex->threads) schedule(dynamic) if (units > 1)
-    for (int64_t w = 0; w < units; w++) {
-        int64_t t = w / per_t, tile = w % per_t / P.max_splits, sp = w % P.max_splits;
-        dsv4_attn_unit u = {a, sc, n_scopes, bf16_rows, t, tile * P.tile, 0, {0, 0}, 0, 0};
-        u.nh = a->h - u.h0 < P.tile ? a->h - u.h0 : P.tile;
-        query_lengths(sc, n_scopes, t, u.len);
-        int64_t n = u.len[0] + u.len[1], nsp = splits_of(&P, n);
-        if (sp >= nsp) continue;
-        u.p0 = sp * P.split;
-        u.p1 = n - u.p0 < P.split ? n : u.p0 + P.split;
-        if (nsp > 1) {
-            fn(&u, ws + ((t * P.max_splits + sp) * a->h + u.h0) * DSV4_ATTN_PART);
-            continue;
+        for (int64_t w = 0; w < units; w++) {
+            int64_t tb = w / per_t, t = t0 + tb, tile = w % per_t / P.max_splits, sp = w % P.max_splits;
+            dsv4_attn_unit u = {a, sc, n_scopes, bf16_rows, t, tile * P.tile, 0, {0, 0}, 0, 0};
+            u.nh = a->h - u.h0 < P.tile ? a->h - u.h0 : P.tile;
+            query_lengths(sc, n_scopes, t, u.len);
+            int64_t n = u.len[0] + u.len[1], nsp = splits_of(&P, n);
+            if (sp >= nsp) continue;
+            u.p0 = sp * P.split;
+            u.p1 = n - u.p0 < P.split ? n : u.p0 + P.split;
+            if (nsp > 1) {
+                fn(&u, ws + ((tb * P.max_splits + sp) * a->h + u.h0) * DSV4_ATTN_PART);
+                continue;
+            }
+            _Alignas(64) float part[DSV4_ATTN_TILE * DSV4_ATTN_PART];
+            fn(&u, part);
+            for (int64_t j = 0; j < u.nh; j++) {
+                const float *pt = part + j * DSV4_ATTN_PART;
+                dsv4_attn_finish(a, t, u.h0 + j, pt, pt[512], pt[513], (int64_t)pt[514]);
+            }
         }
-        _Alignas(64) float part[DSV4_ATTN_TILE * DSV4_ATTN_PART];
-        fn(&u, part);
-        for (int64_t j = 0; j < u.nh; j++) {
-            const float *pt = part + j * DSV4_ATTN_PART;
-            dsv4_attn_finish(a, t, u.h0 + j, pt, pt[512], pt[513], (int64_t)pt[514]);
+        if (P.max_splits == 1) continue;
+#pragma omp parallel for num_threads(ex->threads) schedule(static) if (nt * a->h > 16)
+        for (int64_t r = 0; r < nt * a->h; r++) {
+            int64_t tb = r / a->h, len[2];
+            query_lengths(sc, n_scopes, t0 + tb, len);
+            int64_t nsp = splits_of(&P, len[0] + len[1]);
+            if (nsp > 1) merge_head(a, &P, t0 + tb, tb, r % a->h, nsp);
         }
-    }
-    if (P.max_splits == 1) return;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->t * a->h > 16)
-    for (int64_t r = 0; r < a->t * a->h; r++) {
-        int64_t t = r / a->h, len[2];
-        query_lengths(sc, n_scopes, t, len);
-        int64_t nsp = splits_of(&P, len[0] + len[1]);
-        if (nsp > 1) merge_head(a, &P, t, r % a->h, nsp);
     }
 }
 
