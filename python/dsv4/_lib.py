@@ -131,3 +131,19 @@ def as_array(x, np_dtype, name):
 
 def ptr(a):
     return ctypes.c_void_p(a.ctypes.data if a.size else 0)
+
+
+def new_output(shape, dtype):
+    """A fresh output array the binding allocates itself (when the caller passes no `out=`).
+
+    np.empty, except under DSV4_TEST_POISON=1 (the test suite sets it): then it is filled with a
+    recognizable bad pattern, NaN for floating dtypes and 0xA5 bytes otherwise (BF16 held as
+    uint16, integers, codes), so an element the library fails to write cannot pass for a result
+    that freed memory happened to still hold."""
+    a = np.empty(shape, dtype)
+    if os.environ.get("DSV4_TEST_POISON") == "1" and a.size:
+        if a.dtype.kind in "fc":
+            a.fill(np.nan)
+        else:
+            a.view(np.uint8).fill(0xA5)
+    return a

@@ -11,7 +11,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import (BF16, F32, I32, I64, U8, DSV4Error, Tensor, as_array, check, ctx, lib, tensor)
+from ._lib import (BF16, F32, I32, I64, U8, DSV4Error, Tensor, as_array, check, ctx, lib, new_output, tensor)
 
 SCALE = 512 ** -0.5
 ROPE_KINDS = {"plain": 0, "yarn": 1}
@@ -152,7 +152,7 @@ def _kind(kind):
 def rope_frequencies(kind="plain"):
     """The 32 RoPE frequencies (float64) of a DeepSeek-V4 rope kind ("plain" or "yarn")."""
     p = lib.dsv4_rope_v4_params(_kind(kind))
-    f = np.empty(32, np.float64)
+    f = new_output(32, np.float64)
     check(lib.dsv4_rope_frequencies(ctypes.byref(p), f.ctypes.data))
     return f
 
@@ -162,7 +162,7 @@ def rope_table(max_pos, kind="plain", backend=None, threads=None):
     p = lib.dsv4_rope_v4_params(_kind(kind))
     if int(max_pos) < 0:
         raise DSV4Error(2, f"max_pos {max_pos} must be >= 0")
-    out = np.empty((int(max_pos), 64), np.float32)
+    out = new_output((int(max_pos), 64), np.float32)
     c = ctx(backend, threads)
     with _Stage(c) as st:
         t = st.view(out, F32, out=True)
@@ -214,7 +214,7 @@ def dequant_gather(cache, slots, block_size, backend=None, threads=None, out=Non
     """u16 [S, 512]: the dequantized entries at slots (negative -> zeros)."""
     slots = _i32(slots, "slots")
     if out is None:
-        out = np.empty((slots.shape[0] if slots.ndim == 1 else 0, 512), np.uint16)
+        out = new_output((slots.shape[0] if slots.ndim == 1 else 0, 512), np.uint16)
     c = ctx(backend, threads)
     with _Stage(c) as st:
         kc = _cache(st, cache, block_size)
@@ -236,8 +236,8 @@ def _decode_io(st, q, sink, out, lse, ws_bytes):
     if q.ndim != 3:
         raise DSV4Error(2, f"q must be u16 [T, H, 512], got {q.ndim}-D")
     T, H = q.shape[0], q.shape[1]
-    out = np.empty(q.shape, np.uint16) if out is None else out
-    lse = np.empty((T, H), np.float32) if lse is None else lse
+    out = new_output(q.shape, np.uint16) if out is None else out
+    lse = new_output((T, H), np.float32) if lse is None else lse
     ws = np.empty(ws_bytes, np.uint8)
     tq = st.view(q, BF16)
     ts = st.view(as_array(sink, np.float32, "sink"), F32) if sink is not None else None

@@ -11,7 +11,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import _NUMPY_KINDS, BF16, MAX_DIMS, DSV4Error, Tensor, check, ctx, lib
+from ._lib import _NUMPY_KINDS, BF16, MAX_DIMS, DSV4Error, Tensor, check, ctx, lib, new_output
 
 _P = ctypes.c_void_p
 _SIZE = ctypes.c_size_t
@@ -101,7 +101,7 @@ class DeviceArray:
     def download(self, out=None):
         """The buffer's contents as a numpy array (into `out` when given)."""
         if out is None:
-            out = np.empty(self.shape, self.dtype)
+            out = new_output(self.shape, self.dtype)
         elif out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise DSV4Error(2, "download: `out` must be a contiguous array of the same shape and dtype")
         if self.nbytes:

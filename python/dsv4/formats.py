@@ -3,7 +3,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import (E8M0, F32, F8_E4M3, FP4X2, U8, DSV4Error, as_array, check, ctx, lib, ptr,
+from ._lib import (E8M0, F32, F8_E4M3, FP4X2, U8, DSV4Error, as_array, check, ctx, lib, new_output, ptr,
                    tensor)
 
 _FMT = {"e4m3": 0, "bf16": 1, "e2m1": 2, "e8m0": 3}
@@ -21,14 +21,14 @@ lib.dsv4_qrule_scale_byte.restype = ctypes.c_uint8
 
 def _encode(fmt, x, out_dtype, backend, threads):
     x = np.ascontiguousarray(as_array(x, np.float32, "x"))
-    out = np.empty(x.shape, dtype=out_dtype)
+    out = new_output(x.shape, out_dtype)
     check(lib.dsv4_encode_array(ctx(backend, threads), _FMT[fmt], ptr(x), x.size, ptr(out)))
     return out
 
 
 def _decode(fmt, codes, in_dtype, backend, threads):
     codes = np.ascontiguousarray(as_array(codes, in_dtype, "codes"))
-    out = np.empty(codes.shape, dtype=np.float32)
+    out = new_output(codes.shape, np.float32)
     check(lib.dsv4_decode_array(ctx(backend, threads), _FMT[fmt], ptr(codes), codes.size, ptr(out)))
     return out
 
@@ -84,8 +84,8 @@ def quantize(x, rule, backend=None, threads=None, out=None):
         raise DSV4Error(2, f"quantize: x must be 2-D [rows, K], got {x.ndim}-D")
     g = GROUPS[rule]
     if out is None:
-        codes = np.empty(x.shape, np.uint8)
-        scales = np.empty((x.shape[0], x.shape[1] // g), np.uint8)
+        codes = new_output(x.shape, np.uint8)
+        scales = new_output((x.shape[0], x.shape[1] // g), np.uint8)
     else:
         codes, scales = out
     tx, tc, ts = tensor(x, F32), tensor(codes, U8), tensor(scales, U8)
@@ -100,7 +100,7 @@ def dequantize(codes, scales, rule, backend=None, threads=None, out=None):
     scales = as_array(scales, np.uint8, "scales")
     if codes.ndim != 2:
         raise DSV4Error(2, f"dequantize: codes must be 2-D [rows, K], got {codes.ndim}-D")
-    x = np.empty(codes.shape, np.float32) if out is None else out
+    x = new_output(codes.shape, np.float32) if out is None else out
     tx, tc, ts = tensor(x, F32), tensor(codes, U8), tensor(scales, U8)
     check(lib.dsv4_dequantize(ctx(backend, threads), r, ctypes.byref(tc), ctypes.byref(ts), ctypes.byref(tx)))
     return x
@@ -116,7 +116,7 @@ def dequantize_weight(w, scale, fmt, backend=None, threads=None):
     if w.ndim != 2:
         raise DSV4Error(2, "dequantize_weight: w must be 2-D")
     k = w.shape[1] * (2 if fmt == "fp4" else 1)
-    out = np.empty((w.shape[0], k), np.float32)
+    out = new_output((w.shape[0], k), np.float32)
     tw = tensor(w, FP4X2 if fmt == "fp4" else F8_E4M3)
     check(lib.dsv4_dequantize_weight(ctx(backend, threads), ctypes.byref(tw), ctypes.byref(tensor(scale, E8M0)),
                                      ctypes.byref(tensor(out, F32))))
@@ -128,7 +128,7 @@ def fp4_pack(codes):
     c = np.ascontiguousarray(as_array(codes, np.uint8, "codes"))
     if c.shape[-1] % 2:
         raise DSV4Error(2, "fp4_pack: last dim must be even")
-    out = np.empty(c.shape[:-1] + (c.shape[-1] // 2,), np.uint8)
+    out = new_output(c.shape[:-1] + (c.shape[-1] // 2,), np.uint8)
     lib.dsv4_fp4_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     check(lib.dsv4_fp4_pack(ptr(c), c.size, ptr(out)))
     return out
@@ -136,7 +136,7 @@ def fp4_pack(codes):
 
 def fp4_unpack(packed):
     p = np.ascontiguousarray(as_array(packed, np.uint8, "packed"))
-    out = np.empty(p.shape[:-1] + (p.shape[-1] * 2,), np.uint8)
+    out = new_output(p.shape[:-1] + (p.shape[-1] * 2,), np.uint8)
     lib.dsv4_fp4_unpack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     check(lib.dsv4_fp4_unpack(ptr(p), out.size, ptr(out)))
     return out

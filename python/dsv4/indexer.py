@@ -6,7 +6,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import BF16, E8M0, F32, FP4X2, I32, I64, DSV4Error, as_array, check, ctx, lib, tensor
+from ._lib import BF16, E8M0, F32, FP4X2, I32, I64, DSV4Error, as_array, check, ctx, lib, new_output, tensor
 
 _P = ctypes.c_void_p
 _KINDS = {"main": 0, "indexer": 1}
@@ -60,8 +60,8 @@ def compressor_emit_count(ratio, start_pos, n_tokens):
 def compressor_state(ratio, dim, kind="main"):
     """A fresh state (state_kv, state_score): f32 [coff*ratio, coff*dim] of 0 and -inf."""
     c = _coff(ratio)
-    skv = np.empty((c * ratio, c * dim), np.float32)
-    ss = np.empty_like(skv)
+    skv = new_output((c * ratio, c * dim), np.float32)
+    ss = new_output(skv.shape, np.float32)
     d = _desc(kind, ratio, dim)
     check(lib.dsv4_compressor_state_init(ctypes.byref(d), ctypes.byref(tensor(skv, F32)), ctypes.byref(tensor(ss, F32))))
     return skv, ss
@@ -95,7 +95,8 @@ def compressor_forward(kv, gate, ape, norm, rope, state_kv, state_score, start_p
     m = compressor_emit_count(ratio, start_pos, kv.shape[0]) if start_pos >= 0 else 0
     pk = kind == "indexer" and packed
     if out is None:
-        out = (np.empty((m, d // 2), np.uint8), np.empty((m, d // 32), np.uint8)) if pk else np.empty((m, d), np.uint16)
+        out = (new_output((m, d // 2), np.uint8), new_output((m, d // 32), np.uint8)) if pk else \
+            new_output((m, d), np.uint16)
     if pk:
         to, ts = tensor(out[0], FP4X2), tensor(out[1], E8M0)
     else:
@@ -125,8 +126,8 @@ def indexer_q(q, positions, rope, packed=True, backend=None, threads=None, out=N
         raise DSV4Error(2, "indexer_q: q must be 3-D [T, H, d]")
     t, h, d = q.shape
     if out is None:
-        out = (np.empty((t, h, d // 2), np.uint8), np.empty((t, h, d // 32), np.uint8)) if packed else \
-            np.empty((t, h, d), np.uint16)
+        out = (new_output((t, h, d // 2), np.uint8), new_output((t, h, d // 32), np.uint8)) if packed else \
+            new_output((t, h, d), np.uint16)
     to, ts = (tensor(out[0], FP4X2), tensor(out[1], E8M0)) if packed else (tensor(out, BF16), None)
     check(lib.dsv4_indexer_q(ctx(backend, threads), ctypes.byref(tensor(q, BF16)), ctypes.byref(tp),
                              ctypes.byref(tensor(rope, F32)), ctypes.byref(to), _ref(ts)))
@@ -138,7 +139,7 @@ def indexer_weights(proj, head_dim, backend=None, threads=None, out=None):
     proj, tpj = _f32_or_bf16(proj, "proj")
     if proj.ndim != 2:
         raise DSV4Error(2, "indexer_weights: proj must be 2-D [T, H]")
-    out = np.empty(proj.shape, np.float32) if out is None else out
+    out = new_output(proj.shape, np.float32) if out is None else out
     check(lib.dsv4_indexer_weights(ctx(backend, threads), ctypes.byref(tpj), int(head_dim),
                                    ctypes.byref(tensor(out, F32))))
     return out
@@ -160,7 +161,7 @@ def indexer_scores(q_codes, q_scales, weights, k_codes, k_scales, positions, rat
     """Scores f32 [T, N]: sum_h w[t,h] relu(q[t,h] . k[c]) for c < (positions[t]+1)//ratio, -inf beyond."""
     a, keep = _args(q_codes, q_scales, weights, k_codes, k_scales, positions, ratio)
     t, n = np.asarray(q_codes).shape[0], np.asarray(k_codes).shape[0]
-    out = np.empty((t, n), np.float32) if out is None else out
+    out = new_output((t, n), np.float32) if out is None else out
     check(lib.dsv4_indexer_scores(ctx(backend, threads), ctypes.byref(a), ctypes.byref(tensor(out, F32))))
     del keep
     return out
@@ -168,7 +169,7 @@ def indexer_scores(q_codes, q_scales, weights, k_codes, k_scales, positions, rat
 
 def _topk_outputs(t, topk, out):
     if out is None:
-        return np.empty((t, max(int(topk), 0)), np.int32), np.empty(t, np.int32)
+        return new_output((t, max(int(topk), 0)), np.int32), new_output(t, np.int32)
     return out
 
 

@@ -5,7 +5,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import BF16, F32, I32, I64, DSV4Error, Tensor, as_array, check, ctx, lib, ptr, tensor
+from ._lib import BF16, F32, I32, I64, DSV4Error, Tensor, as_array, check, ctx, lib, new_output, ptr, tensor
 from .linear import FORMATS, _weight_tensors
 
 
@@ -53,7 +53,7 @@ def _index_tensor(a, name):
 
 
 def _out(out, shape, dtype):
-    return np.empty(shape, dtype) if out is None else out
+    return new_output(shape, dtype) if out is None else out
 
 
 def rms_norm(x, w=None, eps=1e-6, out_dtype="bf16", backend=None, threads=None, out=None):
@@ -98,8 +98,8 @@ def hc_pre(x, fn, scale, base, iters=20, eps=1e-6, norm_eps=1e-6, backend=None, 
     x, tx = _streams(x, "x")
     site, _keep = _site(fn, scale, base, iters, eps, norm_eps)
     T, n, D = x.shape
-    y, post, comb = out if out is not None else (np.empty((T, D), np.uint16), np.empty((T, n), np.float32),
-                                                  np.empty((T, n, n), np.float32))
+    y, post, comb = out if out is not None else (new_output((T, D), np.uint16), new_output((T, n), np.float32),
+                                                  new_output((T, n, n), np.float32))
     check(lib.dsv4_hc_pre(ctx(backend, threads), ctypes.byref(site), ctypes.byref(tx), ctypes.byref(tensor(y, BF16)),
                           ctypes.byref(tensor(post, F32)), ctypes.byref(tensor(comb, F32))))
     return y, post, comb
@@ -129,8 +129,8 @@ def hc_post_pre(x, residual, post, comb, fn, scale, base, iters=20, eps=1e-6, no
     site, _keep = _site(fn, scale, base, iters, eps, norm_eps)
     T, n, D = keep[1].shape
     if out is None:
-        out = (np.empty((T, n, D), np.uint16), np.empty((T, D), np.uint16), np.empty((T, n), np.float32),
-               np.empty((T, n, n), np.float32))
+        out = (new_output((T, n, D), np.uint16), new_output((T, D), np.uint16), new_output((T, n), np.float32),
+               new_output((T, n, n), np.float32))
     s, y, p, c = out
     check(lib.dsv4_hc_post_pre(ctx(backend, threads), *[ctypes.byref(t) for t in ts], ctypes.byref(site),
                                ctypes.byref(tensor(s, BF16)), ctypes.byref(tensor(y, BF16)),
@@ -163,7 +163,7 @@ def route(x, gate_w, bias, topk, route_scale, tid2eid=None, token_ids=None, back
             raise DSV4Error(1, "route: hash routing (tid2eid) needs token_ids")
         token_ids, tk = _index_tensor(token_ids, "token_ids")
     T = x.shape[0] if x.ndim else 0
-    ids, weights = out if out is not None else (np.empty((T, topk), np.int32), np.empty((T, topk), np.float32))
+    ids, weights = out if out is not None else (new_output((T, topk), np.int32), new_output((T, topk), np.float32))
     check(lib.dsv4_route(ctx(backend, threads), ctypes.byref(tx), ctypes.byref(tw), _ref(tb), _ref(tt), _ref(tk),
                          route_scale, ctypes.byref(tensor(ids, I32)), ctypes.byref(tensor(weights, F32))))
     return ids, weights

@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import BF16, E8M0, F32, F8_E4M3, FP4X2, DSV4Error, check, ctx, lib, tensor
+from ._lib import BF16, E8M0, F32, F8_E4M3, FP4X2, DSV4Error, check, ctx, lib, new_output, tensor
 
 FORMATS = {"fp8_b128": 0, "mxfp8": 1, "fp4": 2, "bf16": 3, "f32": 4}
 _WEIGHT = {"fp8_b128": (np.uint8, F8_E4M3), "mxfp8": (np.uint8, F8_E4M3), "fp4": (np.uint8, FP4X2),
@@ -70,7 +70,7 @@ def _run(fn, fmt, x, weight, scale, y_shape, out, y, workspace, backend, threads
     if y is None:
         if out not in _OUT:
             raise DSV4Error(1, f"out must be 'bf16' or 'f32', not {out!r}")
-        y = np.empty(y_shape, _OUT[out][0])
+        y = new_output(y_shape, _OUT[out][0])
     ty = _float_tensor(y, "y")
     if workspace is None:
         rows = int(np.prod(np.asarray(x).shape[:-1])) if np.asarray(x).ndim else 0

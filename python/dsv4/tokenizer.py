@@ -4,7 +4,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import DSV4Error, check, lib
+from ._lib import DSV4Error, check, lib, new_output
 
 ROLES = {"system": 0, "user": 1, "assistant": 2}
 SPECIAL_AS_TEXT = 1
@@ -152,7 +152,7 @@ class Tokenizer:
     def encode(self, text, special=True):
         """Ids of text (str or any bytes). special=False reads special tokens as plain text."""
         b = _as_bytes(text)
-        out = np.empty(lib.dsv4_tokenizer_max_ids(self._h, len(b)), dtype=np.int32)
+        out = new_output(lib.dsv4_tokenizer_max_ids(self._h, len(b)), np.int32)
         n = _SZ()
         check(lib.dsv4_tokenizer_encode(self._h, b, len(b), 0 if special else SPECIAL_AS_TEXT,
                                         out.ctypes.data if out.size else None, out.size, ctypes.byref(n)))
@@ -185,7 +185,7 @@ class Tokenizer:
         opt = PromptOptions(1 if thinking else 0, 1 if keep_reasoning else 0)
         n = _SZ()
         check(lib.dsv4_prompt_encode(self._h, arr, len(messages), ctypes.byref(opt), None, 0, ctypes.byref(n)))
-        out = np.empty(max(n.value, 1), dtype=np.int32)
+        out = new_output(max(n.value, 1), np.int32)
         check(lib.dsv4_prompt_encode(self._h, arr, len(messages), ctypes.byref(opt), out.ctypes.data, out.size,
                                      ctypes.byref(n)))
         del keep

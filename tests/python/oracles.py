@@ -31,6 +31,22 @@ def rng(request_name=""):
     return np.random.default_rng(seed)
 
 
+def cpu_isa_mismatch(isa):
+    """None when the cpu backend, capped at `isa` through DSV4_CPU_ISA (already set), runs that
+    path's kernels on this machine; otherwise the reason it does not (the cap is only a ceiling:
+    without the ISA the backend falls back). "avx512" means the whole AVX-512 path: the linear
+    kernels and the attention unit need avx512_bf16 (dsv4_cpu_isa() then says "avx512+bf16") and
+    the indexer's need avx512_vnni; without them those ops run their AVX2 kernels."""
+    import dsv4
+    want = {"scalar": "scalar", "avx2": "avx2", "avx512": "avx512+bf16"}[isa]
+    got = dsv4.cpu_isa()
+    if got != want:
+        return f"DSV4_CPU_ISA={isa}: this machine runs the {got} kernels, not {want}"
+    if isa == "avx512" and "avx512_vnni" not in dsv4.lib.dsv4_cpu_features().decode():
+        return "DSV4_CPU_ISA=avx512: no avx512_vnni here, the indexer kernels would fall back to AVX2"
+    return None
+
+
 def poison(shape, dtype, value=None):
     """An output buffer full of a recognizable bad pattern (NaN for floats, 0xA5.. otherwise)."""
     a = np.empty(shape, dtype)

@@ -73,6 +73,164 @@ def finish(v, entry, ratio, norm_w, rope, kind, eps=1e-6):
     return x, vals, (pack_nibbles(codes), scales)
 
 
+U = 2.0**-24  # the fp32 unit roundoff
+
+
+def pool_error_bound(w, t, kv, v):
+    """A bound on |v_fp32 - v| per channel for the kernels' pooling (scores s in fp32, exactly the
+    oracle's; t = s - max rounded once; w = expf(t) within 8 ulps; den = sum w and num = sum w*kv
+    added in any order in fp32, each product rounded; v = num / den rounded), to first order with
+    a 0.1% allowance for the rest: the rounding error of each step at most U of its value."""
+    n = np.sum(w > 0, axis=0)
+    eta = U * np.abs(np.where(w > 0, t, 0.0)) + 8 * U  # relative error of each weight
+    den = w.sum(axis=0)
+    wa = w * np.abs(kv)
+    dnum = (wa * (eta + U)).sum(axis=0) + (n - 1) * U * wa.sum(axis=0)
+    dden = (w * eta).sum(axis=0) + (n - 1) * U * den
+    return 1.001 * (dnum + np.abs(v) * dden) / den + U * np.abs(v)
+
+
+def bf16_span(lo, hi):
+    """The BF16 values an fp32 result lying in the real interval [lo, hi] can round to: from the
+    rounding of lo to that of hi (fp32 and BF16 rounding are monotone)."""
+    return oracles.bf16_round(lo), oracles.bf16_round(hi)
+
+
+def rope_interval(x_lo, x_hi, cs):
+    """BF16 spans of the fp32 GPT-J rotation of 64 values known to lie in [x_lo, x_hi] (pairs
+    (2i, 2i+1)) by a cos||sin row: interval arithmetic over the inputs (float64), widened by 3
+    ulps of |a c| + |b s| (two products and a difference, each rounded once, FMA or not)."""
+    c, s = cs[..., :32].astype(np.float64), cs[..., 32:].astype(np.float64)
+    a, b = (x_lo[..., 0::2], x_hi[..., 0::2]), (x_lo[..., 1::2], x_hi[..., 1::2])
+
+    def lin(p, cp, q, cq):  # the interval of p*cp + q*cq
+        pp, qq = (p[0] * cp, p[1] * cp), (q[0] * cq, q[1] * cq)
+        lo = np.minimum(*pp) + np.minimum(*qq)
+        hi = np.maximum(*pp) + np.maximum(*qq)
+        mag = np.maximum(np.abs(p[0]), np.abs(p[1])) * np.abs(cp) + np.maximum(np.abs(q[0]), np.abs(q[1])) * np.abs(cq)
+        return lo - 3 * U * mag, hi + 3 * U * mag
+
+    y0, y1 = lin(a, c, b, -s), lin(a, s, b, c)
+    lo, hi = np.empty(x_lo.shape), np.empty(x_lo.shape)
+    lo[..., 0::2], hi[..., 0::2] = y0
+    lo[..., 1::2], hi[..., 1::2] = y1
+    return bf16_span(lo, hi)
+
+
+def finish_interval(v, dv, entry, ratio, norm_w, rope, eps=1e-6):
+    """The spans [lo, hi] of BF16 values the kernels' plain output row (pooled -> BF16 -> RMSNorm
+    -> BF16 -> RoPE -> BF16) can hold when the pooled fp32 value lies within dv of v: each fp32
+    step's error bounded as in pool_error_bound, propagated by interval arithmetic, each BF16
+    rounding turning an interval into the span of values it can round to. Also whether the row
+    may cascade: a pooled value's own span holds two values, so it may flip unseen (its BF16
+    rounding is internal) and move the row's RMS, and with it a few other values of the row."""
+    d = v.shape[0]
+    a_lo, a_hi = bf16_span(v - dv, v + dv)
+    cross = (a_lo <= 0) & (a_hi >= 0)
+    sq_lo = np.where(cross, 0.0, np.minimum(a_lo * a_lo, a_hi * a_hi))
+    sq_hi = np.maximum(a_lo * a_lo, a_hi * a_hi)
+    # rs = 1/sqrtf(sum(x^2)/d + eps): the positive sum within d ulps of itself, / d and + eps one
+    # ulp each, halved by the square root (+ half an ulp), the reciprocal one: (d/2 + 4) ulps
+    rho = (d / 2 + 4) * U
+    rs = (1 / np.sqrt(sq_hi.sum() / d + eps) * (1 - rho), 1 / np.sqrt(sq_lo.sum() / d + eps) * (1 + rho))
+    corners = np.array([norm_w * a * r for a in (a_lo, a_hi) for r in rs])
+    lo, hi = corners.min(axis=0), corners.max(axis=0)
+    mag = np.maximum(np.abs(lo), np.abs(hi)) * 2.001 * U  # x * rs, then w * (x * rs): two roundings
+    x_lo, x_hi = bf16_span(lo - mag, hi + mag)
+    x_lo[d - 64:], x_hi[d - 64:] = rope_interval(x_lo[d - 64:], x_hi[d - 64:], rope[entry * ratio])
+    return x_lo, x_hi, bool((a_lo != a_hi).any())
+
+
+def quantize_at(x, e, rule):
+    """float64 values x [rows, K] quantized with the given scale exponents e [rows, K/G] (the rule's
+    element step: x * 2^-e in fp32, RNE to E4M3 / E2M1, saturating) -> dequantized values."""
+    g = oracles.RULES[rule][0]
+    rows, k = x.shape
+    sc = np.ldexp(1.0, np.asarray(e, np.int64))[..., None]
+    q = (x.reshape(rows, k // g, g) * (1.0 / sc)).astype(np.float32)
+    vals = oracles.e2m1_decode(oracles.e2m1_encode(q)) if rule == "fp4_32" else oracles.e4m3_decode(oracles.e4m3_encode(q))
+    return (vals * sc).reshape(rows, k)
+
+
+def flip_cap(n):
+    """Flip events (a result on the other side of a rounding or scale boundary from the float64
+    oracle's value, allowed only where the kernels' error bound reaches across it) allowed in a
+    check of n values: 2 plus 0.1% of the values. Measured on correct code over 100 runs of this
+    file and test_indexer.py (both backends): BF16 plain rows 92 events in 1.02M values (0.009%;
+    at most 2 in one check, 0.12 per 1024-value check on average, so a third is a ~1e-5 event),
+    FP8 rows 8 in 0.8M, FP4 compressor rows 0 in 0.3M, FP4 query rows 4 in 10.9M."""
+    return 2 + n // 1000
+
+
+def check_in_span(got, nom, lo, hi, what, cascade=None):
+    """BF16 rows got: inside [lo, hi] everywhere, equal to the oracle's nominal value nom except
+    at flips (where the span holds more than one value). Flip events at most flip_cap: each flip
+    is one, except that all flips of a row marked cascade (finish_interval) count once.
+    Returns the flips' mask."""
+    out = ~((got >= lo) & (got <= hi))
+    assert not out.any(), (f"{what}: {out.sum()} of {got.size} values outside the oracle's error span, e.g. "
+                           f"{got[out][:3]} vs {nom[out][:3]}")
+    flips = got != nom
+    casc = np.zeros(got.shape[0], bool) if cascade is None else np.asarray(cascade, bool)
+    n = int(flips[~casc].sum() + flips[casc].any(-1).sum())
+    assert n <= flip_cap(got.size), f"{what}: {n} flip events ({flips.sum()} values) of {got.size} values"
+    return flips
+
+
+def check_quantized(got, lo, hi, nom, nom_scales, rule, what, got_scales=None, upstream=None):
+    """Block-quantized values got [rows, K] of an input known to lie in the BF16 spans [lo, hi]
+    (nominal quantization nom with scale bytes nom_scales): each group's scale exponent must be one
+    the spans allow (amax anywhere in its span), and each element, with that scale, between the
+    quantizations of lo and hi (monotone). Without got_scales, any allowed exponent that explains
+    the whole group. Flip events at most flip_cap: an element != nom under the nominal scale, or a
+    group under another scale, is one; in rows marked upstream (their input may itself have
+    flipped, moving the whole row) all flips of the row count once."""
+    g = oracles.RULES[rule][0]
+    rows, k = got.shape
+    m_lo = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(np.abs(lo), np.abs(hi))).reshape(rows, k // g, g).max(-1)
+    m_hi = np.maximum(np.abs(lo), np.abs(hi)).reshape(rows, k // g, g).max(-1)
+    e_min = oracles.scale_exponent(rule, m_lo.astype(np.float32))
+    e_max = oracles.scale_exponent(rule, m_hi.astype(np.float32))
+    e_nom = nom_scales.astype(np.int64) - 127
+    e_got = None if got_scales is None else got_scales.astype(np.int64) - 127
+
+    def explains(e):  # [rows, groups]: exponent e is allowed and puts every element in its span
+        ok = (e_min <= e) & (e <= e_max) & (True if e_got is None else e_got == e)
+        inside = (got >= quantize_at(lo, e, rule)) & (got <= quantize_at(hi, e, rule))
+        return ok & inside.reshape(rows, k // g, g).all(-1)
+
+    at_nom = explains(e_nom)
+    other = np.zeros_like(at_nom)
+    for e in range(int(e_min.min()), int(e_max.max()) + 1):
+        other |= ~at_nom & explains(np.full_like(e_nom, e))
+    bad = ~(at_nom | other)
+    assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} groups not explained by any allowed scale with "
+                           f"every element within the oracle's error span")
+    elem = ((got != nom).reshape(rows, k // g, g) & at_nom[..., None]).sum(-1) + other
+    up = np.zeros(rows, bool) if upstream is None else np.asarray(upstream, bool)
+    n = int(elem[~up].sum() + (elem[up].sum(-1) > 0).sum())
+    assert n <= flip_cap(got.size), f"{what}: {n} flip events ({other.sum()} scales) of {got.size} values"
+    return n
+
+
+def hadamard_fp4_check(got, got_scales, x_nom, x_lo, x_hi, what):
+    """FP4 values (and scale bytes) of the Hadamard + BF16 + fp4_32 tail of rows whose BF16 input
+    lies in [x_lo, x_hi] (nominal x_nom). h = H x / sqrt(d): every input element's span moves each
+    h by its width / sqrt(d); the fp32 butterflies (log2 d levels) and the scaling (the fp32
+    constant 1/sqrt(d) and the product) add at most (log2 d + 2) ulps of sum|x| / sqrt(d); BF16
+    rounding of that interval, then check_quantized. Returns the number of flips."""
+    d = x_nom.shape[-1]
+    hm = hadamard(d) / np.sqrt(d)
+    h = x_nom @ hm
+    width = np.maximum(x_hi - x_nom, x_nom - x_lo).sum(-1, keepdims=True) / np.sqrt(d)
+    fw = 1.001 * (np.log2(d) + 2) * U * np.maximum(np.abs(x_lo), np.abs(x_hi)).sum(-1, keepdims=True) / np.sqrt(d)
+    lo, hi = bf16_span(h - width - fw, h + width + fw)
+    nom_codes, nom_scales = oracles.quantize(oracles.bf16_round(h).astype(np.float32), "fp4_32")
+    nom = oracles.dequantize(nom_codes, nom_scales, "fp4_32")
+    # a row whose input may have flipped moves as a whole: its flips count as one event
+    return check_quantized(got, lo, hi, nom, nom_scales, "fp4_32", what, got_scales, (x_lo != x_hi).any(-1))
+
+
 class RefCompressor:
     """The reference's decode-time state machine (OF model.py Compressor.forward, start_pos > 0),
     run one token at a time from a fresh state; states in float32 as the reference keeps them."""
@@ -95,8 +253,10 @@ class RefCompressor:
             sc = np.concatenate([self.score[:r, :d], self.score[r:, d:]]).astype(np.float64)
         else:
             kv, sc = self.kv.astype(np.float64), self.score.astype(np.float64)
-        w = np.exp(sc - sc.max(axis=0))
+        t = sc - sc.max(axis=0)
+        w = np.exp(t)
         v = (w * kv).sum(axis=0) / w.sum(axis=0)
+        self.dv = pool_error_bound(w, t, kv, v)
         if self.overlap:
             self.kv[:r], self.score[:r] = self.kv[r:], self.score[r:]
         return v
@@ -112,10 +272,12 @@ def make_inputs(rng, n, ratio, d, scale=1.0):
 
 
 def run_oracle(kv, gate, ape, norm_bits, rope, ratio, kind):
+    """(final state, plain BF16 rows, final rows, packed FP4 (indexer), (lo, hi) spans of the
+    plain rows the kernels may produce and which rows may cascade: see finish_interval)."""
     d = kv.shape[1] // (2 if ratio == 4 else 1)
     ref = RefCompressor(ratio, d)
     w = oracles.bf16_decode(norm_bits)
-    plain, final, packed = [], [], []
+    plain, final, packed, lo, hi, casc = [], [], [], [], [], []
     for p in range(kv.shape[0]):
         v = ref.step(p, kv[p], gate[p], ape)
         if v is not None:
@@ -123,7 +285,12 @@ def run_oracle(kv, gate, ape, norm_bits, rope, ratio, kind):
             plain.append(x)
             final.append(y)
             packed.append(pk)
-    return ref, np.array(plain).reshape(-1, d), np.array(final).reshape(-1, d), packed
+            xl, xh, c = finish_interval(v, ref.dv, p // ratio, ratio, w, rope)
+            lo.append(xl)
+            hi.append(xh)
+            casc.append(c)
+    rows = [np.array(a).reshape(-1, d) for a in (plain, final, lo, hi)]
+    return ref, rows[0], rows[1], packed, (rows[2], rows[3], np.array(casc, bool))
 
 
 def bf16_close(got_bits, want):
@@ -143,18 +310,23 @@ CASES = [  # (ratio, d, kind, n tokens)
     (4, 512, "main", 23),       # CSA main: overlap, 5 entries, 3 leftover tokens
     (128, 512, "main", 300),    # HCA: 2 entries and a partial block of 44
     (8, 512, "main", 19),       # small-config HCA ratio (no overlap)
-    (4, 128, "indexer", 22),    # CSA indexer compressor
-    (4, 64, "indexer", 9),
-    (4, 256, "indexer", 12),
+    (4, 128, "indexer", 86),    # CSA indexer compressor: 21 entries, 2 leftover tokens
+    (4, 64, "indexer", 41),     # 10 entries, 1 leftover
+    (4, 256, "indexer", 30),    # 7 entries, 2 leftover
 ]
 
 
 @pytest.mark.parametrize("ratio,d,kind,n", CASES)
 def test_against_oracle(ratio, d, kind, n):
+    """Strict: every BF16 / FP8 / FP4 result equals the float64 oracle's, except a "flip" to the
+    neighbouring value where the oracle's value lies so close to a rounding (or scale) boundary
+    that the kernels' bounded fp32 error reaches across it (finish_interval, check_quantized,
+    hadamard_fp4_check); flips are capped (flip_cap). On correct code they are rare; a missing or
+    extra rounding step flips values far from any boundary and fails."""
     rng = oracles.rng(f"compressor r{ratio} d{d} {kind}")
     rope = rope_table(n + ratio)
     kv, gate, ape, norm = make_inputs(rng, n, ratio, d)
-    ref, plain, final, packed = run_oracle(kv, gate, ape, norm, rope, ratio, kind)
+    ref, plain, final, packed, (lo, hi, casc) = run_oracle(kv, gate, ape, norm, rope, ratio, kind)
     m = n // ratio
     for be in BACKENDS:
         skv, ss = ix.compressor_state(ratio, d)
@@ -162,40 +334,37 @@ def test_against_oracle(ratio, d, kind, n):
             out = oracles.poison((m, d), np.uint16)
             ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, backend=be, out=out)
             bf16_close(out, plain)
+            flips = check_in_span(oracles.bf16_decode(out), plain, lo, hi, f"{be} plain rows", casc)
             skv2, ss2 = ix.compressor_state(ratio, d)
             sim = ix.compressor_forward(kv, gate, ape, norm, rope, skv2, ss2, 0, ratio, fp8_sim=True, backend=be)
             # the FP8 step is exact given its BF16 input: compare with the oracle's simulation of
             # this backend's own BF16 output, and the rope dims pass through unchanged
             want = oracles.bf16_decode(out).copy()
             want[:, : d - 64] = oracles.fp8_sim(want[:, : d - 64], "kv64")
-            assert np.array_equal(oracles.bf16_decode(sim), want)
-            # and against the oracle's full chain: at most one FP8 step where BF16 inputs differed
             got = oracles.bf16_decode(sim)
-            assert np.mean(got == final) > 0.97
+            assert np.array_equal(got, want)
+            # and against the oracle's full chain: the FP8 values differ only in the kv64 groups
+            # of a BF16 flip above (the flipped element, or the whole group if its scale moved),
+            # and each is the quantization of a value in the oracle's span
+            k = d - 64
+            _, nom_s = oracles.quantize(plain[:, :k].astype(np.float32), "kv64")
+            check_quantized(got[:, :k], lo[:, :k], hi[:, :k], final[:, :k], nom_s, "kv64", f"{be} fp8 rows",
+                            upstream=flips.any(-1))
+            grp = flips[:, :k].reshape(m, -1, 64).any(-1)
+            moved = (got[:, :k] != final[:, :k]).reshape(m, -1, 64)
+            assert not (moved.any(-1) & ~grp).any(), f"{be}: FP8 values moved in a group without a BF16 flip"
         else:
             codes = oracles.poison((m, d // 2), np.uint8)
             scales = oracles.poison((m, d // 32), np.uint8)
             ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, kind="indexer", packed=True,
                                   backend=be, out=(codes, scales))
             vals = oracles.dequantize(dsv4.fp4_unpack(codes), scales, "fp4_32")
-            fp4_close(vals, final, scales, np.array([p[1] for p in packed]).reshape(m, -1))
+            hadamard_fp4_check(vals, scales, plain, lo, hi, f"{be} FP4 rows")
             skv2, ss2 = ix.compressor_state(ratio, d)
             flat = ix.compressor_forward(kv, gate, ape, norm, rope, skv2, ss2, 0, ratio, kind="indexer", backend=be)
             assert np.array_equal(oracles.bf16_decode(flat), vals)  # BF16 form = the packed values
         # the state is the reference's, bit for bit (copies and fp32 sums g + ape)
         assert np.array_equal(skv, ref.kv) and np.array_equal(ss, ref.score)
-
-
-def fp4_close(got, want, got_scales, want_scales):
-    """FP4-simulated values: the Hadamard runs in fp32 (oracle: float64) before the BF16 rounding,
-    so a value next to an E2M1 rounding boundary may take the neighbouring code (at most one grid
-    step, 2 x scale at the top of the grid), and a group whose amax sits at a power-of-two boundary
-    may take the next scale. Such flips are rare: >= 95% of values must match exactly."""
-    d = got.shape[-1]
-    s = np.maximum(oracles.e8m0_decode(got_scales), oracles.e8m0_decode(want_scales))
-    step = np.repeat(s, 32, axis=-1).reshape(got.shape) * 2.0
-    assert np.all(np.abs(got - want) <= step * 1.0001), "FP4 values more than one step apart"
-    assert np.mean(got == want) >= 0.95, f"only {np.mean(got == want):.3f} of {d}-wide FP4 values match"
 
 
 @pytest.mark.parametrize("ratio,d,kind", [(4, 512, "main"), (128, 512, "main"), (4, 128, "indexer"), (8, 64, "indexer")])
@@ -251,7 +420,7 @@ def test_before_first_emission_and_partial_block():
     ratio, d = 128, 512
     rope = rope_table(300)
     kv, gate, ape, norm = make_inputs(rng, 160, ratio, d)
-    ref, plain, _, _ = run_oracle(kv, gate, ape, norm, rope, ratio, "main")
+    ref, plain, _, _, (lo, hi, casc) = run_oracle(kv, gate, ape, norm, rope, ratio, "main")
     for be in BACKENDS:
         skv, ss = ix.compressor_state(ratio, d)
         first = ix.compressor_forward(kv[:100], gate[:100], ape, norm, rope, skv, ss, 0, ratio, backend=be)
@@ -259,6 +428,7 @@ def test_before_first_emission_and_partial_block():
         second = ix.compressor_forward(kv[100:], gate[100:], ape, norm, rope, skv, ss, 100, ratio, backend=be)
         assert second.shape == (1, d)
         bf16_close(second, plain)
+        check_in_span(oracles.bf16_decode(second), plain, lo, hi, f"{be} entry 0", casc[:1])
         assert np.array_equal(skv, ref.kv) and np.array_equal(ss, ref.score)
     assert ix.compressor_emit_count(128, 0, 127) == 0 and ix.compressor_emit_count(128, 127, 1) == 1
     assert ix.compressor_emit_count(4, 5, 8) == 2

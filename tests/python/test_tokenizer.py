@@ -9,6 +9,7 @@ assigned after Unicode 14 (e.g. CJK Extension H) get other \\p{..} classes there
 use only characters that Unicode 14 (Python 3.11's unicodedata) assigns, plus planes 4-13 (never
 assigned) and the private-use planes."""
 import json
+import os
 import random
 import unicodedata
 
@@ -62,8 +63,10 @@ def spec(path):
 
 @pytest.fixture
 def rng():
-    seed = random.randrange(1 << 31)
-    print(f"seed {seed}")
+    """A fresh random.Random per test; the seed is printed, DSV4_TEST_SEED replays it."""
+    env = os.environ.get("DSV4_TEST_SEED")
+    seed = int(env) if env else random.randrange(1 << 31)
+    print(f"seed {seed} (DSV4_TEST_SEED to replay)")
     return random.Random(seed)
 
 
