@@ -129,6 +129,15 @@ def as_array(x, np_dtype, name):
     raise DSV4Error(3, f"{name}: expected dtype {want}, got {a.dtype}")
 
 
+def float_tensor(a, name):
+    """A float input as (array, tensor view): uint16 arrays are BF16 bits, anything else F32."""
+    a = np.asarray(a)
+    if a.dtype == np.uint16:
+        return a, tensor(a, BF16)
+    a = as_array(a, np.float32, name)
+    return a, tensor(a, F32)
+
+
 def ptr(a):
     return ctypes.c_void_p(a.ctypes.data if a.size else 0)
 

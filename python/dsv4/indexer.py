@@ -6,7 +6,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import BF16, E8M0, F32, FP4X2, I32, I64, DSV4Error, as_array, check, ctx, lib, new_output, tensor
+from ._lib import float_tensor, BF16, E8M0, F32, FP4X2, I32, I64, DSV4Error, as_array, check, ctx, lib, new_output, tensor
 
 _P = ctypes.c_void_p
 _KINDS = {"main": 0, "indexer": 1}
@@ -67,14 +67,6 @@ def compressor_state(ratio, dim, kind="main"):
     return skv, ss
 
 
-def _f32_or_bf16(a, name):
-    a = np.asarray(a)
-    if a.dtype == np.uint16:
-        return a, tensor(a, BF16)
-    a = as_array(a, np.float32, name)
-    return a, tensor(a, F32)
-
-
 def compressor_forward(kv, gate, ape, norm, rope, state_kv, state_score, start_pos, ratio, kind="main",
                        fp8_sim=False, packed=False, eps=1e-6, backend=None, threads=None, out=None):
     """Run tokens start_pos .. start_pos+n-1 (kv, gate: f32 [n, coff*d]) through the compressor.
@@ -87,7 +79,7 @@ def compressor_forward(kv, gate, ape, norm, rope, state_kv, state_score, start_p
     gate = as_array(gate, np.float32, "gate")
     ape = as_array(ape, np.float32, "ape")
     rope = as_array(rope, np.float32, "rope")
-    norm, tn = _f32_or_bf16(norm, "norm")
+    norm, tn = float_tensor(norm, "norm")
     if kv.ndim != 2:
         raise DSV4Error(2, "compressor_forward: kv must be 2-D [n, coff*d]")
     d = kv.shape[1] // _coff(ratio)
@@ -136,7 +128,7 @@ def indexer_q(q, positions, rope, packed=True, backend=None, threads=None, out=N
 
 def indexer_weights(proj, head_dim, backend=None, threads=None, out=None):
     """proj (u16 BF16 or f32 [T, H]) -> f32 [T, H] = bf16(proj * head_dim^-0.5 * H^-0.5)."""
-    proj, tpj = _f32_or_bf16(proj, "proj")
+    proj, tpj = float_tensor(proj, "proj")
     if proj.ndim != 2:
         raise DSV4Error(2, "indexer_weights: proj must be 2-D [T, H]")
     out = new_output(proj.shape, np.float32) if out is None else out

@@ -5,7 +5,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import BF16, F32, I32, I64, DSV4Error, Tensor, as_array, check, ctx, lib, new_output, ptr, tensor
+from ._lib import float_tensor, BF16, F32, I32, I64, DSV4Error, Tensor, as_array, check, ctx, lib, new_output, ptr, tensor
 from .linear import FORMATS, _weight_tensors
 
 
@@ -36,15 +36,6 @@ def _ref(t):
     return ctypes.byref(t) if t is not None else None
 
 
-def _float_tensor(a, name):
-    """u16 arrays are BF16, f32 arrays F32."""
-    a = np.asarray(a)
-    if a.dtype == np.uint16:
-        return a, tensor(a, BF16)
-    a = as_array(a, np.float32, name)
-    return a, tensor(a, F32)
-
-
 def _index_tensor(a, name):
     a = np.asarray(a)
     if a.dtype not in (np.int32, np.int64):
@@ -59,7 +50,7 @@ def _out(out, shape, dtype):
 def rms_norm(x, w=None, eps=1e-6, out_dtype="bf16", backend=None, threads=None, out=None):
     """Weighted (w given) or unweighted RMSNorm over the last axis of x (u16 BF16 or f32).
     Returns u16 BF16 (out_dtype "bf16") or f32 ("f32") of x's shape."""
-    x, _ = _float_tensor(x, "x")
+    x, _ = float_tensor(x, "x")
     if x.ndim < 1 or x.shape[-1] == 0:
         raise DSV4Error(2, "rms_norm: x needs a non-empty last axis")
     if out_dtype not in ("bf16", "f32"):
@@ -75,7 +66,7 @@ def rms_norm(x, w=None, eps=1e-6, out_dtype="bf16", backend=None, threads=None, 
     ty = tensor(y2, BF16 if y2.dtype == np.uint16 else F32)
     tw = None
     if w is not None:
-        w, tw = _float_tensor(w, "w")
+        w, tw = float_tensor(w, "w")
     check(lib.dsv4_rms_norm(ctx(backend, threads), ctypes.byref(tx), _ref(tw), eps, ctypes.byref(ty)))
     return y
 
@@ -151,8 +142,8 @@ def route(x, gate_w, bias, topk, route_scale, tid2eid=None, token_ids=None, back
     """Router: x [T, D] and gate_w [E, D] (u16 BF16 or f32), bias f32 [E] or None; hash routing
     when tid2eid [V, topk] (int32/int64) and token_ids [T] are given -> (ids int32 [T, topk],
     weights f32 [T, topk])."""
-    x, tx = _float_tensor(x, "x")
-    gate_w, tw = _float_tensor(gate_w, "gate_w")
+    x, tx = float_tensor(x, "x")
+    gate_w, tw = float_tensor(gate_w, "gate_w")
     tb = tt = tk = None
     if bias is not None:
         bias = as_array(bias, np.float32, "bias")
