@@ -7,9 +7,10 @@
  *       index into a BF16 workspace, then sparse_attn_bf16 over it), timed the same way.
  * Every timing replays a CUDA graph of NSETS calls over different random index sets drawn from a
  * 600 MB cache pool (so the entries come from HBM, not L2), median of 5 replays.
- * Section (1) also times the mma.sync kernel (DSV4_CUDA_MMA_SYNC=1) next to the default
- * warpgroup-MMA one. Options: --quick (fewer shapes), --peak-tflops X (a bf16 matmul rate
- * measured elsewhere in the same run, printed as a ratio). */
+ * Both sections also time other kernels of the launcher on the same calls (--compare LIST, default
+ * "ws1,v1": $DSV4_CUDA_DECODE forced to each; time / default time is printed), and section (1)
+ * the mma.sync kernel (DSV4_CUDA_MMA_SYNC=1). Options: --quick (fewer shapes), --peak-tflops X
+ * (a bf16 matmul rate measured elsewhere in the same run, printed as a ratio). */
 #include "bench.h"
 #include "dsv4.h"
 
@@ -180,6 +181,10 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
 {
     int quick = bench_opt_flag(argc, argv, "--quick");
     double peak = atof(bench_opt_str(argc, argv, "--peak-tflops", "0"));
+    char cmp_list[128], *cmp[8];
+    int ncmp = 0;
+    snprintf(cmp_list, sizeof cmp_list, "%s", bench_opt_str(argc, argv, "--compare", "ws1,v1"));
+    for (char *tok = strtok(cmp_list, ","); tok && ncmp < 8; tok = strtok(NULL, ",")) cmp[ncmp++] = tok;
     if (dsv4_backend_available("cuda") != DSV4_OK) {
         printf("bench attention-cuda: skipped: %s\n", dsv4_last_error());
         return 0;
@@ -256,14 +261,15 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
     /* two-pass gather slots per set: token t's SWA indices then its compressed ones; the BF16
      * attention then reads rows t*(w+k) + j (built per shape below) */
     printf("(1) FlashMLA MODEL1 shapes: 2 queries per sequence, SWA 128 + compressed K entries\n");
-    printf("%5s %5s %5s %5s %10s %9s %8s %12s %9s %12s\n", "h", "batch", "T", "K", "us/call", "TFLOP/s", "% peak",
-           "two-pass us", "ratio", "mma.sync us");
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1) {
+        if (pass == 0)
+            printf("%5s %5s %5s %5s %10s %9s %8s", "h", "batch", "T", "K", "us/call", "TFLOP/s", "% peak");
+        else {
             printf("\n(2) V4-Flash decode shapes: H 64, SWA 128 + K compressed entries\n");
-            printf("%5s %5s %10s %9s %9s %9s %12s %9s\n", "T", "K", "us/call", "GB/s", "% copy", "TFLOP/s",
-                   "two-pass us", "ratio");
+            printf("%5s %5s %10s %9s %9s %9s", "T", "K", "us/call", "GB/s", "% copy", "TFLOP/s");
         }
+        for (int v = 0; v < ncmp; v++) printf(" %7s us %6s", cmp[v], "x");
+        printf(" %12s %9s%s\n", "two-pass us", "ratio", pass ? "" : "  mma.sync us");
         int n = pass ? nd : nm;
         for (int i = 0; i < n; i++) {
             bshape *s = pass ? &decode[i] : &model1[i];
@@ -277,7 +283,12 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
             for (int64_t j = 0; j < (int64_t)s->t * e; j++) pi[j] = (int32_t)j;
             dsv4_device_upload(b.ctx, b.gslots, gs, ng * 4);
             dsv4_device_upload(b.ctx, b.pidx, pi, (size_t)s->t * e * 4);
-            double us = time_us(&b, s, 0);
+            double us = time_us(&b, s, 0), alt[8];
+            for (int v = 0; v < ncmp; v++) { /* the same calls on another kernel of the launcher */
+                setenv("DSV4_CUDA_DECODE", cmp[v], 1);
+                alt[v] = time_us(&b, s, 0);
+                unsetenv("DSV4_CUDA_DECODE");
+            }
             double tp = (pass || !quick) ? time_us(&b, s, 1) : 0, mma = 0;
             if (!pass) { /* the same call on the mma.sync kernel (the warpgroup-MMA one is the default) */
                 setenv("DSV4_CUDA_MMA_SYNC", "1", 1);
@@ -287,15 +298,19 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
             double flop = 2.0 * s->t * s->h * (double)e * 1024;
             double bytes = (double)s->t * e * (584 + 4) + 2.0 * s->t * s->h * 1024;
             if (!pass)
-                printf("%5d %5d %5d %5d %10.1f %9.1f %8.1f %12.1f %9.2f %12.1f\n", s->h, s->t / 2, s->t, s->k, us,
-                       flop / us * 1e-6, peak > 0 ? 100.0 * flop / us * 1e-6 / peak : 0.0, tp, tp > 0 ? tp / us : 0.0,
-                       mma);
+                printf("%5d %5d %5d %5d %10.1f %9.1f %8.1f", s->h, s->t / 2, s->t, s->k, us, flop / us * 1e-6,
+                       peak > 0 ? 100.0 * flop / us * 1e-6 / peak : 0.0);
             else
-                printf("%5d %5d %10.1f %9.0f %9.1f %9.1f %12.1f %9.2f\n", s->t, s->k, us, bytes / us * 1e-3,
-                       100.0 * bytes / us * 1e-3 / copy, flop / us * 1e-6, tp, tp / us);
+                printf("%5d %5d %10.1f %9.0f %9.1f %9.1f", s->t, s->k, us, bytes / us * 1e-3,
+                       100.0 * bytes / us * 1e-3 / copy, flop / us * 1e-6);
+            for (int v = 0; v < ncmp; v++) printf(" %10.1f %6.2f", alt[v], alt[v] / us);
+            printf(" %12.1f %9.2f", tp, tp > 0 ? tp / us : 0.0);
+            if (!pass) printf(" %12.1f", mma);
+            printf("\n");
         }
     }
-    printf("\nratio = two-pass time / fused time (same run, same inputs). %% copy compares the bytes one call\n"
+    printf("\nx = that kernel's time / the default's; ratio = two-pass time / fused time (same run, same\n"
+           "inputs). %% copy compares the bytes one call\n"
            "must move (584 B + a 4-byte index per entry, q and out) with the measured device copy rate.\n");
     free(hq), free(fq), free(i0), free(i1), free(gs), free(pi);
     dsv4_ctx_destroy(b.ctx);

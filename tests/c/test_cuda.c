@@ -465,6 +465,27 @@ static void test_decode(const dcase *c)
         dget(o_2p, dout, on * 2);
         dget(l_2p, dl, t * h * 4);
         compare_decode("sparse_mla_decode (mma.sync kernel)", c, o_2p, l_2p, o_ref, l_ref);
+        /* and every warpgroup-MMA kernel the launcher can pick, forced (the default depends on the
+         * blocks per CTA); each twice, bit-identical */
+        static const char *const kernels[3] = {"ws2", "ws1", "v1"};
+        for (int v = 0; v < 3; v++) {
+            char what[64];
+            snprintf(what, sizeof what, "sparse_mla_decode (%s kernel)", kernels[v]);
+            setenv("DSV4_CUDA_DECODE", kernels[v], 1);
+            for (int rep = 0; rep < 2; rep++) {
+                uint16_t *o_v = rep ? o_2p : o_cu;
+                dsv4_device_memset(cu, dout, 0xFF, on * 2);
+                dsv4_device_memset(cu, dl, 0xFF, t * h * 4);
+                CHECK_STATUS(dsv4_sparse_mla_decode(cu, &dtq, &ds0, k ? &ds1 : NULL, c->sink ? &dtsk : NULL,
+                                                    0.044194173824159216f, &dto, &dtl, dwsb ? &dtw : NULL),
+                             DSV4_OK);
+                dget(o_v, dout, on * 2);
+                dget(l_2p, dl, t * h * 4);
+                if (!rep) compare_decode(what, c, o_v, l_2p, o_ref, l_ref);
+            }
+            CHECK(memcmp(o_2p, o_cu, on * 2) == 0, "%s t=%d h=%d: two runs differ", what, t, h);
+            unsetenv("DSV4_CUDA_DECODE");
+        }
     }
 
     /* Two-pass (seed design) on the device: gather every SWA index of each query (K scope off),
@@ -584,11 +605,15 @@ int main(void)
         {40, 32, 72, 200, 64, 64, 0, 1, 0},   /* H 32 with splits */
         {2, 64, 2048, 2048, 64, 576, 0, 1, 1},/* FlashMLA's widest grid entry */
         {6, 100, 64, 0, 64, 0, 0, 3, 1},      /* H 100: a partial second tile */
+        {33, 64, 128, 640, 64, 64, 0, 1, 1},   /* 4 splits of 12 blocks: 3 blocks per CTA */
+        {17, 128, 128, 300, 64, 16, 0, 3, 1},  /* the same in 2-CTA clusters, ragged blocks */
+        {134, 64, 128, 256, 64, 64, 0, 1, 1}, /* a full GPU without splits: 6 blocks per CTA */
     };
     /* DSV4_CUDA_TEST_SMALL=1 (memcheck) or 2 (racecheck): a few small cases only. */
     const char *small = getenv("DSV4_CUDA_TEST_SMALL");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (!small || i == 0 || i == 7 || (small[0] == '1' && (i == 3 || i == 4))) test_decode(&cases[i]);
+        if (!small || i == 0 || i == 7 || i == 10 || (small[0] == '1' && (i == 3 || i == 4 || i == 11)))
+            test_decode(&cases[i]);
     if (!small) test_graph();
 
     dsv4_ctx_destroy(cu);

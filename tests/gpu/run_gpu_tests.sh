@@ -14,7 +14,7 @@ BUILD=${BUILD:-$ROOT/build-gpu}
 LOGS=${LOGS:-$BUILD/gpu-logs}
 ALL=${OUT:+$OUT/gpu-tests.log}
 JOBS=${JOBS:-$(nproc)}
-STEPS=${STEPS:-"build test_cuda pytest_device pytest_attention memcheck racecheck sass matmul bench ncu"}
+STEPS=${STEPS:-"build test_cuda matmul bench pytest_device pytest_attention sass ncu memcheck racecheck"}
 mkdir -p "$LOGS"
 if ! nvidia-smi -L > /dev/null 2>&1; then
     echo "test-gpu: SKIP: no NVIDIA GPU visible (nvidia-smi -L failed)"
@@ -43,12 +43,6 @@ step() { # name command...: run, keep the log, print its tail
 step build bash -c "cmake -S '$ROOT' -B '$BUILD' -DCMAKE_BUILD_TYPE=Release > /dev/null &&
                     cmake --build '$BUILD' -j $JOBS --target dsv4 dsv4_cli test_cuda"
 step test_cuda "$BUILD/test_cuda"
-step pytest_device python3 -m pytest -q -rs "$ROOT/tests/python/test_device.py"
-step pytest_attention env DSV4_TEST_BACKENDS=cuda python3 -m pytest -q "$ROOT/tests/python/test_attention.py"
-step memcheck env DSV4_CUDA_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/test_cuda"
-step racecheck env DSV4_CUDA_TEST_SMALL=2 compute-sanitizer --tool racecheck --racecheck-report hazard \
-    --error-exitcode 9 "$BUILD/test_cuda"
-step sass bash -c "cuobjdump --dump-sass '$BUILD/libdsv4.so' | grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|F2FP|F2F|HADD2)[.A-Z0-9_]*' | sort | uniq -c"
 step matmul python3 -c "
 import torch
 a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); b = torch.randn_like(a)
@@ -60,10 +54,23 @@ e.record(); torch.cuda.synchronize()
 print('bf16 matmul 8192^3: %.0f TFLOP/s' % (10 * 2 * 8192**3 / (s.elapsed_time(e) * 1e-3) / 1e12))"
 PEAK=$(grep -oE '[0-9]+ TFLOP/s' "$LOGS/matmul.log" 2> /dev/null | grep -oE '[0-9]+' || echo 0)
 step bench "$BUILD/dsv4" bench attention-cuda --peak-tflops "${PEAK:-0}"
-NCU="ncu --clock-control none --kernel-name regex:${NCU_KERNEL:-decode_wgmma} --launch-skip 40 --launch-count 1"
+step pytest_device python3 -m pytest -q -rs "$ROOT/tests/python/test_device.py"
+step pytest_attention env DSV4_TEST_BACKENDS=cuda python3 -m pytest -q "$ROOT/tests/python/test_attention.py"
+step memcheck env DSV4_CUDA_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/test_cuda"
+# racecheck currently reports hazards in ws2 (the default for multi-block CTAs) between the lead's
+# and the follower's shared-memory handoffs; the follower frees P tiles with bar.arrive, which the
+# tool appears not to model (ws1 and v1 are clean); see BENCHMARKS.md
+step racecheck env DSV4_CUDA_TEST_SMALL=2 compute-sanitizer --tool racecheck --racecheck-report hazard \
+    --error-exitcode 9 "$BUILD/test_cuda"
+step sass bash -c "cuobjdump --dump-sass '$BUILD/libdsv4.so' | grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|F2FP|F2F|HADD2)[.A-Z0-9_]*' | sort | uniq -c"
+# the default kernel of the quick bench's first shape (h 64: decode_ws_kernel<true>, ws2)
+NCU="ncu --clock-control none --kernel-name-base mangled --kernel-name regex:${NCU_KERNEL:-decode_ws_kernelILb1} --launch-skip 40 --launch-count 1"
 step ncu bash -c "$NCU --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section Occupancy --section WarpStateStats '$BUILD/dsv4' bench attention-cuda --quick;
   $NCU --metrics 'regex:smsp__warp_issue_stalled_.*_per_warp_active.pct,regex:sm__pipe_tensor.*pct_of_peak_sustained_active' \
     '$BUILD/dsv4' bench attention-cuda --quick"
+# not in the default steps: the phase profile of the warp-specialized kernels (tests/gpu/ws_profile.cu)
+step profile bash -c "nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DDSV4_WS_PROFILE -I'$ROOT/src' \
+    -I'$ROOT/include' '$ROOT/tests/gpu/ws_profile.cu' -o '$BUILD/ws_profile' && '$BUILD/ws_profile'"
 echo "test-gpu: $([ $fail -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED) (logs in $LOGS)"
 exit $fail

@@ -17,11 +17,11 @@
 /* ---- formats ----------------------------------------------------------------------------- */
 DSV4_CU_INLINE float cu_bf16_f32(uint32_t b) { return __uint_as_float((b & 0xFFFFu) << 16); }
 
-/* RNE, NaN kept quiet (codec.h dsv4_bf16_from_f32). */
+/* RNE, NaN -> its sign | 0x7FC0 (codec.h dsv4_bf16_from_f32). */
 DSV4_CU_INLINE uint32_t cu_f32_bf16(float x)
 {
     uint32_t u = __float_as_uint(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ((u >> 16) & 0x8000u) | 0x7FC0u;
     return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
 }
 
@@ -34,18 +34,6 @@ DSV4_CU_INLINE float cu_pow2f(int k)
 /* UE8M0 byte -> 2^(b-127), 255 -> NaN. */
 DSV4_CU_INLINE float cu_e8m0_f32(uint32_t b) { return b == 255u ? __uint_as_float(0x7FC00000u) : cu_pow2f((int)b - 127); }
 
-/* E4M3FN code -> float, exact (codec.h dsv4_e4m3_to_f32). */
-DSV4_CU_INLINE float cu_e4m3_f32(uint32_t c)
-{
-    uint32_t sign = (c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 7u;
-    if ((c & 0x7Fu) == 0x7Fu) return __uint_as_float(sign | 0x7FC00000u);
-    if (e == 0) {
-        float v = (float)m * (1.0f / 512.0f);
-        return sign ? -v : v;
-    }
-    return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
-}
-
 /* float -> E4M3FN: RNE, saturating to +-448, NaN -> sign|0x7F (the codec's NaN keeps its sign). */
 DSV4_CU_INLINE uint32_t cu_f32_e4m3(float x)
 {
@@ -53,17 +41,48 @@ DSV4_CU_INLINE uint32_t cu_f32_e4m3(float x)
     return (uint32_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
 }
 
-/* Two E4M3 codes (low byte first) times a power-of-two scale -> BF16x2 (low half first), exact. */
-DSV4_CU_INLINE uint32_t cu_e4m3x2_bf16x2(uint32_t codes, float scale)
+
+/* Sixteen E4M3FN codes (c, byte i = code i) times the UE8M0 scale 2^(sb - 127) as BF16 (code i in
+ * the 16 bits of out[i / 8] word (i % 8) / 2 at bit 16 (i % 2)), exact: the conversion unit turns
+ * code pairs into FP16 pairs (every E4M3 value is an FP16 value), FP32 products with the scale are
+ * exact, and one RNE rounding to BF16 follows, as in the codec. NaN codes or a NaN scale give NaN;
+ * EXACT_NAN gives the codec's bits for them too (a NaN code: its sign | 0x7FC0; a NaN scale:
+ * 0x7FC0), at the cost of a check of all sixteen codes (the gather, whose bytes tests compare;
+ * the decode only needs NaN to stay NaN). A version on integer and BF16-multiply instructions
+ * measured 2.4x slower in the decode's producer on the H200. */
+template <bool EXACT_NAN> DSV4_CU_INLINE void cu_e4m3x16_bf16(uint4 c, uint32_t sb, uint4 out[2])
 {
-    __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(codes & 0xFFFFu), __NV_E4M3);
-    __half2 h;
-    memcpy(&h, &hr, 4);
-    float2 f = __half22float2(h);
-    __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale));
-    uint32_t r;
-    memcpy(&r, &b, 4);
-    return r;
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    const float sc = sb == 255u ? __uint_as_float(0x7FC00000u) : cu_pow2f((int)sb - 127);
+    uint32_t r[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const __half2_raw hr =
+            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w[i >> 1] >> (16 * (i & 1))) & 0xFFFFu), __NV_E4M3);
+        __half2 h;
+        memcpy(&h, &hr, 4);
+        const float2 f = __half22float2(h);
+        const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(f.x, sc), __fmul_rn(f.y, sc));
+        memcpy(&r[i], &b, 4);
+    }
+    if (EXACT_NAN) {
+        uint32_t nan = 0; /* a byte 0x7F or 0xFF: bit 7 of that byte of (w & 0x7F..) + 0x01.. */
+#pragma unroll
+        for (int i = 0; i < 4; i++) nan |= ((w[i] & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+        if (sb == 255u) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) r[i] = 0x7FC07FC0u;
+        } else if (nan) {
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const uint32_t code = (w[i >> 2] >> (8 * (i & 3))) & 0xFFu, sh = 16 * (i & 1);
+                if ((code & 0x7Fu) == 0x7Fu)
+                    r[i >> 1] = (r[i >> 1] & ~(0xFFFFu << sh)) | ((((code & 0x80u) << 8) | 0x7FC0u) << sh);
+            }
+        }
+    }
+    out[0] = make_uint4(r[0], r[1], r[2], r[3]);
+    out[1] = make_uint4(r[4], r[5], r[6], r[7]);
 }
 
 /* ceil(log2(y)) of a positive normal float or +Inf, from its bits (codec.h). */
@@ -135,6 +154,12 @@ DSV4_CU_INLINE void cu_bar(int id, int threads)
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+/* Arrive on named barrier `id` without waiting (its other `threads` - 32k threads wait with cu_bar). */
+DSV4_CU_INLINE void cu_bar_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 /* ---- tensor cores ------------------------------------------------------------------------ */
 DSV4_CU_INLINE void cu_ldsm_x4(uint32_t addr, uint32_t *r)
 {
@@ -176,58 +201,62 @@ DSV4_CU_INLINE uint64_t cu_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo)
 }
 DSV4_CU_INLINE void cu_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 DSV4_CU_INLINE void cu_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-DSV4_CU_INLINE void cu_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 /* Keeps the compiler from moving accumulator reads/writes across the asynchronous MMA. */
 DSV4_CU_INLINE void cu_reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
 /* Generic-proxy shared-memory writes (st.shared, cp.async) made visible to the tensor cores. */
 DSV4_CU_INLINE void cu_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-/* d[0..15] (+)= A * B for m64n32k16 (BF16 in, FP32 accumulate), A and B from shared memory
- * descriptors; scale_d 0 overwrites d; TB 1 reads B MN-major (transposed). */
+/* Operand lists of the wgmma wrappers: accumulators d[0 .. n-1] as "+f" operands %0 .. %n-1. */
+#define CU_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define CU_ACC32(d, i) CU_ACC8(d, i), CU_ACC8(d, i + 8), CU_ACC8(d, i + 16), CU_ACC8(d, i + 24)
+#define CU_ACC128(d) CU_ACC32(d, 0), CU_ACC32(d, 32), CU_ACC32(d, 64), CU_ACC32(d, 96)
+#define CU_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define CU_REGS32 CU_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define CU_REGS128                                                                                               \
+    CU_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "              \
+              "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                \
+              "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                \
+              "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                \
+              "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "     \
+              "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+
+/* d (+)= A * B, BF16 in, FP32 accumulate, A and B from shared-memory descriptors (the "SS" form):
+ * m64nNk16 with N 32 (d[0..15]), 64 (d[0..31]) or 256 (d[0..127]); scale_d 0 overwrites d; TB 1
+ * reads B MN-major (transposed). */
 template <int TB> DSV4_CU_INLINE void cu_wgmma_m64n32(float *d, uint64_t da, uint64_t db, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-                 "}, %16, %17, p, 1, 1, 0, %19;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" CU_REGS16 "}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+                 : CU_ACC8(d, 0), CU_ACC8(d, 8)
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
 }
-
-/* d[0..127] (+)= A * B for m64n256k16 (BF16 in, FP32 accumulate), A and B from shared memory
- * descriptors; scale_d 0 overwrites d; TB 1 reads B MN-major (transposed). */
+template <int TB> DSV4_CU_INLINE void cu_wgmma_m64n64(float *d, uint64_t da, uint64_t db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" CU_REGS32 "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+                 : CU_ACC32(d, 0)
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
 template <int TB> DSV4_CU_INLINE void cu_wgmma_m64n256(float *d, uint64_t da, uint64_t db, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" CU_REGS128 "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+                 : CU_ACC128(d)
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
 }
+/* The "RS" form of m64n256k16: A from registers a[0..3] (the m16n8k16 A fragment of this warp's
+ * 16 rows: a[0] row g k 2c.., a[1] row g+8, a[2] row g k 2c+8.., a[3] row g+8 k 2c+8..; g = lane / 4,
+ * c = lane % 4), accumulating into d. a must stay unchanged until the wgmma has completed. */
+template <int TB> DSV4_CU_INLINE void cu_wgmma_m64n256_rs(float *d, const uint32_t *a, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" CU_REGS128 "}, "
+                 "{%128, %129, %130, %131}, %132, 1, 1, 1, %133;\n"
+                 : CU_ACC128(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+/* Wait until at most N committed wgmma groups of this warpgroup are pending. */
+template <int N> DSV4_CU_INLINE void cu_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
 /* ---- warp specialization (sm_90a): mbarriers, register reallocation, and the distributed
  * shared memory of a thread-block cluster ---------------------------------------------------- */

@@ -15,8 +15,10 @@
  * Kernels: decode_kernel<MT> (mma.sync m16n8k16 + ldmatrix, tiles of 16 or 32 heads, and the
  * fallback for 64) and, for tiles of 64 heads on sm_90a, the warpgroup-MMA kernels below: for FP8
  * pages the warp-specialized decode_ws_kernel / decode_ws_pair_kernel (a producer warpgroup
- * dequantizes while two consumer warpgroups run the matrix work), for BF16 rows (and FP8 pages
- * when $DSV4_CUDA_DECODE_V1 is set) the single-role decode_wgmma_bf16_kernel / decode_fp8_kernel.
+ * dequantizes while two consumer warpgroups run the matrix work: "ws2", one of them owning S, by
+ * default; "ws1", the two splitting S, for comparison), or the single-role decode_fp8_kernel
+ * ("v1") when a CTA has one block only; for BF16 rows decode_wgmma_bf16_kernel. The launcher's
+ * choice can be forced with $DSV4_CUDA_DECODE (dsv4_cu_decode_launch).
  * Tiles in shared memory use the 128-byte swizzle of wgmma (tile_off). With S > 1 every split
  * writes its normalized partial output and lse; a combine kernel merges them in a fixed order
  * and applies the sink. */
@@ -24,6 +26,29 @@
 #include "backends/cuda/cuda_kernels.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+/* Phase timing for kernel work (off unless built with -DDSV4_WS_PROFILE, as bench/experiments do):
+ * each warp's lane 0 adds the cycles since its previous mark to bucket k of its role. */
+#ifdef DSV4_WS_PROFILE
+__device__ unsigned long long dsv4_ws_prof[3][8];
+#define WS_PROF_START unsigned long long prof_t = clock64(), prof_acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}
+#define WS_PROF(k)                                                                                       \
+    do {                                                                                                 \
+        const unsigned long long prof_n = clock64();                                                     \
+        prof_acc[k] += prof_n - prof_t;                                                                  \
+        prof_t = prof_n;                                                                                 \
+    } while (0)
+#define WS_PROF_END(role)                                                                                \
+    do {                                                                                                 \
+        if ((threadIdx.x & 31) == 0)                                                                     \
+            for (int prof_k = 0; prof_k < 8; prof_k++) atomicAdd(&dsv4_ws_prof[role][prof_k], prof_acc[prof_k]); \
+    } while (0)
+#else
+#define WS_PROF_START
+#define WS_PROF(k)
+#define WS_PROF_END(role)
+#endif
 
 #define NT 256           /* threads per CTA */
 #define KB 64            /* entries per block */
@@ -226,18 +251,16 @@ static DSV4_CU_INLINE void dequant_block(const uint8_t *raw, uint8_t *tile, cons
         }
         const uint4 *src = (const uint4 *)(raw + e * RAW_STRIDE + g * 64);
         if (g < 7) {
-            const float sc = cu_e8m0_f32(rs[e * 8 + g]);
+            const uint32_t sb = rs[e * 8 + g];
             uint4 c[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) c[q] = src[q];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                *(uint4 *)(dst + (((2 * q) ^ sw) << 4)) =
-                    make_uint4(cu_e4m3x2_bf16x2(c[q].x, sc), cu_e4m3x2_bf16x2(c[q].x >> 16, sc),
-                               cu_e4m3x2_bf16x2(c[q].y, sc), cu_e4m3x2_bf16x2(c[q].y >> 16, sc));
-                *(uint4 *)(dst + (((2 * q + 1) ^ sw) << 4)) =
-                    make_uint4(cu_e4m3x2_bf16x2(c[q].z, sc), cu_e4m3x2_bf16x2(c[q].z >> 16, sc),
-                               cu_e4m3x2_bf16x2(c[q].w, sc), cu_e4m3x2_bf16x2(c[q].w >> 16, sc));
+                uint4 v[2];
+                cu_e4m3x16_bf16<false>(c[q], sb, v);
+                *(uint4 *)(dst + (((2 * q) ^ sw) << 4)) = v[0];
+                *(uint4 *)(dst + (((2 * q + 1) ^ sw) << 4)) = v[1];
             }
         } else {
             uint4 r[8];
@@ -502,7 +525,7 @@ static DSV4_CU_INLINE void wg_qk(float *s, uint32_t qa, uint32_t ka, int wg)
 
 static DSV4_CU_INLINE void wg_wait_s(float *s)
 {
-    cu_wgmma_wait0();
+    cu_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 16; i++) cu_reg_fence(s[i]);
 }
@@ -515,18 +538,16 @@ template <bool WS> static DSV4_CU_INLINE void wg_sync()
     else __syncthreads();
 }
 
-/* Masks, base-2 logits, the row maxima of both warpgroups (through sRed), P in BF16 into sP;
- * updates the running maxima and this thread's partial sums, returns the rescale factors. */
-template <bool WS = false>
-static DSV4_CU_INLINE void wg_softmax(const dsv4_cu_decode &p, float *s, const int *ok, float *sRed, uint8_t *sP,
-                                      float *m_run, float *l_part, float *alpha, int wg, int r0, int lane)
+/* Masked base-2 logits of this thread's N accumulators of S (entry e0 + 8 (i / 4) + qcol + i % 2 for
+ * accumulator i, rows r0 and r0 + 8 by (i / 2) % 2), and the maxima of its two rows over the four
+ * lanes that hold them. */
+template <int N>
+static DSV4_CU_INLINE void sm_logits(const dsv4_cu_decode &p, float *s, const int *ok, int e0, int qcol, float *mx)
 {
-    const int qcol = 2 * (lane & 3);
-    float mx[2] = {-INFINITY, -INFINITY}, m_use[2];
+    mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const int e = wg * 32 + (i >> 2) * 8 + qcol + (i & 1);
-        const float v = ok[e] ? s[i] * p.scale_log2 : -INFINITY;
+    for (int i = 0; i < N; i++) {
+        const float v = ok[e0 + (i >> 2) * 8 + qcol + (i & 1)] ? s[i] * p.scale_log2 : -INFINITY;
         s[i] = v;
         mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], v);
     }
@@ -534,17 +555,38 @@ static DSV4_CU_INLINE void wg_softmax(const dsv4_cu_decode &p, float *s, const i
     for (int hf = 0; hf < 2; hf++) {
         mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xFFFFFFFFu, mx[hf], 1));
         mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xFFFFFFFFu, mx[hf], 2));
-        if ((lane & 3) == 0) sRed[wg * 64 + r0 + 8 * hf] = mx[hf];
     }
+}
+
+/* A row's running maximum moves to max(m_run, m_blk): the base of this block's exponentials
+ * (m_use; 0 while the row has seen only masked entries), the factor of what came before (alpha),
+ * and the row sum so far rescaled. */
+static DSV4_CU_INLINE void sm_rescale(float m_blk, float &m_run, float &m_use, float &alpha, float &l)
+{
+    const float m_new = fmaxf(m_run, m_blk);
+    m_use = m_new == -INFINITY ? 0.0f : m_new;
+    alpha = cu_exp2(m_run - m_use);
+    m_run = m_new;
+    l *= alpha;
+}
+
+/* Masks, base-2 logits, the row maxima of both warpgroups (through sRed), P in BF16 into sP;
+ * updates the running maxima and this thread's partial sums, returns the rescale factors. */
+template <bool WS = false>
+static DSV4_CU_INLINE void wg_softmax(const dsv4_cu_decode &p, float *s, const int *ok, float *sRed, uint8_t *sP,
+                                      float *m_run, float *l_part, float *alpha, int wg, int r0, int lane)
+{
+    const int qcol = 2 * (lane & 3);
+    float mx[2], m_use[2];
+    sm_logits<16>(p, s, ok, wg * 32, qcol, mx);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+        if ((lane & 3) == 0) sRed[wg * 64 + r0 + 8 * hf] = mx[hf];
     wg_sync<WS>();
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int row = r0 + 8 * hf;
-        const float m_new = fmaxf(m_run[hf], fmaxf(sRed[row], sRed[64 + row]));
-        m_use[hf] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[hf] = cu_exp2(m_run[hf] - m_use[hf]);
-        m_run[hf] = m_new;
-        l_part[hf] *= alpha[hf];
+        sm_rescale(fmaxf(sRed[row], sRed[64 + row]), m_run[hf], m_use[hf], alpha[hf], l_part[hf]);
     }
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
@@ -573,55 +615,51 @@ static DSV4_CU_INLINE void wg_pv(float *o, const float *alpha, uint32_t pa, uint
         cu_wgmma_m64n256<1>(o, cu_desc_sw128(pa + kk * 32, 16, 1024),
                             cu_desc_sw128(ka + wg * 4 * 8192 + kk * 16 * 128, 8192, 1024), 1);
     cu_wgmma_commit();
-    cu_wgmma_wait0();
+    cu_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
 }
 
-/* Row sums of both warpgroups (fixed order), then out/lse or the split's partial results. */
-template <bool WS = false>
-static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, const float *m_run,
-                                       const float *l_part, float *sL, int t, int h0, int split, int wg, int r0,
-                                       int lane)
+/* The factor of row h's output, given its row sum l and running maximum m (base 2), and its lse
+ * (written by the caller's chosen thread, `writer`): with splits, 1/l (or -1: an empty row,
+ * nothing to write) and the split's lse; otherwise 1/l times the sink's share, and the lse. */
+static DSV4_CU_INLINE float row_factor(const dsv4_cu_decode &p, float l, float m, int t, int h, int split, bool writer)
+{
+    const bool empty = !(l > 0.0f);
+    const float lse = empty ? INFINITY : (m + log2f(l)) * 0.69314718055994531f;
+    if (p.splits > 1) {
+        if (writer) p.part_lse[(long long)split * p.t * p.h + (long long)t * p.h + h] = empty ? -INFINITY : lse;
+        return empty ? -1.0f : 1.0f / l;
+    }
+    if (writer && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
+    if (empty) return 0.0f;
+    const float sink = p.sink ? p.sink[h] : -INFINITY;
+    return (1.0f / l) / (1.0f + expf(sink - lse));
+}
+
+/* Dims dim0 .. dim0 + 255 of rows r0 and r0 + 8 (accumulator layout of m64n256) times their
+ * factors f[2]: BF16 into out, or FP32 into the split's partial output. */
+static DSV4_CU_INLINE void store_rows(const dsv4_cu_decode &p, const float *o, const float *f, int t, int h0,
+                                      int split, int dim0, int r0, int lane)
 {
     const int qcol = 2 * (lane & 3);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        float l = l_part[hf];
-        l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
-        l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
-        if ((lane & 3) == 0) sL[wg * 64 + r0 + 8 * hf] = l;
-    }
-    wg_sync<WS>();
-    const long long th = (long long)t * p.h;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int row = r0 + 8 * hf, h = h0 + row;
+        const int h = h0 + r0 + 8 * hf;
         if (h >= p.h) continue;
-        const float l = sL[row] + sL[64 + row];
-        const bool empty = !(l > 0.0f);
-        const float lse = empty ? INFINITY : (m_run[hf] + log2f(l)) * 0.69314718055994531f;
         if (p.splits > 1) {
-            const long long prow = (long long)split * p.t * p.h + th + h;
-            if (wg == 0 && (lane & 3) == 0) p.part_lse[prow] = empty ? -INFINITY : lse;
-            if (empty) continue;
-            const float inv = 1.0f / l;
-            float *dst = p.part_o + prow * 512 + wg * 256 + qcol;
+            if (f[hf] < 0.0f) continue;
+            float *dst = p.part_o + ((long long)split * p.t * p.h + (long long)t * p.h + h) * 512 + dim0 + qcol;
 #pragma unroll
             for (int jn = 0; jn < 32; jn++)
-                *(float2 *)(dst + jn * 8) = make_float2(o[4 * jn + 2 * hf] * inv, o[4 * jn + 2 * hf + 1] * inv);
+                *(float2 *)(dst + jn * 8) = make_float2(o[4 * jn + 2 * hf] * f[hf], o[4 * jn + 2 * hf + 1] * f[hf]);
         } else {
-            if (wg == 0 && (lane & 3) == 0 && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
-            float f = 0.0f;
-            if (!empty) {
-                const float sink = p.sink ? p.sink[h] : -INFINITY;
-                f = (1.0f / l) / (1.0f + expf(sink - lse));
-            }
-            uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + wg * 256 + qcol;
+            uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + dim0 + qcol;
             const bool w4 = ((uintptr_t)dst & 3) == 0;
 #pragma unroll
             for (int jn = 0; jn < 32; jn++) {
-                const uint32_t lo = cu_f32_bf16(o[4 * jn + 2 * hf] * f), hi = cu_f32_bf16(o[4 * jn + 2 * hf + 1] * f);
+                const uint32_t lo = cu_f32_bf16(o[4 * jn + 2 * hf] * f[hf]);
+                const uint32_t hi = cu_f32_bf16(o[4 * jn + 2 * hf + 1] * f[hf]);
                 if (w4) {
                     *(uint32_t *)(dst + jn * 8) = lo | (hi << 16);
                 } else {
@@ -631,6 +669,31 @@ static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, 
             }
         }
     }
+}
+
+/* Row sums of both warpgroups (fixed order), then out/lse or the split's partial results. */
+template <bool WS = false>
+static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, const float *m_run,
+                                       const float *l_part, float *sL, int t, int h0, int split, int wg, int r0,
+                                       int lane)
+{
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_part[hf];
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+        if ((lane & 3) == 0) sL[wg * 64 + r0 + 8 * hf] = l;
+    }
+    wg_sync<WS>();
+    float f[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int row = r0 + 8 * hf;
+        f[hf] = h0 + row < p.h ? row_factor(p, sL[row] + sL[64 + row], m_run[hf], t, h0 + row, split,
+                                            wg == 0 && (lane & 3) == 0)
+                               : 0.0f;
+    }
+    store_rows(p, o, f, t, h0, split, wg * 256, r0, lane);
 }
 #endif
 
@@ -732,16 +795,17 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 
 /* ---- warp-specialized FP8 kernel (sm_90a), the default for 64-head tiles of FP8 pages --------
  * 384 threads = three warpgroups, one CTA per SM:
- *   WG0, WG1: the consumers, as in decode_fp8_kernel (Q K^T for entries 32g .. 32g + 31 of a block
- *        on wgmma m64n32k16, the row maxima exchanged, P in shared memory, O[:, 256g .. +255] +=
- *        P V on m64n256k16), but they never dequantize and never wait for global memory;
+ *   WG0, WG1: the consumers. ws1: as in decode_fp8_kernel (Q K^T for entries 32g .. 32g + 31 of a
+ *        block on wgmma m64n32k16, the row maxima exchanged, P in shared memory, O[:, 256g .. +255]
+ *        += P V on m64n256k16); ws2: see w2_lead / w2_follow below. They never dequantize and
+ *        never wait for global memory;
  *   WG2: the producer. It loads FP8 entries from global memory straight into registers (16-byte
  *        loads of 32 entries, one round ahead of the round it dequantizes, issued before it waits
  *        for a free tile) and dequantizes them into two BF16 tiles used in turn, so one tile
  *        fills while the consumers work on the other.
  * Handover through mbarriers: full[i] (producer -> consumers) and empty[i] (consumers ->
- * producer, one arrival per consumer warp); the consumers meet on named barrier 1 (256 threads).
- * setmaxnreg moves registers from the producer (120) to the consumers (192 each).
+ * producer, one arrival per consumer warp); the consumers meet on named barriers (256 threads).
+ * setmaxnreg moves registers from the producer to the consumers (ws_body).
  * NCTA 2: the two 64-head tiles of one token (H 128) run as a cluster of two CTAs; each CTA's
  * producer dequantizes its half of every block (32 entries) into its own tile and copies that
  * half into the peer's tile (a bulk shared::cluster copy that completes on the peer's full
@@ -749,9 +813,9 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 #define WS_NT 384
 #define WS_Q_OFF 0
 #define WS_K_OFF (64 * ROW_BYTES)               /* two BF16 tiles [64][512] */
-#define WS_P_OFF (WS_K_OFF + 2 * KB * ROW_BYTES)
-#define WS_RED_OFF (WS_P_OFF + 64 * 128)        /* float [2][64]: row maxima of the two consumers */
-#define WS_L_OFF (WS_RED_OFF + 2 * 64 * 4)      /* float [2][64]: row sums */
+#define WS_P_OFF (WS_K_OFF + 2 * KB * ROW_BYTES) /* two BF16 P tiles [64][64] (ws1 uses the first) */
+#define WS_RED_OFF (WS_P_OFF + 2 * 64 * 128)    /* float [2][64]: ws1 row maxima; ws2 rescale factors by P tile */
+#define WS_L_OFF (WS_RED_OFF + 2 * 64 * 4)      /* float [2][64]: ws1 row sums; ws2 output factors */
 #define WS_OK_OFF (WS_L_OFF + 2 * 64 * 4)       /* int [2][64]: entry valid, by tile */
 #define WS_BAR_OFF (WS_OK_OFF + 2 * KB * 4)     /* uint64 full[2], empty[2] */
 #define WS_SMEM (WS_BAR_OFF + 32 + 1024)
@@ -804,13 +868,10 @@ static DSV4_CU_INLINE void ws_store(uint8_t *smem, uint32_t tile, uint32_t okoff
     const int sw = e & 7;
 #pragma unroll
     for (int g = 0; g < 7; g++) {
-        const float sc = cu_e8m0_f32(((g < 4 ? w.s8.x : w.s8.y) >> (8 * (g & 3))) & 0xFFu);
-        *(uint4 *)(row + g * (KB * 128) + (((2 * q4) ^ sw) << 4)) =
-            make_uint4(cu_e4m3x2_bf16x2(w.d[g].x, sc), cu_e4m3x2_bf16x2(w.d[g].x >> 16, sc),
-                       cu_e4m3x2_bf16x2(w.d[g].y, sc), cu_e4m3x2_bf16x2(w.d[g].y >> 16, sc));
-        *(uint4 *)(row + g * (KB * 128) + (((2 * q4 + 1) ^ sw) << 4)) =
-            make_uint4(cu_e4m3x2_bf16x2(w.d[g].z, sc), cu_e4m3x2_bf16x2(w.d[g].z >> 16, sc),
-                       cu_e4m3x2_bf16x2(w.d[g].w, sc), cu_e4m3x2_bf16x2(w.d[g].w >> 16, sc));
+        uint4 v[2];
+        cu_e4m3x16_bf16<false>(w.d[g], ((g < 4 ? w.s8.x : w.s8.y) >> (8 * (g & 3))) & 0xFFu, v);
+        *(uint4 *)(row + g * (KB * 128) + (((2 * q4) ^ sw) << 4)) = v[0];
+        *(uint4 *)(row + g * (KB * 128) + (((2 * q4 + 1) ^ sw) << 4)) = v[1];
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) *(uint4 *)(row + 7 * (KB * 128) + (((4 * i + q4) ^ sw) << 4)) = w.rp[i];
@@ -820,7 +881,11 @@ static DSV4_CU_INLINE void ws_store(uint8_t *smem, uint32_t tile, uint32_t okoff
 /* The producer warpgroup. Round R (32 entries) is entries 32 (R % 2) .. of block R / 2 (NCTA 1),
  * or this CTA's half, entries 32 rank .., of block R (NCTA 2); lane 8q + i of warp pw takes entry
  * 8 pw + i of the round and quarter q of its groups. Round R + 1 is loaded while round R is
- * dequantized; indices are read two rounds ahead. */
+ * dequantized; indices are read two rounds ahead. Per block this warp is latency-bound (one warp
+ * per SM sub-partition, ~0.17 instructions per cycle: waits for loaded data, dependent conversion
+ * chains, instruction-cache misses; see BENCHMARKS.md); an L2 prefetch of entries two blocks ahead
+ * with indices staged in shared memory, and a third round of registers in flight, measured no
+ * faster. */
 template <int NCTA>
 static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range &rg, int t, uint8_t *smem, int pw,
                                        int lane, uint32_t rank)
@@ -833,6 +898,7 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
 #define WS_ENT(R) (e0 + (NCTA == 1 ? 32 * ((R) & 1) : 0))
     ent_pf fa = ws_fetch(p, t, rg, 0, WS_ENT(0)), fb = ws_fetch(p, t, rg, 1 / RPB, WS_ENT(1));
     ws_raw wa, wb;
+    WS_PROF_START;
     if (nr > 0) ws_load(p, fa, q4, wa);
     fa = ws_fetch(p, t, rg, 2 / RPB, WS_ENT(2));
 #pragma unroll 1
@@ -845,9 +911,12 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
             const int RR = R + h;
             if (RR >= nr) break;
             const int j = RR / RPB, b = j & 1;
+            WS_PROF(2);
             if (RR % RPB == 0 && j >= 2) cu_mbar_wait<NCTA - 1>(base + WS_BAR_OFF + 16 + b * 8, ((j >> 1) - 1) & 1);
+            WS_PROF(0);
             const uint32_t tile = WS_K_OFF + b * KB * ROW_BYTES, okoff = WS_OK_OFF + b * KB * 4;
             ws_store(smem, tile, okoff, WS_ENT(RR), q4, h ? wb : wa);
+            WS_PROF(1);
             if (RR % RPB == RPB - 1) { /* this CTA's part of block j is in its tile */
                 const uint32_t full = WS_BAR_OFF + b * 8;
                 cu_fence_proxy_async();
@@ -876,6 +945,8 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
             }
         }
     }
+    WS_PROF(2);
+    WS_PROF_END(0);
 #undef WS_ENT
 }
 
@@ -888,15 +959,17 @@ static DSV4_CU_INLINE uint64_t ws_opaque(uint64_t x)
     return r;
 }
 
-/* wg_qk and wg_pv with the descriptors rebuilt in every block. */
-static DSV4_CU_INLINE void ws_qk(float *s, uint32_t qa, uint32_t ka, int wg)
+/* wg_qk and wg_pv with the descriptors rebuilt in every block. ws_qk: S of N entries (32: those
+ * of ka's rows 0..31, the caller offsets ka; 64: all), m64nNk16 over the 512 dims. */
+template <int N> static DSV4_CU_INLINE void ws_qk(float *s, uint32_t qa, uint32_t ka)
 {
-    const uint64_t dq = ws_opaque(cu_desc_sw128(qa, 16, 1024)), dk = ws_opaque(cu_desc_sw128(ka + wg * 32 * 128, 16, 1024));
+    const uint64_t dq = ws_opaque(cu_desc_sw128(qa, 16, 1024)), dk = ws_opaque(cu_desc_sw128(ka, 16, 1024));
     cu_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 32; kk++) {
         const uint32_t koff = ((kk >> 2) * 8192 + (kk & 3) * 32) >> 4;
-        cu_wgmma_m64n32<0>(s, dq + koff, dk + koff, kk > 0);
+        if (N == 32) cu_wgmma_m64n32<0>(s, dq + koff, dk + koff, kk > 0);
+        else cu_wgmma_m64n64<0>(s, dq + koff, dk + koff, kk > 0);
     }
     cu_wgmma_commit();
 }
@@ -914,7 +987,7 @@ static DSV4_CU_INLINE void ws_pv(float *o, const float *alpha, uint32_t pa, uint
 #pragma unroll
     for (int kk = 0; kk < KB / 16; kk++) cu_wgmma_m64n256<1>(o, dp + ((kk * 32) >> 4), dv + ((kk * 16 * 128) >> 4), 1);
     cu_wgmma_commit();
-    cu_wgmma_wait0();
+    cu_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
 }
@@ -935,7 +1008,153 @@ template <int NCTA> static DSV4_CU_INLINE void ws_release(uint32_t base, uint32_
     }
 }
 
-template <int NCTA> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
+/* ---- ws2: one consumer warpgroup owns S ------------------------------------------------------
+ * WG0 (the lead) computes S = Q K^T over all 64 entries of a block (m64n64k16: twice the width of
+ * ws1's m64n32 per instruction), the softmax of whole rows (no exchange of maxima), and keeps P
+ * in registers as the A operand of its P V on dims 0..255 (m64n256k16, A from registers); it
+ * hands P (BF16, shared memory) and the rescale factors to WG1 (the follower), which runs P V on
+ * dims 256..511. The follower's P V of block j runs beside the lead's P V and overlaps the lead's
+ * next Q K^T and softmax. The lead waits for its P V before it releases the tile: releasing it
+ * only after issuing the next Q K^T (to overlap its own P V with that) measured 1-1.4 % slower.
+ * Named barriers: W2_BAR_PFULL + b (P tile b written),
+ * W2_BAR_PFREE + b (the follower is done with P tile b), W2_BAR_EPI (row factors),
+ * W2_BAR_LEAD (the lead alone). */
+#define W2_BAR_PFULL 3
+#define W2_BAR_PFREE 5
+#define W2_BAR_EPI 7
+#define W2_BAR_LEAD 8 /* the lead's four warps */
+
+/* O (dims 0..255) += P V with P in registers (pf: the m64k16 A fragments of the 4 k-steps). */
+static DSV4_CU_INLINE void w2_pv_rs(float *o, const uint32_t *pf, uint32_t ka)
+{
+    const uint64_t dv = ws_opaque(cu_desc_sw128(ka, 8192, 1024));
+    cu_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; kk++) cu_wgmma_m64n256_rs<1>(o, pf + 4 * kk, dv + ((kk * 16 * 128) >> 4));
+    cu_wgmma_commit();
+}
+
+template <int NCTA>
+static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int nblk, int t, int h0, int split,
+                                   int warp, int lane, uint32_t cbase, uint32_t rbase)
+{
+    const uint32_t base = cu_smem(smem);
+    const int r0 = 16 * (warp & 3) + (lane >> 2), qcol = 2 * (lane & 3);
+    float *sAlpha = (float *)(smem + WS_RED_OFF), *sF = (float *)(smem + WS_L_OFF);
+    float o[128], s[32];
+    uint32_t pf[16];
+    float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    WS_PROF_START;
+#pragma unroll 1
+    for (int j = 0; j < nblk; j++) {
+        const int b = j & 1;
+        const uint32_t ka = base + WS_K_OFF + b * KB * ROW_BYTES;
+        cu_mbar_wait<0>(base + WS_BAR_OFF + b * 8, (j >> 1) & 1); /* tile b holds block j */
+        WS_PROF(0);
+        ws_qk<64>(s, base + WS_Q_OFF, ka);
+        cu_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) cu_reg_fence(s[i]);
+#pragma unroll
+        for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+        WS_PROF(1);
+
+        /* masks, base-2 logits, maxima of whole rows (the 4 lanes of a row), P */
+        float mx[2], m_use[2], alpha[2];
+        sm_logits<32>(p, s, (const int *)(smem + WS_OK_OFF) + b * KB, 0, qcol, mx);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) sm_rescale(mx[hf], m_run[hf], m_use[hf], alpha[hf], l_part[hf]);
+        /* pf[4 kk + q]: k-step kk; q 0/1 rows r0/r0 + 8 at entries 16 kk + qcol, q 2/3 at + 8 */
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+            const int hf = (i >> 1) & 1;
+            const float p0 = cu_exp2(s[i] - m_use[hf]), p1 = cu_exp2(s[i + 1] - m_use[hf]);
+            l_part[hf] += p0 + p1;
+            pf[i >> 1] = cu_f32_bf16(p0) | (cu_f32_bf16(p1) << 16);
+        }
+
+        WS_PROF(2);
+        /* P and the rescale factors to the follower (P tile b is free once it finished block j - 2) */
+        if (j >= 2) cu_bar(W2_BAR_PFREE + b, 256);
+        WS_PROF(3);
+        uint8_t *sP = smem + WS_P_OFF + b * 64 * 128;
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const int row = r0 + 8 * (k & 1), col = 16 * (k >> 2) + 8 * ((k >> 1) & 1) + qcol;
+            *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2) = pf[k];
+        }
+        if ((lane & 3) == 0) {
+            sAlpha[b * 64 + r0] = alpha[0];
+            sAlpha[b * 64 + r0 + 8] = alpha[1];
+        }
+        cu_fence_proxy_async();
+        cu_bar(W2_BAR_PFULL + b, 256); /* a full barrier (the follower is waiting there already) */
+
+        if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < 128; i++) o[i] *= alpha[(i >> 1) & 1];
+        }
+#pragma unroll
+        for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+        w2_pv_rs(o, pf, ka);
+        cu_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+        /* Q K^T and P V of block j are done with tile b, and all four warps have read its flags (a
+         * barrier of the warpgroup before one lane per warp arrives, as racecheck wants to see) */
+        cu_bar(W2_BAR_LEAD, 128);
+        ws_release<NCTA>(base, cbase, rbase, b, lane);
+        WS_PROF(4);
+    }
+    WS_PROF_END(1);
+
+    float f[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_part[hf];
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+        l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+        const int row = r0 + 8 * hf;
+        f[hf] = h0 + row < p.h ? row_factor(p, l, m_run[hf], t, h0 + row, split, (lane & 3) == 0) : 0.0f;
+        if ((lane & 3) == 0) sF[row] = f[hf];
+    }
+    cu_bar(W2_BAR_EPI, 256);
+    store_rows(p, o, f, t, h0, split, 0, r0, lane);
+}
+
+template <int NCTA>
+static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int nblk, int t, int h0, int split,
+                                     int warp, int lane, uint32_t cbase, uint32_t rbase)
+{
+    const uint32_t base = cu_smem(smem);
+    const int r0 = 16 * (warp & 3) + (lane >> 2);
+    const float *sAlpha = (const float *)(smem + WS_RED_OFF), *sF = (const float *)(smem + WS_L_OFF);
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    WS_PROF_START;
+#pragma unroll 1
+    for (int j = 0; j < nblk; j++) {
+        const int b = j & 1;
+        cu_bar(W2_BAR_PFULL + b, 256);                            /* P of block j in P tile b */
+        cu_mbar_wait<0>(base + WS_BAR_OFF + b * 8, (j >> 1) & 1); /* (complete: orders the tile's reads) */
+        WS_PROF(0);
+        const float alpha[2] = {sAlpha[b * 64 + r0], sAlpha[b * 64 + r0 + 8]};
+        ws_pv(o, alpha, base + WS_P_OFF + b * 64 * 128, base + WS_K_OFF + b * KB * ROW_BYTES, 1);
+        WS_PROF(1);
+        ws_release<NCTA>(base, cbase, rbase, b, lane);
+        if (j + 2 < nblk) cu_bar_arrive(W2_BAR_PFREE + b, 256);
+        WS_PROF(2);
+    }
+    WS_PROF_END(2);
+    cu_bar(W2_BAR_EPI, 256);
+    const float f[2] = {sF[r0], sF[r0 + 8]};
+    store_rows(p, o, f, t, h0, split, 256, r0, lane);
+}
+
+template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
 {
     extern __shared__ __align__(128) uint8_t smem_raw[];
     uint8_t *smem = align1024(smem_raw);
@@ -959,12 +1178,22 @@ template <int NCTA> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
     __syncthreads();
     if (NCTA == 2) cu_cluster_sync(); /* the peer's barriers are initialized */
 
-    /* Registers: 168 per thread at launch (384 x 168 of the 64 K); the producer gives 48 back and
-     * each consumer takes 24 (192 + 192 + 120 = 3 x 168). */
+    /* Registers: 168 per thread at launch (384 x 168 of the 64 K), moved from the producer to the
+     * consumers: ws1 192 + 192 + 120, ws2 216 (the lead) + 160 + 128 (= 3 x 168). */
     if (wg == 2) {
-        cu_setmaxnreg_dec<120>();
+        if (W2) cu_setmaxnreg_dec<128>();
+        else cu_setmaxnreg_dec<120>();
         ws_producer<NCTA>(p, rg, t, smem, warp & 3, lane, rank);
         if (NCTA == 2) cu_cluster_sync(); /* no CTA leaves while its peer may still signal it */
+    } else if (W2) {
+        if (wg == 0) {
+            cu_setmaxnreg_inc<216>();
+            w2_lead<NCTA>(p, smem, nblk, t, h0, split, warp, lane, cbase, rbase);
+        } else {
+            cu_setmaxnreg_dec<160>(); /* below the 168 of the launch: gives 8 back */
+            w2_follow<NCTA>(p, smem, nblk, t, h0, split, warp, lane, cbase, rbase);
+        }
+        if (NCTA == 2) cu_cluster_sync();
     } else {
         cu_setmaxnreg_inc<192>();
         const int r0 = 16 * (warp & 3) + (lane >> 2); /* this thread's rows: r0 and r0 + 8 */
@@ -974,38 +1203,46 @@ template <int NCTA> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
         float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < 128; i++) o[i] = 0.0f;
+        WS_PROF_START;
 #pragma unroll 1
         for (int j = 0; j < nblk; j++) {
             const int b = j & 1;
             const uint32_t ka = ka0 + b * KB * ROW_BYTES;
             cu_mbar_wait<0>(base + WS_BAR_OFF + b * 8, (j >> 1) & 1); /* tile b holds block j */
-            ws_qk(s, qa, ka, wg);
+            WS_PROF(0);
+            ws_qk<32>(s, qa, ka + wg * 32 * 128);
             wg_wait_s(s);
+            WS_PROF(1);
             wg_softmax<true>(p, s, (const int *)(smem + WS_OK_OFF) + b * KB, sRed, smem + WS_P_OFF, m_run, l_part,
                              alpha, wg, r0, lane);
+            WS_PROF(2);
             ws_pv(o, alpha, pa, ka, wg);
+            WS_PROF(3);
             ws_release<NCTA>(base, cbase, rbase, b, lane);
         }
+        WS_PROF_END(1 + wg);
         wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
         if (NCTA == 2) cu_cluster_sync();
     }
 }
 #endif
 
-__global__ void __launch_bounds__(WS_NT, 1) decode_ws_kernel(const dsv4_cu_decode p)
+/* W2: ws2 (one warpgroup owns S); otherwise ws1 (the two consumers split the entries of S). */
+template <bool W2> __global__ void __launch_bounds__(WS_NT, 1) decode_ws_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    ws_body<1>(p);
+    ws_body<1, W2>(p);
 #else
     __trap();
 #endif
 }
 
 /* Two 64-head tiles of one token as a cluster (grid y even). */
+template <bool W2>
 __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(WS_NT, 1) decode_ws_pair_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    ws_body<2>(p);
+    ws_body<2, W2>(p);
 #else
     __trap();
 #endif
@@ -1091,18 +1328,21 @@ template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_
     return (int)cudaGetLastError();
 }
 
-/* The warp-specialized FP8 kernel; pair: tiles in clusters of two (the tile count is even). */
-static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int pair)
+/* The warp-specialized FP8 kernel (ws2, or ws1 when !w2); pair: tiles in clusters of two (the
+ * tile count is even). */
+static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int pair)
 {
-    void (*kernel)(dsv4_cu_decode) = pair ? decode_ws_pair_kernel : decode_ws_kernel;
-    static int configured[2];
-    if (!configured[pair]) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM);
+    void (*const kernels[4])(dsv4_cu_decode) = {decode_ws_kernel<false>, decode_ws_pair_kernel<false>,
+                                                decode_ws_kernel<true>, decode_ws_pair_kernel<true>};
+    static int configured[4]; /* the attribute is per function; setting it twice is harmless */
+    const int k = 2 * w2 + pair;
+    if (!configured[k]) {
+        cudaError_t e = cudaFuncSetAttribute(kernels[k], cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM);
         if (e != cudaSuccess) return (int)e;
-        configured[pair] = 1;
+        configured[k] = 1;
     }
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
-    kernel<<<grid, WS_NT, WS_SMEM, stream>>>(*d);
+    kernels[k]<<<grid, WS_NT, WS_SMEM, stream>>>(*d);
     return (int)cudaGetLastError();
 }
 
@@ -1112,18 +1352,33 @@ static int env_on(const char *name)
     return v && *v && *v != '0';
 }
 
+/* The kernel for 64-head tiles of FP8 pages on sm_90a: ws2 by default; v1 (the single-role
+ * decode_fp8_kernel) when no CTA has more than one 64-entry block, since with nothing to pipeline
+ * its eight warps dequantize a lone block sooner than a producer's four. $DSV4_CUDA_DECODE = ws2,
+ * ws1 or v1 forces one, $DSV4_CUDA_NO_PAIR keeps the tiles of a token in separate CTAs
+ * (benchmarks and tests compare them). */
+enum { K_V1, K_WS1, K_WS2 };
+static int fp8_kernel_choice(const dsv4_cu_decode *d)
+{
+    const char *v = getenv("DSV4_CUDA_DECODE");
+    if (v && !strcmp(v, "v1")) return K_V1;
+    if (v && !strcmp(v, "ws1")) return K_WS1;
+    if (v && !strcmp(v, "ws2")) return K_WS2;
+    long long width = d->scope[0].width + (d->n_scopes > 1 ? d->scope[1].width : 0);
+    long long blocks = (width + KB - 1) / KB, per_cta = (blocks + d->splits - 1) / d->splits;
+    return per_cta <= 1 ? K_V1 : K_WS2;
+}
+
 extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
 {
     if (d->t == 0 || d->h == 0) return 0;
     cudaStream_t st = (cudaStream_t)stream;
     const int rows = dsv4_cu_decode_rows(d->h);
     const long long tiles = (d->h + 63) / 64;
+    const int choice = rows == 64 && d->wgmma && d->fp8 && d->aligned ? fp8_kernel_choice(d) : K_V1;
     int err;
-    /* FP8 pages on sm_90a: the warp-specialized kernel ($DSV4_CUDA_DECODE_V1 picks the previous
-     * single-role one, $DSV4_CUDA_NO_PAIR keeps the tiles of a token in separate CTAs; benchmarks
-     * compare them). */
-    if (rows == 64 && d->wgmma && d->fp8 && d->aligned && !env_on("DSV4_CUDA_DECODE_V1"))
-        err = launch_ws(d, st, tiles % 2 == 0 && !env_on("DSV4_CUDA_NO_PAIR"));
+    if (choice != K_V1)
+        err = launch_ws(d, st, choice == K_WS2, tiles % 2 == 0 && !env_on("DSV4_CUDA_NO_PAIR"));
     else if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
     else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
     else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);

@@ -184,13 +184,10 @@ __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     const uint8_t *page = entry_page((uint8_t *)c.pages, c.page_stride, c.block_size, slot, &row);
     const uint8_t *entry = page + row * 576;
     if (lane < 28) {
-        uint4 q = cu_ld16(entry + lane * 16);
-        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-        float sc = cu_e8m0_f32(page[c.block_size * 576 + row * 8 + (lane >> 2)]);
-        uint32_t bits[16];
-#pragma unroll
-        for (int k = 0; k < 16; k++) bits[k] = cu_f32_bf16(__fmul_rn(cu_e4m3_f32((w[k >> 2] >> (8 * (k & 3))) & 0xFFu), sc));
-        store_row16(dst, bits);
+        uint4 v[2];
+        cu_e4m3x16_bf16<true>(cu_ld16(entry + lane * 16), page[c.block_size * 576 + row * 8 + (lane >> 2)], v);
+        cu_st16(dst, v[0]);
+        cu_st16(dst + 8, v[1]);
     } else {
         const uint8_t *src = entry + 448 + (lane - 28) * 32;
         cu_st16(dst, cu_ld16(src));
