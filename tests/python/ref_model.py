@@ -33,7 +33,7 @@ Precision switches:
     and its inverse RoPE. Kept unrounded (fp32 in the reference): mHC mixes / post / comb, compressor
     a / g, router scores and weights, attention scores, softmax denominator, indexer scores, logits. The
     probabilities are rounded to BF16 for P.V (exp(s - max) with the global max of the query's set);
-    `p_bf16=False` keeps them unrounded, as the scalar C reference kernel (cpu-ref) does.
+    as every attention kernel of the library does; `p_bf16=False` keeps them unrounded.
   * `act_quant` (default: True for an official FP8/FP4 checkpoint, False for a BF16 one): simulate the
     1x128 FP8 activation quantization (rule act128) in front of the linears whose official weights are
     FP8/FP4 (wq_a, wq_b, wkv, wo_b, indexer wq_b, experts, shared experts, e_proj, h_proj). A K that is

@@ -45,12 +45,6 @@ SEED = int(os.environ.get("DSV4_TEST_SEED", np.random.SeedSequence().entropy % (
 N_PROMPT = 80
 
 
-def p_rounded(backend):
-    """Whether the backend's attention rounds the probabilities to BF16 for P.V: the AVX-512 BF16
-    kernel does (vdpbf16ps), the AVX2, scalar and cpu-ref kernels keep them fp32."""
-    return backend == "cpu" and dsv4.cpu_isa() == "avx512+bf16"
-
-
 def rel(a, b):
     return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
 
@@ -127,16 +121,18 @@ def models(tmp_path_factory, rng):
 _refs = {}
 
 
-def ref(path, bf16, p_bf16=True):
-    key = (path, bf16, p_bf16)
+def ref(path, bf16):
+    """The reference (bf16: at the engine's rounding points; P rounded to BF16 for P.V, as every
+    attention kernel of the library does, kernels.md §3)."""
+    key = (path, bf16)
     if key not in _refs:
-        _refs[key] = rm.RefModel(path, bf16=bf16, p_bf16=p_bf16)
+        _refs[key] = rm.RefModel(path, bf16=bf16)
     return _refs[key]
 
 
-def ref_logits(path, ids, bf16, p_bf16=True):
+def ref_logits(path, ids, bf16):
     """Main logits [S, V] and MTP logits [S-1, V] of the reference."""
-    m = ref(path, bf16, p_bf16)
+    m = ref(path, bf16)
     lg, X = m.forward(ids, return_streams=True)
     return lg, m.mtp_forward(ids, X)
 
@@ -165,13 +161,12 @@ def check_noise_rule(name, got, r64, r16):
                                           ("csa-learned", "cpu-ref")])
 def test_logits_match_reference(models, rng, name, backend):
     """Every position of an 80-token prompt and every MTP row, against the reference (module doc for
-    the rule). The cpu backend's AVX-512 BF16 attention rounds P to BF16 for P.V, the other kernels keep
-    it fp32: each is compared with the reference evaluated the same way (p_rounded)."""
+    the rule)."""
     path = models[name]
     ids = rng.integers(0, 512, N_PROMPT if backend == "cpu" else 48)  # the scalar kernels are slow
     lg, ml, _ = engine_logits(path, ids, backend)
     r64, m64 = ref_logits(path, ids, bf16=False)
-    r16, m16 = ref_logits(path, ids, bf16=True, p_bf16=p_rounded(backend))
+    r16, m16 = ref_logits(path, ids, bf16=True)
     err_b = check_noise_rule(f"{name}/{backend} main", lg, r64, r16)
     check_noise_rule(f"{name}/{backend} mtp", ml, m64, m16)
     # one layer: where no FP8 code flipped upstream (position 0 sees itself only), every rounding and
@@ -214,7 +209,7 @@ def test_cache_entries_match_reference(models, rng, name):
         s = e.seq_create()
         e.forward(s, ids, n_logits=0)
         got = _parse_export(e.export(s), ref(path, True).cfg, N_PROMPT, ref(path, True).cfg.window)
-    m = ref(path, True, p_bf16=False)
+    m = ref(path, True)
     cfg, pos = m.cfg, np.arange(N_PROMPT)
     X = np.repeat(m.r(m.w["embed.weight"][ids])[:, None, :], cfg.hc_mult, axis=1)
     xin, _, _ = m.hc_pre(X, "layers.0.hc_attn_")
@@ -246,7 +241,7 @@ def test_greedy_64_steps_match_reference(models, rng, name):
         toks, stats, steps = e.generate(prompt, 64, keep_logits=True)
     assert len(toks) == 64 and stats["generated_tokens"] == 64
     got = np.concatenate([s["logits"][-len(s["tokens"]):] for s in steps])
-    want = ref(path, True, p_rounded("cpu")).forward(np.concatenate([prompt, toks])[:-1])[len(prompt) - 1:]
+    want = ref(path, True).forward(np.concatenate([prompt, toks])[:-1])[len(prompt) - 1:]
     assert np.array_equal(got.argmax(1), toks)
     top = want.argmax(1)
     bad = np.nonzero(top != toks)[0]

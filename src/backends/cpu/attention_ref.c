@@ -138,7 +138,25 @@ static dsv4_status ref_dequant_gather(const dsv4_exec *ex, const dsv4_kv_geom *g
 
 static size_t ref_decode_workspace(const dsv4_exec *ex, int64_t t, int64_t h, int64_t width) { return 0; }
 
-/* One (query, head): online softmax over the valid entries of every scope, in order. */
+/* BODY for every valid entry of query t, in order, with k = the entry and x = its score scale * q.k. */
+#define FOR_EACH_ENTRY(BODY)                                                                            \
+    for (int s = 0; s < n_scopes; s++) {                                                                \
+        int64_t len = sc[s].lengths ? sc[s].lengths[t] : sc[s].width;                                   \
+        len = len < 0 ? 0 : len > sc[s].width ? sc[s].width : len;                                     \
+        for (int64_t j = 0; j < len; j++) {                                                             \
+            int64_t idx = sc[s].indices[t * sc[s].ld + j];                                              \
+            if (!dsv4_kv_valid(&sc[s].cache, idx)) continue;                                            \
+            dsv4_ref_kv_read(&sc[s].cache, bf16_rows, idx, k);                                          \
+            float dot = 0.0f;                                                                           \
+            for (int d = 0; d < DSV4_KV_DIM; d++) dot += q[d] * k[d];                                   \
+            const float x = a->scale * dot;                                                             \
+            BODY                                                                                        \
+        }                                                                                               \
+    }
+
+/* One (query, head), in two passes over its valid entries: the maximum score m, then
+ * p = exp(x - m) in fp32, summed unrounded, and rounded to BF16 for P.V (kernels.md §3: the
+ * reference kernels' precision; the same rounding points as tests/python/ref_model.py). */
 static void ref_attend(const dsv4_attn_args *a, const dsv4_attn_scope *sc, int n_scopes, int bf16_rows, int64_t t,
                        int64_t h)
 {
@@ -147,25 +165,14 @@ static void ref_attend(const dsv4_attn_args *a, const dsv4_attn_scope *sc, int n
     for (int d = 0; d < DSV4_KV_DIM; d++) q[d] = dsv4_bf16_to_f32(qr[d]);
     float m = -INFINITY, l = 0.0f;
     int64_t count = 0;
-    for (int s = 0; s < n_scopes; s++) {
-        int64_t len = sc[s].lengths ? sc[s].lengths[t] : sc[s].width;
-        len = len < 0 ? 0 : len > sc[s].width ? sc[s].width : len;
-        for (int64_t j = 0; j < len; j++) {
-            int64_t idx = sc[s].indices[t * sc[s].ld + j];
-            if (!dsv4_kv_valid(&sc[s].cache, idx)) continue;
-            dsv4_ref_kv_read(&sc[s].cache, bf16_rows, idx, k);
-            float dot = 0.0f;
-            for (int d = 0; d < DSV4_KV_DIM; d++) dot += q[d] * k[d];
-            float x = a->scale * dot, mn = x > m ? x : m;
-            float alpha = mn == m ? 1.0f : expf(m - mn), p = x == -INFINITY ? 0.0f : expf(x - mn);
-            for (int d = 0; d < DSV4_KV_DIM; d++) o[d] = o[d] * alpha + p * k[d];
-            l = l * alpha + p;
-            m = mn;
-            count++;
-        }
-    }
+    FOR_EACH_ENTRY(m = x > m ? x : m; count++;)
+    if (count > 0 && m == -INFINITY) m = 0.0f; /* every score -inf: p = 0 throughout */
+    FOR_EACH_ENTRY(const float p = x == -INFINITY ? 0.0f : expf(x - m); const float pb = dsv4_bf16_round(p);
+                   for (int d = 0; d < DSV4_KV_DIM; d++) o[d] += pb * k[d];
+                   l += p;)
     dsv4_attn_finish(a, t, h, o, m, l, count);
 }
+#undef FOR_EACH_ENTRY
 
 void dsv4_attn_finish(const dsv4_attn_args *a, int64_t t, int64_t h, const float *o, float m, float l, int64_t count)
 {
