@@ -114,8 +114,8 @@ static void test_prefill_decode_threads(dsv4_ctx *c1, dsv4_ctx *c2, const int32_
 }
 
 /* The optimized backend against the scalar reference kernels. Their attention sums in other orders
- * (and the AVX-512 kernel rounds P relative to a block's maximum, the scalar one relative to the
- * running maximum of each entry) and the model amplifies such one-ulp differences
+ * (and the fast kernels round P relative to a running maximum, the reference relative to the
+ * maximum of the query's whole set) and the model amplifies such one-ulp differences
  * through its FP8 activation quantization (tests/python/test_engine.py measures ~3 % between two
  * correct evaluations); so: median relative L2 error over positions <= 0.1, every position <= 0.5,
  * position 0 (which sees only itself) <= 0.05. */
