@@ -92,16 +92,10 @@ static inline __m256 exp256(__m256 x)
     x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(DSV4_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(DSV4_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(dsv4_exp_poly[0]);
+    for (int i = 1; i < 8; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(dsv4_exp_poly[i]));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }

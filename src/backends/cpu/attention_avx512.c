@@ -196,16 +196,10 @@ static inline __m512 exp512(__m512 x)
     x = _mm512_min_ps(_mm512_set1_ps(88.5f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x)); /* NaN passes */
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(DSV4_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(DSV4_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(dsv4_exp_poly[0]);
+    for (int i = 1; i < 8; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(dsv4_exp_poly[i]));
     return _mm512_scalef_ps(p, n);
 }
 

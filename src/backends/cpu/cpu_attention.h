@@ -51,6 +51,12 @@ void dsv4_attn_finish(const dsv4_attn_args *a, int64_t t, int64_t h, const float
  * per head the running max m, the sum l of exp(s - m) and o = sum exp(s - m) k (fp32, natural
  * dim order) and the count of valid entries. */
 #define DSV4_ATTN_TILE 64
+/* exp(r) for |r| <= ln(2)/2 as a polynomial (Taylor, 1/7! first) and ln(2) split in two for the
+ * argument reduction: the vector exps of the AVX2 and AVX-512 decode units. */
+static const float dsv4_exp_poly[8] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                       1.0f / 6.0f,    0.5f,           1.0f,           1.0f};
+#define DSV4_LN2_HI 0.693145751953125f
+#define DSV4_LN2_LO 1.428606765330187e-06f
 #define DSV4_ATTN_PART 528 /* floats per (head, split) in the workspace: o[512], m, l, count, pad */
 
 typedef struct dsv4_attn_unit {
