@@ -145,20 +145,16 @@ void dsv4_attn_unit_avx2(const dsv4_attn_unit *u, float *part)
     if (nh & 1) memcpy(q[nh], q[nh - 1], sizeof q[nh]); /* the spare's scores are not used */
     const __m256 scale = _mm256_set1_ps(a->scale);
     int64_t p = u->p0, count = 0;
-    for (int done = 0; !done;) {
-        int nb = 0;
-        while (nb < BLK) {
-            int s;
-            int64_t idx = dsv4_attn_next_slot(u, &p, &s);
-            if (idx < 0) {
-                done = 1;
-                break;
-            }
-            const dsv4_kv_geom *g = &u->scopes[s].cache;
-            if (u->bf16_rows) load_bf16((const uint16_t *)((const uint8_t *)g->pages + idx * g->page_stride), k[nb++]);
-            else load_fp8(g, idx, k[nb++]);
-        }
+    for (int nb = BLK; nb == BLK;) {
+        int64_t idx[BLK];
+        int scope[BLK];
+        nb = dsv4_attn_next_slots(u, &p, BLK, idx, scope);
         if (nb == 0) break;
+        for (int e = 0; e < nb; e++) {
+            const dsv4_kv_geom *g = &u->scopes[scope[e]].cache;
+            if (u->bf16_rows) load_bf16((const uint16_t *)((const uint8_t *)g->pages + idx[e] * g->page_stride), k[e]);
+            else load_fp8(g, idx[e], k[e]);
+        }
         count += nb;
         for (int e = nb; e < BLK; e++) memset(k[e], 0, sizeof k[e]);
         for (int j = 0; j < nh; j += 2)

@@ -268,19 +268,13 @@ void dsv4_attn_unit_avx512(const dsv4_attn_unit *u, float *part)
     const __m512 scale = _mm512_set1_ps(a->scale);
     int64_t p = u->p0, pf = u->p0, count = 0;
     prefetch_ahead(u, &pf, BLK);
-    for (int done = 0; !done;) {
+    for (int nb = BLK; nb == BLK;) {
         prefetch_ahead(u, &pf, BLK); /* the block after this one */
-        int nb = 0;
-        while (nb < BLK) {
-            int s;
-            int64_t idx = dsv4_attn_next_slot(u, &p, &s);
-            if (idx < 0) {
-                done = 1;
-                break;
-            }
-            load_entry(&lut, &u->scopes[s].cache, u->bf16_rows, idx, kb[nb++]);
-        }
+        int64_t idx[BLK];
+        int scope[BLK];
+        nb = dsv4_attn_next_slots(u, &p, BLK, idx, scope);
         if (nb == 0) break;
+        for (int e = 0; e < nb; e++) load_entry(&lut, &u->scopes[scope[e]].cache, u->bf16_rows, idx[e], kb[e]);
         count += nb;
         for (int e = nb; e < BLK; e++) memset(kb[e], 0, sizeof kb[e]);
         /* scores */

@@ -77,7 +77,7 @@ void dsv4_attn_unit_avx2(const dsv4_attn_unit *u, float *part);    /* the portab
 void dsv4_attn_unit_avx512(const dsv4_attn_unit *u, float *part);  /* AVX-512 BF16 (vdpbf16ps) */
 
 /* Next valid slot at position >= *p (< u->p1), advancing *p past it and telling its scope;
- * -1 when none is left. */
+ * -1 when none is left. (dsv4_attn_next_slots below: up to n of them.) */
 static inline int64_t dsv4_attn_next_slot(const dsv4_attn_unit *u, int64_t *p, int *scope)
 {
     while (*p < u->p1) {
@@ -91,6 +91,14 @@ static inline int64_t dsv4_attn_next_slot(const dsv4_attn_unit *u, int64_t *p, i
         }
     }
     return -1;
+}
+
+/* Up to n next valid slots (their scopes in scope[]); fewer only when the unit's range ends. */
+static inline int dsv4_attn_next_slots(const dsv4_attn_unit *u, int64_t *p, int n, int64_t *idx, int *scope)
+{
+    int k = 0;
+    while (k < n && (idx[k] = dsv4_attn_next_slot(u, p, &scope[k])) >= 0) k++;
+    return k;
 }
 
 /* Optimized per-ISA row kernels of the insert/gather/inv-rope side (NULL: use the scalar one). */
