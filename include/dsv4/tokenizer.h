@@ -101,7 +101,8 @@ DSV4_API dsv4_status dsv4_decode_stream_flush(dsv4_decode_stream *st, char *out,
 /* ---- DeepSeek-V4 prompt format ------------------------------------------------------------
  * `encoding/encoding_dsv4.py` of the official release, text part: BOS, then each message:
  *   system     {content}
- *   user       <｜User｜>{content}
+ *   user       <｜User｜>{content}   (a user message right after another continues its turn:
+ *                                    "\n\n"{content}, as the reference's merge_tool_messages)
  *   assistant  [{reasoning}</think>]{content}<｜end▁of▁sentence｜>
  * and after a user message that the last message or an assistant message follows, the
  * transition <｜Assistant｜> plus </think> (chat mode) or <think> (thinking mode). In thinking

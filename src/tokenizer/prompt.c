@@ -37,7 +37,11 @@ static void render(const dsv4_chat_message *m, size_t n, const dsv4_prompt_optio
         switch (m[i].role) {
         case DSV4_ROLE_SYSTEM: put(w, m[i].content, m[i].content_len); break;
         case DSV4_ROLE_USER:
-            PUT_LIT(w, user_tag);
+            /* consecutive user messages are one turn, their texts joined by a blank line (the
+             * reference encoder folds every user message into content blocks and appends a user
+             * message to a user turn just before it: merge_tool_messages) */
+            if (i > 0 && m[i - 1].role == DSV4_ROLE_USER) PUT_LIT(w, "\n\n");
+            else PUT_LIT(w, user_tag);
             put(w, m[i].content, m[i].content_len);
             break;
         case DSV4_ROLE_ASSISTANT:

@@ -285,6 +285,13 @@ def test_decode_stream(tok, rng):
 # ---- prompt format: a reference renderer written from encoding/encoding_dsv4.py (text part) ----
 def ref_render(messages, thinking, drop_thinking=True):
     mode = "thinking" if thinking else "chat"
+    merged = []  # merge_tool_messages: a user message joins a user turn just before it
+    for m in messages:
+        if m["role"] == "user" and merged and merged[-1]["role"] == "user":
+            merged[-1] = dict(merged[-1], content=(merged[-1].get("content") or "") + "\n\n" + (m.get("content") or ""))
+        else:
+            merged.append(m)
+    messages = merged
 
     def last_user(msgs):
         return max([i for i, m in enumerate(msgs) if m["role"] == "user"], default=-1)
