@@ -99,17 +99,39 @@ DSV4_API dsv4_status dsv4_decode_stream_step(const dsv4_tokenizer *tok, dsv4_dec
 DSV4_API dsv4_status dsv4_decode_stream_flush(dsv4_decode_stream *st, char *out, size_t cap, size_t *len);
 
 /* ---- DeepSeek-V4 prompt format ------------------------------------------------------------
- * `encoding/encoding_dsv4.py` of the official release, text part: BOS, then each message:
- *   system     {content}
- *   user       <｜User｜>{content}   (a user message right after another continues its turn:
- *                                    "\n\n"{content}, as the reference's merge_tool_messages)
- *   assistant  [{reasoning}</think>]{content}<｜end▁of▁sentence｜>
- * and after a user message that the last message or an assistant message follows, the
- * transition <｜Assistant｜> plus </think> (chat mode) or <think> (thinking mode). In thinking
- * mode, reasoning of assistant turns before the last user message is dropped (and those turns'
- * transitions get </think>) unless keep_reasoning is set; in chat mode it never appears. The
- * rendered text is then encoded with special tokens recognized, as the reference does. */
-typedef enum dsv4_chat_role { DSV4_ROLE_SYSTEM = 0, DSV4_ROLE_USER = 1, DSV4_ROLE_ASSISTANT = 2 } dsv4_chat_role;
+ * `encoding/encoding_dsv4.py` of the official release (encode_messages): BOS, then each message:
+ *   system     {content}["\n\n"{the Tools section, when it carries tools}]
+ *   user       <｜User｜>{content}
+ *   tool       <｜User｜><tool_result>{content}</tool_result>
+ *   assistant  [{reasoning}</think>]{content}["\n\n"{its tool calls in DSML}]<｜end▁of▁sentence｜>
+ * where consecutive user and tool messages form one user turn, their blocks joined by "\n\n"
+ * (merge_tool_messages), tool results of a turn in the order of the calls of the last assistant
+ * message that made calls, by id (sort_tool_results_by_call_order); and after a user turn that
+ * the last message or an assistant message follows, the transition <｜Assistant｜> plus </think>
+ * (chat mode) or <think> (thinking mode). In thinking mode, reasoning of assistant turns before
+ * the last user turn is dropped (and those turns' transitions get </think>) unless
+ * keep_reasoning is set or a message carries tools; in chat mode it never appears.
+ * The Tools section lists each tool's "function" object re-serialized as Python's json.dumps
+ * writes it (", " and ": " separators, non-ASCII kept, floats in their shortest form); a tool
+ * call is <｜DSML｜invoke name="NAME"> with one <｜DSML｜parameter name="KEY" string="true|false">
+ * per member of its arguments object (strings as they are, other values as JSON).
+ * The rendered text is then encoded with special tokens recognized, as the reference does. */
+typedef enum dsv4_chat_role {
+    DSV4_ROLE_SYSTEM = 0,
+    DSV4_ROLE_USER = 1,
+    DSV4_ROLE_ASSISTANT = 2,
+    DSV4_ROLE_TOOL = 3 /* a tool's result (content), answering the call tool_call_id */
+} dsv4_chat_role;
+
+/* One tool call of an assistant message. */
+typedef struct dsv4_tool_call {
+    const char *id;        /* may be empty: orders the results of a later user turn */
+    size_t id_len;
+    const char *name;
+    size_t name_len;
+    const char *arguments; /* a JSON object (the OpenAI "arguments" string); empty = {} */
+    size_t arguments_len;
+} dsv4_tool_call;
 
 typedef struct dsv4_chat_message {
     dsv4_chat_role role;
@@ -117,6 +139,12 @@ typedef struct dsv4_chat_message {
     size_t content_len;
     const char *reasoning; /* assistant only: reasoning_content (NULL / 0 for none) */
     size_t reasoning_len;
+    const char *tools;     /* system only: the OpenAI "tools" array as JSON text (NULL / 0: none) */
+    size_t tools_len;
+    const dsv4_tool_call *tool_calls; /* assistant only (NULL / 0: none) */
+    size_t n_tool_calls;
+    const char *tool_call_id; /* tool only: the id of the call answered (may be empty) */
+    size_t tool_call_id_len;
 } dsv4_chat_message;
 
 typedef enum dsv4_prompt_mode { DSV4_PROMPT_CHAT = 0, DSV4_PROMPT_THINKING = 1 } dsv4_prompt_mode;

@@ -1,12 +1,13 @@
 """Tokenizer (include/dsv4/tokenizer.h): Hugging Face byte-level BPE `tokenizer.json` and the
 DeepSeek-V4 prompt format. Ids travel as int32 numpy arrays; text as str (UTF-8) or bytes."""
 import ctypes
+import json
 
 import numpy as np
 
 from ._lib import DSV4Error, check, lib, new_output
 
-ROLES = {"system": 0, "user": 1, "assistant": 2}
+ROLES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
 SPECIAL_AS_TEXT = 1
 SKIP_SPECIAL = 1
 
@@ -15,9 +16,17 @@ _SZ = ctypes.c_size_t
 _SZP = ctypes.POINTER(ctypes.c_size_t)
 
 
+class ToolCall(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_char_p), ("id_len", _SZ), ("name", ctypes.c_char_p), ("name_len", _SZ),
+                ("arguments", ctypes.c_char_p), ("arguments_len", _SZ)]
+
+
 class ChatMessage(ctypes.Structure):
     _fields_ = [("role", ctypes.c_int), ("content", ctypes.c_char_p), ("content_len", _SZ),
-                ("reasoning", ctypes.c_char_p), ("reasoning_len", _SZ)]
+                ("reasoning", ctypes.c_char_p), ("reasoning_len", _SZ),
+                ("tools", ctypes.c_char_p), ("tools_len", _SZ),
+                ("tool_calls", ctypes.POINTER(ToolCall)), ("n_tool_calls", _SZ),
+                ("tool_call_id", ctypes.c_char_p), ("tool_call_id_len", _SZ)]
 
 
 class PromptOptions(ctypes.Structure):
@@ -67,8 +76,18 @@ def _ids_array(ids):
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
+def _json_text(value, name):
+    """A JSON value given as text (str/bytes, passed on) or as Python objects (json.dumps)."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        return _as_bytes(value, name)
+    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
 def _messages(messages):
-    """list of {"role", "content", "reasoning_content"?} -> (ctypes array, keep-alive list)."""
+    """list of OpenAI-style messages -> (ctypes array, keep-alive list): {"role": "system" | "user" |
+    "assistant" | "tool", "content", "reasoning_content"? (assistant), "tools"? (system: the tools
+    list, objects or JSON text), "tool_calls"? (assistant: [{"id", "function": {"name",
+    "arguments"}}], arguments an object or JSON text), "tool_call_id"? (tool)}."""
     arr = (ChatMessage * max(len(messages), 1))()
     keep = []
     for i, m in enumerate(messages):
@@ -77,8 +96,20 @@ def _messages(messages):
             raise DSV4Error(1, f"message {i}: role {role!r} is not one of {sorted(ROLES)}")
         content = _as_bytes(m.get("content") or "", "content")
         reasoning = _as_bytes(m.get("reasoning_content") or "", "reasoning_content")
-        keep += [content, reasoning]
-        arr[i] = ChatMessage(ROLES[role], content, len(content), reasoning, len(reasoning))
+        tools = _json_text(m["tools"], "tools") if m.get("tools") else b""
+        call_id = _as_bytes(m.get("tool_call_id") or "", "tool_call_id")
+        calls = m.get("tool_calls") or []
+        carr = (ToolCall * max(len(calls), 1))()
+        for c, tc in enumerate(calls):
+            fn = tc.get("function", tc)
+            args = fn.get("arguments")
+            args = b"" if args is None else _json_text(args, "arguments")
+            cid, name = _as_bytes(tc.get("id") or "", "id"), _as_bytes(fn.get("name") or "", "name")
+            keep += [args, cid, name]
+            carr[c] = ToolCall(cid, len(cid), name, len(name), args, len(args))
+        keep += [content, reasoning, tools, call_id, carr]
+        arr[i] = ChatMessage(ROLES[role], content, len(content), reasoning, len(reasoning), tools, len(tools),
+                             carr if calls else None, len(calls), call_id, len(call_id))
     return arr, keep
 
 

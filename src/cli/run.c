@@ -175,7 +175,7 @@ static int load_tokenizer(const char *dir, dsv4_tokenizer **tok, int required)
 static int encode_prompt(const run_args *a, dsv4_tokenizer *tok, int64_t bos, int32_t **ids, int64_t *n)
 {
     size_t count = 0, len = strlen(a->prompt ? a->prompt : a->chat);
-    dsv4_chat_message msg = {DSV4_ROLE_USER, a->chat, a->chat ? len : 0, NULL, 0};
+    dsv4_chat_message msg = {.role = DSV4_ROLE_USER, .content = a->chat, .content_len = a->chat ? len : 0};
     dsv4_prompt_options po = {DSV4_PROMPT_CHAT, 0};
     size_t cap = a->chat ? 0 : dsv4_tokenizer_max_ids(tok, len) + 1;
     if (a->chat && dsv4_prompt_encode(tok, &msg, 1, &po, NULL, 0, &cap) != DSV4_OK) return fail(dsv4_last_error());

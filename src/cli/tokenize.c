@@ -172,8 +172,8 @@ int dsv4_cmd_tokenize(int argc, char **argv)
     int32_t *ids = NULL;
     dsv4_status s;
     if (mode >= 0) {
-        dsv4_chat_message msgs[2] = {{DSV4_ROLE_SYSTEM, system, system ? strlen(system) : 0, NULL, 0},
-                                     {DSV4_ROLE_USER, text, len, NULL, 0}};
+        dsv4_chat_message msgs[2] = {{.role = DSV4_ROLE_SYSTEM, .content = system, .content_len = system ? strlen(system) : 0},
+                                     {.role = DSV4_ROLE_USER, .content = text, .content_len = len}};
         dsv4_prompt_options opt = {(dsv4_prompt_mode)mode, 0};
         const dsv4_chat_message *m = system ? msgs : msgs + 1;
         size_t nm = system ? 2 : 1;

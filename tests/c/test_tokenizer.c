@@ -372,7 +372,8 @@ static void test_real_stream(dsv4_tokenizer *tok)
 
 static void test_real_prompt(dsv4_tokenizer *tok)
 {
-    dsv4_chat_message msgs[2] = {{DSV4_ROLE_SYSTEM, "SYS", 3, NULL, 0}, {DSV4_ROLE_USER, "MSG", 3, NULL, 0}};
+    dsv4_chat_message msgs[2] = {{.role = DSV4_ROLE_SYSTEM, .content = "SYS", .content_len = 3},
+                                 {.role = DSV4_ROLE_USER, .content = "MSG", .content_len = 3}};
     const char *chat = "<\xEF\xBD\x9C" "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>SYS<\xEF\xBD\x9CUser\xEF\xBD\x9C>MSG"
                        "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C></think>";
     char out[256];

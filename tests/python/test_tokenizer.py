@@ -282,16 +282,67 @@ def test_decode_stream(tok, rng):
         assert out == tok.decode_bytes(ids)
 
 
-# ---- prompt format: a reference renderer written from encoding/encoding_dsv4.py (text part) ----
+# ---- prompt format: a reference renderer written from encoding/encoding_dsv4.py (encode_messages) ----
+DSML = "\uff5cDSML\uff5c"
+TOOLS_SECTION = (  # the encoder's TOOLS_TEMPLATE, filled
+    "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
+    f'writing a "<{DSML}tool_calls>" block like the following:\n\n<{DSML}tool_calls>\n<{DSML}invoke name="$TOOL_NAME">\n'
+    f'<{DSML}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{DSML}parameter>\n...\n'
+    f'</{DSML}invoke>\n<{DSML}invoke name="$TOOL_NAME2">\n...\n</{DSML}invoke>\n</{DSML}tool_calls>\n\n'
+    'String parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, '
+    'arrays, objects), pass the value in JSON format and set `string="false"`.\n\nIf thinking_mode is enabled '
+    "(triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls "
+    "or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n"
+    "### Available Tool Schemas\n\n{schemas}\n\nYou MUST strictly follow the above defined tool name and parameter "
+    "schemas to invoke tool calls.\n")
+
+
+def ref_tools(tools):
+    return TOOLS_SECTION.replace("{schemas}", "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools))
+
+
+def ref_call(tc):
+    fn = tc["function"]
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        args = json.loads(args) if args else {}
+    params = [f'<{DSML}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
+              f'{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</{DSML}parameter>'
+              for k, v in (args or {}).items()]
+    return f'<{DSML}invoke name="{fn["name"]}">\n' + "\n".join(params) + f"\n</{DSML}invoke>"
+
+
+def ref_turns(messages):
+    """merge_tool_messages + sort_tool_results_by_call_order: user and tool messages in a row are one
+    user turn of blocks; a turn's tool results follow the order of the calls (by id) of the last
+    assistant message that made calls, when there are two or more and the calls have ids."""
+    turns, order = [], {}
+    for m in messages:
+        if m["role"] in ("user", "tool"):
+            blk = (m.get("content") or "") if m["role"] == "user" else \
+                ("result", m.get("content") or "", m.get("tool_call_id") or "")
+            if turns and turns[-1]["role"] == "user":
+                turns[-1]["blocks"].append(blk)
+            else:
+                turns.append({"role": "user", "blocks": [blk]})
+        else:
+            turns.append(m)
+    for t in turns:
+        if t["role"] == "assistant" and t.get("tool_calls"):
+            order = {tc["id"]: k for k, tc in enumerate(t["tool_calls"]) if tc.get("id")}
+        elif t["role"] == "user":
+            res = [b for b in t["blocks"] if isinstance(b, tuple)]
+            if len(res) > 1 and order:
+                it = iter(sorted(res, key=lambda b: order.get(b[2], 0)))
+                t["blocks"] = [next(it) if isinstance(b, tuple) else b for b in t["blocks"]]
+    return turns
+
+
 def ref_render(messages, thinking, drop_thinking=True):
     mode = "thinking" if thinking else "chat"
-    merged = []  # merge_tool_messages: a user message joins a user turn just before it
-    for m in messages:
-        if m["role"] == "user" and merged and merged[-1]["role"] == "user":
-            merged[-1] = dict(merged[-1], content=(merged[-1].get("content") or "") + "\n\n" + (m.get("content") or ""))
-        else:
-            merged.append(m)
-    messages = merged
+    if any(m.get("tools") for m in messages):
+        drop_thinking = False  # a conversation with tools keeps its reasoning
+    messages = ref_turns(messages)
 
     def last_user(msgs):
         return max([i for i, m in enumerate(msgs) if m["role"] == "user"], default=-1)
@@ -305,14 +356,19 @@ def ref_render(messages, thinking, drop_thinking=True):
     for i, m in enumerate(messages):  # render_message
         role, content = m["role"], m.get("content") or ""
         if role == "system":
-            prompt += content
+            prompt += content + ("\n\n" + ref_tools(m["tools"]) if m.get("tools") else "")
         elif role == "user":
-            prompt += USER + content
+            prompt += USER + "\n\n".join(b if isinstance(b, str) else f"<tool_result>{b[1]}</tool_result>"
+                                           for b in m["blocks"])
         else:
             reasoning = ""
             if mode == "thinking" and (not drop_thinking or i > lu):
                 reasoning = (m.get("reasoning_content") or "") + "</think>"
-            prompt += reasoning + content + EOS
+            calls = ""
+            if m.get("tool_calls"):
+                calls = f"\n\n<{DSML}tool_calls>\n" + "\n".join(ref_call(tc) for tc in m["tool_calls"]) + \
+                    f"\n</{DSML}tool_calls>"
+            prompt += reasoning + content + calls + EOS
         if i + 1 < len(messages) and messages[i + 1]["role"] not in ("assistant", "latest_reminder"):
             continue
         if role == "user":
@@ -322,6 +378,40 @@ def ref_render(messages, thinking, drop_thinking=True):
             else:
                 prompt += "</think>"
     return prompt
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city — 天气, with \"quotes\", a tab\t and \u0001.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "name"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14, "default": -0},
+            "threshold": {"type": "number", "examples": [0.5, 1e-07, 2.5e+20, 100.0, -0.0, 0.1, 1e16, 1e15, 0.0001, 123456789012.5,
+                                                          12345678901234567890, 3.0e-5]},
+            "units": {"type": "string", "enum": ["C", "F"]}, "verbose": {"type": "boolean", "default": False},
+            "extra": {"type": ["object", "null"], "default": None}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {"name": "search", "description": "", "parameters": {"type": "object", "properties": {}}}},
+]
+CALLS = [
+    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(
+        {"city": "Paris\n(FR)", "days": 3, "threshold": 0.25, "units": ["C"], "opts": {"a": None, "b": True}, "note": ""})}},
+    {"id": "c2", "type": "function", "function": {"name": "search", "arguments": ""}},
+    {"id": "c3", "type": "function", "function": {"name": "search", "arguments": {"q": "中文 😀", "n": 1.5e-9}}},
+]
+TOOL_CONVERSATIONS = [
+    [{"role": "system", "content": "You are helpful.", "tools": TOOLS}, {"role": "user", "content": "Weather?"},
+     {"role": "assistant", "content": "Let me check.", "reasoning_content": "Need tools.", "tool_calls": CALLS},
+     {"role": "tool", "tool_call_id": "c3", "content": "third"}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+     {"role": "tool", "tool_call_id": "zz", "content": "unknown id"}, {"role": "user", "content": "and tomorrow?"},
+     {"role": "tool", "tool_call_id": "c2", "content": "second"},
+     {"role": "assistant", "content": "Sunny.", "reasoning_content": "Done."}, {"role": "user", "content": "Thanks"}],
+    [{"role": "system", "content": "", "tools": TOOLS[1:]}, {"role": "user", "content": "Find"},
+     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+     {"role": "tool", "content": "no id"}, {"role": "tool", "content": "also none"}],
+    [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": "R",
+                                         "tool_calls": CALLS[:1]}, {"role": "tool", "tool_call_id": "c1", "content": "x"}],
+]
 
 
 CONVERSATIONS = [
@@ -339,11 +429,11 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.mark.parametrize("c", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("c", range(len(CONVERSATIONS) + len(TOOL_CONVERSATIONS)))
 @pytest.mark.parametrize("thinking", [False, True])
 @pytest.mark.parametrize("keep", [False, True])
 def test_prompt(tok, hf, c, thinking, keep):
-    msgs = CONVERSATIONS[c]
+    msgs = (CONVERSATIONS + TOOL_CONVERSATIONS)[c]
     text = ref_render(msgs, thinking, drop_thinking=not keep)
     assert dsv4.render_chat(msgs, thinking=thinking, keep_reasoning=keep) == text
     ids = tok.encode_chat(msgs, thinking=thinking, keep_reasoning=keep)
@@ -475,8 +565,25 @@ def test_bad_arguments(tok):
     with pytest.raises(ValueError, match="expected str or bytes"):
         tok.encode(123)
     with pytest.raises(ValueError, match="role"):
-        tok.encode_chat([{"role": "tool", "content": "x"}])
+        tok.encode_chat([{"role": "developer", "content": "x"}])
     with pytest.raises(ValueError, match="only assistant messages"):
         tok.encode_chat([{"role": "user", "content": "x", "reasoning_content": "y"}])
+    # tools and tool calls: where they may appear, and their JSON
+    call = {"id": "a", "function": {"name": "f", "arguments": "{}"}}
+    bad = [([{"role": "user", "content": "x", "tools": TOOLS}], "only system messages carry tools"),
+           ([{"role": "system", "tools": "[{\"function\": 1}]"}], "function"),
+           ([{"role": "system", "tools": "{\"function\": {}}"}], "not array"),
+           ([{"role": "system", "tools": "[{\"function\": {}},]"}], "tools"),
+           ([{"role": "user", "content": "x", "tool_calls": [call]}], "only assistant messages carry tool calls"),
+           ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}], "not object"),
+           ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\": 1, \"a\": 2}"}}]}],
+            "arguments"),
+           ([{"role": "assistant", "tool_calls": [{"function": {"name": "", "arguments": "{}"}}]}], "no name"),
+           ([{"role": "user", "content": "x", "tool_call_id": "a"}], "only tool messages")]
+    for msgs, what in bad:
+        with pytest.raises(ValueError, match=what):
+            tok.encode_chat(msgs)
+        with pytest.raises(ValueError, match=what):
+            dsv4.render_chat(msgs)
     with pytest.raises(ValueError, match="integers"):
         tok.decode(np.array([1.5]))
