@@ -161,6 +161,19 @@ DSV4_API dsv4_status dsv4_prompt_render(const dsv4_chat_message *msgs, size_t n_
 DSV4_API dsv4_status dsv4_prompt_encode(dsv4_tokenizer *tok, const dsv4_chat_message *msgs, size_t n_msgs,
                                         const dsv4_prompt_options *opt, int32_t *ids, size_t cap, size_t *n_ids);
 
+/* The assistant message of a completion (the decoded text of the generated ids with special
+ * tokens kept, ending with <｜end▁of▁sentence｜>), read as the reference's
+ * parse_message_from_completion_text reads it: in thinking mode the reasoning up to </think>,
+ * then the content up to the end token or to "\n\n<｜DSML｜tool_calls", then the DSML tool calls
+ * (exactly in the rendered form). Written into out (no NUL) as the JSON object
+ *   {"role": "assistant", "content": ..., "reasoning_content": ..., "tool_calls": [{"type":
+ *    "function", "function": {"name": ..., "arguments": "{\"KEY\": VALUE, ...}"}}, ...]}
+ * (string parameters quoted, the others as the model wrote them). A completion that departs from
+ * the format, or special tokens inside the content or the reasoning, give DSV4_ERR_FORMAT.
+ * out == NULL asks only for the size. */
+DSV4_API dsv4_status dsv4_completion_parse(const char *text, size_t len, dsv4_prompt_mode mode, char *out, size_t cap,
+                                           size_t *out_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,7 +15,7 @@ from .layer import hc_head, hc_post, hc_post_pre, hc_pre, moe, rms_norm, route, 
 from .linear import grouped_linear, linear  # noqa: F401
 from . import model  # noqa: F401  (dsv4.model.Model, config_parse, make_tiny, ...)
 from .engine import Engine  # noqa: F401  (dsv4.engine: generate, forward, sample, MTP)
-from .tokenizer import DecodeStream, Tokenizer, render_chat  # noqa: F401
+from .tokenizer import DecodeStream, Tokenizer, parse_completion, render_chat  # noqa: F401
 
 
 def cpu_isa():

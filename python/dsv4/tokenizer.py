@@ -57,6 +57,7 @@ lib.dsv4_decode_stream_step.argtypes = [_P, ctypes.POINTER(_Stream), ctypes.c_in
 lib.dsv4_decode_stream_flush.argtypes = [ctypes.POINTER(_Stream), _P, _SZ, _SZP]
 lib.dsv4_prompt_render.argtypes = [ctypes.POINTER(ChatMessage), _SZ, ctypes.POINTER(PromptOptions), _P, _SZ, _SZP]
 lib.dsv4_prompt_encode.argtypes = [_P, ctypes.POINTER(ChatMessage), _SZ, ctypes.POINTER(PromptOptions), _P, _SZ, _SZP]
+lib.dsv4_completion_parse.argtypes = [ctypes.c_char_p, _SZ, ctypes.c_int, _P, _SZ, _SZP]
 
 
 def _as_bytes(text, name="text"):
@@ -233,3 +234,14 @@ def render_chat(messages, thinking=False, keep_reasoning=False):
     check(lib.dsv4_prompt_render(arr, len(messages), ctypes.byref(opt), buf, len(buf), ctypes.byref(n)))
     del keep
     return buf.raw[:n.value].decode("utf-8", "surrogateescape")
+
+
+def parse_completion(text, thinking=False):
+    """The assistant message of a completion (decoded with special tokens, ending with the
+    end-of-sentence token) as a dict {"role", "content", "reasoning_content", "tool_calls"}."""
+    raw = _as_bytes(text, "text")
+    n = _SZ()
+    check(lib.dsv4_completion_parse(raw, len(raw), 1 if thinking else 0, None, 0, ctypes.byref(n)))
+    buf = ctypes.create_string_buffer(max(n.value, 1))
+    check(lib.dsv4_completion_parse(raw, len(raw), 1 if thinking else 0, buf, len(buf), ctypes.byref(n)))
+    return json.loads(buf.raw[:n.value].decode("utf-8", "surrogateescape"))

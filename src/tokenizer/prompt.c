@@ -122,9 +122,9 @@ static void put_py_float(writer *w, double x)
     }
 }
 
-/* Value node i of d (parsed from text); returns the index after its subtree. Integers keep their
- * digits (Python's ints are exact), "-0" excepted. */
-static uint32_t put_json_value(writer *w, const mj_doc *d, const char *text, uint32_t i)
+/* Value node i of d (parsed from the `tn` bytes of text); returns the index after its subtree.
+ * Integers keep their digits (Python's ints are exact), "-0" excepted. */
+static uint32_t put_json_value(writer *w, const mj_doc *d, const char *text, size_t tn, uint32_t i)
 {
     const mj_node *nd = mj_at(d, i);
     switch ((mj_type)nd->type) {
@@ -133,13 +133,13 @@ static uint32_t put_json_value(writer *w, const mj_doc *d, const char *text, uin
     case MJ_TRUE: PUT_LIT(w, "true"); break;
     case MJ_STRING: put_json_string(w, mj_str(d, i), nd->count); break;
     case MJ_NUMBER: {
-        size_t n = strspn(text + nd->src, "+-0123456789.eE");
-        if (strcspn(text + nd->src, ".eE") >= n) {
-            if (n == 2 && text[nd->src] == '-' && text[nd->src + 1] == '0') PUT_LIT(w, "0");
-            else put(w, text + nd->src, n);
-        } else {
-            put_py_float(w, nd->v.d);
-        }
+        const char *lex = text + nd->src;
+        size_t n = 0;
+        int integral = 1;
+        for (; nd->src + n < tn && strchr("+-0123456789.eE", lex[n]) && lex[n]; n++) integral &= !strchr(".eE", lex[n]);
+        if (!integral) put_py_float(w, nd->v.d);
+        else if (n == 2 && lex[0] == '-' && lex[1] == '0') PUT_LIT(w, "0");
+        else put(w, lex, n);
         break;
     }
     case MJ_ARRAY:
@@ -153,7 +153,7 @@ static uint32_t put_json_value(writer *w, const mj_doc *d, const char *text, uin
                 PUT_LIT(w, ": ");
                 j++;
             }
-            j = put_json_value(w, d, text, j);
+            j = put_json_value(w, d, text, tn, j);
         }
         put(w, obj ? "}" : "]", 1);
         break;
@@ -173,7 +173,7 @@ static dsv4_status put_tools(writer *w, const dsv4_chat_message *m)
     const mj_node *arr = mj_at(&d, 0);
     for (uint32_t j = 1, first = 1; j < arr->end; j = mj_at(&d, j)->end, first = 0) {
         if (!first) PUT_LIT(w, "\n");
-        put_json_value(w, &d, m->tools, mj_get(&d, j, "function"));
+        put_json_value(w, &d, m->tools, m->tools_len, mj_get(&d, j, "function"));
     }
     PUT_LIT(w, tools_tail);
     mj_free(&d);
@@ -200,7 +200,7 @@ static dsv4_status put_tool_call(writer *w, const dsv4_tool_call *c)
                 put(w, mj_str(&d, j + 1), mj_at(&d, j + 1)->count);
             } else {
                 PUT_LIT(w, "\" string=\"false\">");
-                put_json_value(w, &d, c->arguments, j + 1);
+                put_json_value(w, &d, c->arguments, c->arguments_len, j + 1);
             }
             PUT_LIT(w, DSML_CLOSE "parameter>");
         }
@@ -416,4 +416,205 @@ dsv4_status dsv4_prompt_encode(dsv4_tokenizer *tok, const dsv4_chat_message *msg
     pthread_mutex_unlock(&tok->lock);
     free(text);
     return s;
+}
+
+/* ---- reading a completion (parse_message_from_completion_text) ------------------------------- */
+typedef struct {
+    const char *t;
+    size_t n, i; /* text, length, read position */
+} reader;
+
+/* Read up to the earliest of the stops (NUL-terminated; n_stops of them): the text before it in
+ * *seg / *seg_n, the position moves past it; returns the stop's index, or -1 (then everything
+ * left was read). */
+static int read_until(reader *r, const char *const *stops, int n_stops, const char **seg, size_t *seg_n)
+{
+    size_t best = r->n;
+    int which = -1;
+    for (int s = 0; s < n_stops; s++) {
+        const size_t sl = strlen(stops[s]);
+        for (size_t p = r->i; p + sl <= r->n && p < best; p++)
+            if (!memcmp(r->t + p, stops[s], sl)) {
+                best = p;
+                which = s;
+                break;
+            }
+    }
+    *seg = r->t + r->i;
+    *seg_n = best - r->i;
+    r->i = which < 0 ? r->n : best + strlen(stops[which]);
+    return which;
+}
+
+static int seg_is(const char *s, size_t n, const char *lit) { return n == strlen(lit) && !memcmp(s, lit, n); }
+static int seg_has(const char *s, size_t n, const char *lit)
+{
+    const size_t l = strlen(lit);
+    for (size_t p = 0; p + l <= n; p++)
+        if (!memcmp(s + p, lit, l)) return 1;
+    return 0;
+}
+
+#define BAD(...) dsv4_fail(DSV4_ERR_FORMAT, "completion_parse: " __VA_ARGS__)
+
+/* One <｜DSML｜invoke ...> ... </｜DSML｜invoke> (the reader is past "<｜DSML｜invoke"): writes
+ * {"type": "function", "function": {"name": ..., "arguments": "..."}}; the arguments text is
+ * {"KEY": VALUE, ...} with string parameters quoted and the others as the model wrote them. */
+static dsv4_status parse_invoke(reader *r, writer *w)
+{
+    static const char *const name_stops[] = {DSML "parameter", DSML_CLOSE "invoke"};
+    static const char *const param_end[] = {"/" FW_BAR "DSML" FW_BAR "parameter"};
+    const char *s;
+    size_t n;
+    int stop = read_until(r, name_stops, 2, &s, &n);
+    /* ^\s*name="(.*?)">\n$ : the name runs to a final ">\n (a "\n" may follow, as $ allows) */
+    while (n && (*s == ' ' || (*s >= '\t' && *s <= '\r'))) s++, n--;
+    size_t tail = n >= 4 && !memcmp(s + n - 4, "\">\n\n", 4) ? 4 : 3;
+    if (stop < 0 || n < 6 + tail || memcmp(s, "name=\"", 6) || memcmp(s + n - tail, "\">\n", 3))
+        return BAD("tool name format error: '%.*s'", (int)(n < 80 ? n : 80), s);
+    const char *name = s + 6;
+    const size_t name_n = n - 6 - tail;
+    /* the arguments text, built in a scratch writer (measured first) then quoted into w */
+    writer args[2] = {{NULL, 0}, {NULL, 0}};
+    dsv4_status st = DSV4_OK;
+    struct span {
+        const char *s;
+        size_t n;
+    } *keys = NULL;
+    int nkeys_cap = 0;
+    reader r0 = *r;
+    int stop0 = stop;
+    for (int pass = 0; pass < 2 && !st; pass++) {
+        if (pass) {
+            args[1].out = malloc(args[0].n + 1);
+            if (!args[1].out) {
+                free(keys);
+                return dsv4_fail(DSV4_ERR_NO_MEMORY, "completion_parse: out of memory");
+            }
+            *r = r0;
+            stop = stop0;
+        }
+        writer *aw = &args[pass];
+        PUT_LIT(aw, "{");
+        int count = 0;
+        while (stop == 0 && !st) { /* <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n */
+            if (read_until(r, param_end, 1, &s, &n) < 0) {
+                st = BAD("a parameter without its end");
+                break;
+            }
+            /* ^ name="(.*?)" string="(true|false)">(.*?)<$ */
+            const char *k = s + 7, *v = NULL;
+            int is_str = 0;
+            if (n >= 8 && !memcmp(s, " name=\"", 7) && s[n - 1] == '<') {
+                for (const char *p = k; p + 16 <= s + n - 1; p++) {
+                    if (!memcmp(p, "\" string=\"true\">", 16)) {
+                        v = p + 16;
+                        is_str = 1;
+                    } else if (p + 17 <= s + n - 1 && !memcmp(p, "\" string=\"false\">", 17)) {
+                        v = p + 17;
+                    }
+                    if (v) break;
+                }
+            }
+            if (!v) {
+                st = BAD("parameter format error: '%.*s'", (int)(n < 80 ? n : 80), s);
+                break;
+            }
+            const char *kend = v - (is_str ? 16 : 17);
+            const size_t vn = (size_t)(s + n - 1 - v);
+            if (pass == 0) { /* a repeated name: the reference refuses it */
+                const size_t kn = (size_t)(kend - k);
+                for (int q = 0; q < count && !st; q++)
+                    if (keys[q].n == kn && !memcmp(keys[q].s, k, kn))
+                        st = BAD("duplicate parameter name '%.*s'", (int)(kn < 80 ? kn : 80), k);
+                if (st) break;
+                if (count == nkeys_cap) {
+                    void *grown = realloc(keys, sizeof *keys * (nkeys_cap = nkeys_cap ? 2 * nkeys_cap : 8));
+                    if (!grown) {
+                        st = dsv4_fail(DSV4_ERR_NO_MEMORY, "completion_parse: out of memory");
+                        break;
+                    }
+                    keys = grown;
+                }
+                keys[count] = (struct span){k, kn};
+            }
+            if (count++) PUT_LIT(aw, ", ");
+            put_json_string(aw, k, (size_t)(kend - k));
+            PUT_LIT(aw, ": ");
+            if (is_str) put_json_string(aw, v, vn);
+            else put(aw, v, vn);
+            stop = read_until(r, name_stops, 2, &s, &n);
+            if (!seg_is(s, n, ">\n")) st = BAD("parameter format error: expected '>\\n' after a parameter");
+        }
+        PUT_LIT(aw, "}");
+        if (!st && stop != 1) st = BAD("an invoke without its end");
+    }
+    if (!st) {
+        PUT_LIT(w, "{\"type\": \"function\", \"function\": {\"name\": ");
+        put_json_string(w, name, name_n);
+        PUT_LIT(w, ", \"arguments\": ");
+        put_json_string(w, args[1].out, args[1].n);
+        PUT_LIT(w, "}}");
+    }
+    free(args[1].out);
+    free(keys);
+    return st;
+}
+
+static dsv4_status parse_completion(const char *text, size_t len, int thinking, writer *w)
+{
+    static const char *const think_stops[] = {"</think>", "\n\n" DSML "tool_calls"};
+    static const char *const content_stops[] = {"<" FW_BAR "end" LOW_BAR "of" LOW_BAR "sentence" FW_BAR ">",
+                                                "\n\n" DSML "tool_calls"};
+    static const char *const calls_stops[] = {DSML "invoke", DSML_CLOSE "tool_calls>"};
+    static const char *const specials[] = {"<" FW_BAR "begin" LOW_BAR "of" LOW_BAR "sentence" FW_BAR ">",
+                                           "<" FW_BAR "end" LOW_BAR "of" LOW_BAR "sentence" FW_BAR ">", "<think>",
+                                           "</think>", FW_BAR "DSML" FW_BAR};
+    reader r = {text, len, 0};
+    const char *reasoning = "", *content, *s;
+    size_t reasoning_n = 0, content_n, n;
+    if (thinking && read_until(&r, think_stops, 2, &reasoning, &reasoning_n) != 0)
+        return BAD("invalid thinking format: missing </think>");
+    int stop = read_until(&r, content_stops, 2, &content, &content_n);
+    if (stop < 0) return BAD("missing the end-of-sentence token");
+    for (int k = 0; k < 5; k++)
+        if (seg_has(content, content_n, specials[k]) || seg_has(reasoning, reasoning_n, specials[k]))
+            return BAD("special token '%s' inside the content or the reasoning", specials[k]);
+    PUT_LIT(w, "{\"role\": \"assistant\", \"content\": ");
+    put_json_string(w, content, content_n);
+    PUT_LIT(w, ", \"reasoning_content\": ");
+    put_json_string(w, reasoning, reasoning_n);
+    PUT_LIT(w, ", \"tool_calls\": [");
+    if (stop == 1) { /* "\n\n<｜DSML｜tool_calls" then invokes, "</｜DSML｜tool_calls>", EOS */
+        for (int calls = 0;; calls++) {
+            stop = read_until(&r, calls_stops, 2, &s, &n);
+            if (!seg_is(s, n, ">\n")) return BAD("tool call format error: expected '>\\n'");
+            if (stop == 1) break;
+            if (stop < 0) return BAD("tool calls without their end");
+            if (calls) PUT_LIT(w, ", ");
+            DSV4_TRY(parse_invoke(&r, w));
+        }
+        read_until(&r, content_stops, 1, &s, &n); /* the end-of-sentence token (or the end of the text) */
+        if (n) return BAD("unexpected text after the tool calls");
+    }
+    if (r.i != len) return BAD("unexpected text after the end-of-sentence token");
+    PUT_LIT(w, "]}");
+    return DSV4_OK;
+}
+#undef BAD
+
+dsv4_status dsv4_completion_parse(const char *text, size_t len, dsv4_prompt_mode mode, char *out, size_t cap, size_t *out_len)
+{
+    DSV4_CHECK_ARG(out_len && (text || !len), "completion_parse: null pointer");
+    DSV4_CHECK_ARG(mode == DSV4_PROMPT_CHAT || mode == DSV4_PROMPT_THINKING, "completion_parse: mode %d is not chat (0) or thinking (1)",
+                   (int)mode);
+    writer w = {NULL, 0};
+    DSV4_TRY(parse_completion(text, len, mode == DSV4_PROMPT_THINKING, &w));
+    if (out) {
+        if (cap < w.n) return dsv4_fail(DSV4_ERR_CAPACITY, "completion_parse: %zu bytes do not fit in a buffer of %zu", w.n, cap);
+        w = (writer){out, 0};
+        DSV4_TRY(parse_completion(text, len, mode == DSV4_PROMPT_THINKING, &w));
+    }
+    *out_len = w.n;
+    return DSV4_OK;
 }

@@ -1,5 +1,6 @@
-"""Builds the libFuzzer target of the checkpoint parsers (tests/fuzz/fuzz_model.c) with clang and
-runs it for a bounded time from the seed corpus. Skipped when clang or libFuzzer is missing
+"""Builds the libFuzzer targets with clang and runs each for a bounded time from its seed corpus:
+the checkpoint parsers (tests/fuzz/fuzz_model.c) and the chat format, its renderer and its reader of
+completions (tests/fuzz/fuzz_chat.c). Skipped when clang or libFuzzer is missing
 (scripts/install-deps.sh installs both)."""
 import os
 import pathlib
@@ -9,8 +10,12 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCES = ["tests/fuzz/fuzz_model.c", "src/core/json.c", "src/model/safetensors.c", "src/model/config.c",
-           "src/core/error.c", "src/core/file.c", "src/core/tensor.c"]
+TARGETS = {  # name: (sources, dictionary, seed corpus)
+    "model": (["tests/fuzz/fuzz_model.c", "src/core/json.c", "src/model/safetensors.c", "src/model/config.c",
+               "src/core/error.c", "src/core/file.c", "src/core/tensor.c"], "model.dict", "corpus"),
+    "chat": (["tests/fuzz/fuzz_chat.c", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src/tokenizer").glob("*.c")),
+              "src/core/json.c", "src/core/error.c", "src/core/file.c"], "chat.dict", "corpus_chat"),
+}
 
 
 def _seconds():
@@ -21,15 +26,22 @@ def _seconds():
     return 8 if "asan" in os.environ.get("LD_PRELOAD", "") else 20
 
 
-def test_fuzz_checkpoint_parsers(tmp_path):
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_fuzz(tmp_path, target):
+    sources, dictionary, seeds = TARGETS[target]
     clang = shutil.which("clang")
     if not clang:
         pytest.skip("clang is not installed")
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
-    exe = tmp_path / "fuzz_model"
+    exe = tmp_path / f"fuzz_{target}"
+    libs = ["-lm", "-lpthread"]
+    if target == "chat":
+        pc = subprocess.run(["pkg-config", "--cflags", "--libs", "libpcre2-8"], capture_output=True, text=True)
+        assert pc.returncode == 0, "libpcre2-8 not found by pkg-config (scripts/install-deps.sh installs it)"
+        libs = pc.stdout.split() + libs
     build = subprocess.run([clang, "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined",
                             "-std=c17", "-D_POSIX_C_SOURCE=200809L", "-I", str(ROOT / "include"), "-I", str(ROOT / "src"),
-                            *[str(ROOT / s) for s in SOURCES], "-lm", "-o", str(exe)],
+                            *[str(ROOT / s) for s in sources], *libs, "-o", str(exe)],
                            capture_output=True, text=True, env=env)
     if build.returncode != 0 and ("fuzzer" in build.stderr and ("cannot find" in build.stderr or "not found" in build.stderr)):
         pytest.skip("libFuzzer runtime is not installed: " + build.stderr.strip().splitlines()[-1])
@@ -38,8 +50,8 @@ def test_fuzz_checkpoint_parsers(tmp_path):
     corpus.mkdir()
     seconds = _seconds()
     run = subprocess.run([str(exe), f"-max_total_time={seconds}", "-max_len=8192", "-rss_limit_mb=2048", "-timeout=10",
-                          f"-dict={ROOT / 'tests/fuzz/model.dict'}", f"-artifact_prefix={tmp_path}/", "-print_final_stats=1",
-                          str(corpus), str(ROOT / "tests/fuzz/corpus")],
+                          f"-dict={ROOT / 'tests/fuzz' / dictionary}", f"-artifact_prefix={tmp_path}/", "-print_final_stats=1",
+                          str(corpus), str(ROOT / "tests/fuzz" / seeds)],
                          capture_output=True, text=True, env=env, timeout=seconds + 120)
     tail = "\n".join(run.stderr.splitlines()[-30:])
     crashes = [p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "leak-", "timeout-", "oom-"))]

@@ -11,6 +11,7 @@ assigned) and the private-use planes."""
 import json
 import os
 import random
+import re
 import unicodedata
 
 import numpy as np
@@ -439,6 +440,103 @@ def test_prompt(tok, hf, c, thinking, keep):
     ids = tok.encode_chat(msgs, thinking=thinking, keep_reasoning=keep)
     assert ids.tolist() == hf.encode(text).ids
     assert ids[0] == 0  # BOS written by the encoder
+
+
+# ---- completions: a reader written from parse_message_from_completion_text ----
+def ref_read(text, i, stops):
+    hits = [(text.find(s, i), s) for s in stops if text.find(s, i) != -1]
+    if not hits:
+        return len(text), text[i:], None
+    p, s = min(hits)
+    return p + len(s), text[i:p], s
+
+
+def ref_parse(text, thinking):
+    start, end = f"\n\n<{DSML}tool_calls", f"</{DSML}tool_calls>"
+    i, reasoning = 0, ""
+    if thinking:
+        i, reasoning, stop = ref_read(text, i, ["</think>", start])
+        assert stop == "</think>"
+    i, content, stop = ref_read(text, i, [EOS, start])
+    calls = []
+    assert stop in (EOS, start)
+    if stop == start:
+        while i < len(text):
+            i, seg, stop = ref_read(text, i, [f"<{DSML}invoke", end])
+            assert seg == ">\n"
+            if stop == end:
+                break
+            assert stop is not None
+            i, seg, stop = ref_read(text, i, [f"<{DSML}parameter", f"</{DSML}invoke"])
+            names = re.findall(r'^\s*name="(.*?)">\n$', seg, flags=re.DOTALL)
+            assert len(names) == 1
+            args = {}
+            while stop == f"<{DSML}parameter":
+                i, seg, stop = ref_read(text, i, [f"/{DSML}parameter"])
+                kv = re.findall(r'^ name="(.*?)" string="(true|false)">(.*?)<$', seg, flags=re.DOTALL)
+                assert len(kv) == 1 and kv[0][0] not in args
+                args[kv[0][0]] = kv[0][1:]
+                i, seg, stop = ref_read(text, i, [f"<{DSML}parameter", f"</{DSML}invoke"])
+                assert seg == ">\n"
+            js = ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False) if st == 'true' else v}"
+                           for k, (st, v) in args.items())
+            calls.append({"type": "function", "function": {"name": names[0], "arguments": "{" + js + "}"}})
+        i, rest, stop = ref_read(text, i, [EOS])
+        assert not rest
+    assert i == len(text) and stop in (EOS, None)
+    for sp in (BOS, EOS, "<think>", "</think>", DSML):
+        assert sp not in content and sp not in reasoning
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": calls}
+
+
+def completion_of(msg, thinking):
+    """What the model writes for an assistant message: the rendered turn after the prompt."""
+    calls = ""
+    if msg.get("tool_calls"):
+        calls = f"\n\n<{DSML}tool_calls>\n" + "\n".join(ref_call(tc) for tc in msg["tool_calls"]) + f"\n</{DSML}tool_calls>"
+    return ((msg.get("reasoning_content") or "") + "</think>" if thinking else "") + (msg.get("content") or "") + calls + EOS
+
+
+def args_of(tc):
+    a = tc["function"].get("arguments")
+    return (json.loads(a) if a else {}) if isinstance(a, str) else (a or {})
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_completion_round_trip(thinking):
+    # every assistant message of the conversations, written as the model would and read back: the
+    # reference reader's result, and the arguments of each call as given
+    msgs = [m for conv in CONVERSATIONS + TOOL_CONVERSATIONS for m in conv if m["role"] == "assistant"]
+    msgs.append({"role": "assistant", "content": "multi\nline 中文", "reasoning_content": "r\n\nr",
+                 "tool_calls": [{"function": {"name": "n a\"m>e", "arguments": {"x": "a</b>", "y": [1, {"z": "w"}],
+                                                                                "k\"q": -2.5e-3}}}]})
+    for m in msgs:
+        text = completion_of(m, thinking)
+        got = dsv4.parse_completion(text, thinking=thinking)
+        assert got == ref_parse(text, thinking), text
+        assert got["content"] == (m.get("content") or "")
+        assert got["reasoning_content"] == ((m.get("reasoning_content") or "") if thinking else "")
+        assert [c["function"]["name"] for c in got["tool_calls"]] == [c["function"]["name"] for c in m.get("tool_calls") or []]
+        assert [json.loads(c["function"]["arguments"]) for c in got["tool_calls"]] == [args_of(c) for c in m.get("tool_calls") or []]
+
+
+def test_completion_format_errors():
+    call = f"\n\n<{DSML}tool_calls>\n<{DSML}invoke name=\"f\">\n<{DSML}parameter name=\"a\" string=\"true\">x</{DSML}parameter>\n</{DSML}invoke>\n</{DSML}tool_calls>"
+    # lenient where the reference is: no end token after the tool calls
+    assert dsv4.parse_completion("hi" + call)["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": "x"}'}
+    assert ref_parse("hi" + call, False) == dsv4.parse_completion("hi" + call)
+    bad = [("no end token", False), ("r" + EOS, True), ("x" + EOS + "more", False), ("a<think>b" + EOS, False),
+           ("a" + BOS + EOS, False), ("x" + call + "tail" + EOS, False),
+           ("x" + call.replace('string="true"', 'string="maybe"') + EOS, False),
+           ("x" + call.replace("</{0}invoke>".format(DSML), '<{0}parameter name="a" string="true">y</{0}parameter>\n</{0}invoke>'.format(DSML)) + EOS, False),
+           ("x" + call.replace('name="f">\n', 'nam="f">\n') + EOS, False),
+           ("x" + call.replace("</{0}parameter>\n".format(DSML), "</{0}parameter>".format(DSML)) + EOS, False),
+           ("x" + call[:-30], False)]
+    for text, thinking in bad:
+        with pytest.raises(AssertionError):
+            ref_parse(text, thinking)
+        with pytest.raises(ValueError, match="completion_parse"):
+            dsv4.parse_completion(text, thinking=thinking)
 
 
 def test_prompt_examples(tok):
