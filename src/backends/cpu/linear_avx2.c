@@ -6,6 +6,8 @@
 #include "backends/cpu/simd_avx2.h"
 #include "formats/codec.h"
 
+#include <math.h>
+
 static inline __m256 bf16x8(const uint16_t *p)
 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -62,16 +64,91 @@ static float dot(const dsv4_lin_tile *t, const void *act, const void *w, const u
     return hsum(acc);
 }
 
+/* 16 E4M3 codes as two fp32 vectors times 2^-8: a code's byte, sign-extended to 16 bits and
+ * shifted left by 7, is the FP16 number with the code's sign, its 4-bit exponent in the low end of
+ * FP16's 5-bit field and its 3-bit mantissa on top of FP16's, i.e. the code's value times 2^-8
+ * (subnormal codes land on FP16 subnormals, also exactly; bit 14 is cleared); F16C widens it
+ * exactly. NaN codes would come out finite: *nan collects them for the caller. */
+static inline void e4m3x16(const uint8_t *p, __m256 *lo, __m256 *hi, __m256i *nan)
+{
+    const __m128i c = _mm_loadu_si128((const __m128i *)p);
+    const __m128i low7 = _mm_set1_epi8(0x7F);
+    *nan = _mm256_or_si256(*nan, _mm256_castsi128_si256(_mm_cmpeq_epi8(_mm_and_si128(c, low7), low7)));
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(c), 7), _mm256_set1_epi16((short)0xBF80));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+/* The block-scaled formats (FP8 128-blocks, MXFP8, FP4 32-blocks), MT activation rows x NT weight
+ * rows: each weight block is decoded once for the MT rows; per output, one 8-lane partial sum per
+ * block over its 16-element steps in K order, scaled by the block's scale into an 8-lane total, as
+ * dot() does (FP8 partial sums, taken at 2^-8 scale, are multiplied back by 256 first, exactly). */
+static inline __attribute__((always_inline)) void tile_blocks(const dsv4_lin_tile *t,
+                                                               float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT,
+                                                               const int NT)
+{
+    const int fp8 = t->fmt != DSV4_LINEAR_FP4;
+    const int64_t wb = t->fmt == DSV4_LINEAR_FP8_B128 ? 128 : 32;
+    __m256 acc[DSV4_LIN_MT][DSV4_LIN_NT];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < t->k; b0 += wb) {
+        const int64_t end = t->k - b0 < wb ? t->k : b0 + wb;
+        __m256 p[DSV4_LIN_MT][DSV4_LIN_NT];
+        __m256i nan[DSV4_LIN_NT];
+        for (int j = 0; j < NT; j++) {
+            nan[j] = _mm256_setzero_si256();
+            for (int i = 0; i < MT; i++) p[i][j] = _mm256_setzero_ps();
+        }
+        for (int64_t k = b0; k < end; k += 16) {
+            __m256 alo[DSV4_LIN_MT], ahi[DSV4_LIN_MT];
+            for (int i = 0; i < MT; i++) {
+                alo[i] = bf16x8((const uint16_t *)t->act[i] + k);
+                ahi[i] = bf16x8((const uint16_t *)t->act[i] + k + 8);
+            }
+            for (int j = 0; j < NT; j++) {
+                __m256 wlo, whi;
+                if (fp8) {
+                    e4m3x16((const uint8_t *)t->w[j] + k, &wlo, &whi, &nan[j]);
+                } else {
+                    wlo = fp4x8((const uint8_t *)t->w[j] + k / 2);
+                    whi = fp4x8((const uint8_t *)t->w[j] + k / 2 + 4);
+                }
+                for (int i = 0; i < MT; i++) {
+                    p[i][j] = _mm256_fmadd_ps(alo[i], wlo, p[i][j]);
+                    p[i][j] = _mm256_fmadd_ps(ahi[i], whi, p[i][j]);
+                }
+            }
+        }
+        for (int j = 0; j < NT; j++) {
+            const __m256 sc = _mm256_set1_ps(dsv4_e8m0_to_f32(t->s[j][(b0 / wb) * t->ss1]));
+            const int has_nan = fp8 && !_mm256_testz_si256(nan[j], nan[j]);
+            for (int i = 0; i < MT; i++) {
+                __m256 v = fp8 ? _mm256_mul_ps(p[i][j], _mm256_set1_ps(256.0f)) : p[i][j];
+                if (has_nan) v = _mm256_set1_ps(NAN); /* a NaN weight makes the row's products NaN */
+                acc[i][j] = _mm256_fmadd_ps(v, sc, acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) out[i][j] = hsum(acc[i][j]);
+}
+
+/* One activation row x four weight rows, or two x two (the weight decoding shared by two rows). */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 {
-    *mt = 1;
-    *nt = 4;
+    const int blocks = fmt <= DSV4_LINEAR_FP4 && m > 1;
+    *mt = blocks ? 2 : 1;
+    *nt = blocks ? 2 : 4;
 }
 
 static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
 {
-    for (int i = 0; i < t->mt; i++)
-        for (int j = 0; j < t->nt; j++) out[i][j] = dot(t, t->act[i], t->w[j], t->s[j]);
+    if (t->fmt <= DSV4_LINEAR_FP4 && t->mt == 1) tile_blocks(t, out, 1, 4);
+    else if (t->fmt <= DSV4_LINEAR_FP4) tile_blocks(t, out, 2, 2);
+    else
+        for (int i = 0; i < t->mt; i++)
+            for (int j = 0; j < t->nt; j++) out[i][j] = dot(t, t->act[i], t->w[j], t->s[j]);
 }
 
 static void stage_group(const uint8_t *codes, int len, float scale, uint16_t *dst)
