@@ -1,7 +1,8 @@
 /* AVX2 linear kernels (no BF16 dot products): weights decoded to fp32 (exact), staged BF16
  * activations widened to fp32 (exact), fp32 FMAs; each 32- or 128-element block sum is scaled
- * by its weight scale with one FMA. One output at a time; per output the operation sequence is
- * fixed, so results do not depend on the tiling or the thread count. */
+ * by its weight scale with one FMA. Tiles of 1 x 4 or 2 x 2 outputs share the decoding; per
+ * output the operation sequence is fixed, so results do not depend on the tiling or the thread
+ * count. */
 #include "backends/cpu/cpu_linear.h"
 #include "backends/cpu/simd_avx2.h"
 #include "formats/codec.h"
@@ -43,27 +44,6 @@ static float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-static float dot(const dsv4_lin_tile *t, const void *act, const void *w, const uint8_t *s)
-{
-    __m256 acc = _mm256_setzero_ps();
-    if (t->fmt > DSV4_LINEAR_FP4) {
-        for (int64_t k = 0; k < t->k; k += 8) {
-            const __m256 x = t->x_bf16 ? bf16x8((const uint16_t *)act + k) : _mm256_loadu_ps((const float *)act + k);
-            acc = _mm256_fmadd_ps(x, weight8(t->fmt, w, k), acc);
-        }
-        return hsum(acc);
-    }
-    const int64_t wb = t->fmt == DSV4_LINEAR_FP8_B128 ? 128 : 32;
-    for (int64_t b0 = 0; b0 < t->k; b0 += wb) {
-        const int64_t end = t->k - b0 < wb ? t->k : b0 + wb;
-        __m256 p = _mm256_setzero_ps();
-        for (int64_t k = b0; k < end; k += 8)
-            p = _mm256_fmadd_ps(bf16x8((const uint16_t *)act + k), weight8(t->fmt, w, k), p);
-        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(dsv4_e8m0_to_f32(s[(b0 / wb) * t->ss1])), acc);
-    }
-    return hsum(acc);
-}
-
 /* 16 E4M3 codes as two fp32 vectors times 2^-8: a code's byte, sign-extended to 16 bits and
  * shifted left by 7, is the FP16 number with the code's sign, its 4-bit exponent in the low end of
  * FP16's 5-bit field and its 3-bit mantissa on top of FP16's, i.e. the code's value times 2^-8
@@ -81,8 +61,8 @@ static inline void e4m3x16(const uint8_t *p, __m256 *lo, __m256 *hi, __m256i *na
 
 /* The block-scaled formats (FP8 128-blocks, MXFP8, FP4 32-blocks), MT activation rows x NT weight
  * rows: each weight block is decoded once for the MT rows; per output, one 8-lane partial sum per
- * block over its 16-element steps in K order, scaled by the block's scale into an 8-lane total, as
- * dot() does (FP8 partial sums, taken at 2^-8 scale, are multiplied back by 256 first, exactly). */
+ * block over K in order, scaled by the block's scale into an 8-lane total (FP8 partial sums, taken
+ * at 2^-8 scale, are multiplied back by 256 first, exactly), whatever the tile shape. */
 static inline __attribute__((always_inline)) void tile_blocks(const dsv4_lin_tile *t,
                                                                float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT,
                                                                const int NT)
@@ -134,21 +114,41 @@ static inline __attribute__((always_inline)) void tile_blocks(const dsv4_lin_til
         for (int j = 0; j < NT; j++) out[i][j] = hsum(acc[i][j]);
 }
 
-/* One activation row x four weight rows, or two x two (the weight decoding shared by two rows). */
+/* BF16 / F32 weights, MT x NT: the x rows (BF16 or F32) read once per tile; per output one 8-lane
+ * sum over K in order, as dot() does. */
+static inline __attribute__((always_inline)) void tile_plain(const dsv4_lin_tile *t,
+                                                              float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT,
+                                                              const int NT)
+{
+    __m256 acc[DSV4_LIN_MT][DSV4_LIN_NT];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < t->k; k += 8) {
+        __m256 x[DSV4_LIN_MT];
+        for (int i = 0; i < MT; i++)
+            x[i] = t->x_bf16 ? bf16x8((const uint16_t *)t->act[i] + k) : _mm256_loadu_ps((const float *)t->act[i] + k);
+        for (int j = 0; j < NT; j++) {
+            const __m256 w = weight8(t->fmt, t->w[j], k);
+            for (int i = 0; i < MT; i++) acc[i][j] = _mm256_fmadd_ps(x[i], w, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) out[i][j] = hsum(acc[i][j]);
+}
+
+/* One activation row x four weight rows, or two x two for M > 1 (weights decoded once for both). */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 {
-    const int blocks = fmt <= DSV4_LINEAR_FP4 && m > 1;
-    *mt = blocks ? 2 : 1;
-    *nt = blocks ? 2 : 4;
+    (void)fmt;
+    *mt = m > 1 ? 2 : 1;
+    *nt = m > 1 ? 2 : 4;
 }
 
 static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
 {
-    if (t->fmt <= DSV4_LINEAR_FP4 && t->mt == 1) tile_blocks(t, out, 1, 4);
-    else if (t->fmt <= DSV4_LINEAR_FP4) tile_blocks(t, out, 2, 2);
-    else
-        for (int i = 0; i < t->mt; i++)
-            for (int j = 0; j < t->nt; j++) out[i][j] = dot(t, t->act[i], t->w[j], t->s[j]);
+    const int blocks = t->fmt <= DSV4_LINEAR_FP4;
+    if (t->mt == 1) blocks ? tile_blocks(t, out, 1, 4) : tile_plain(t, out, 1, 4);
+    else blocks ? tile_blocks(t, out, 2, 2) : tile_plain(t, out, 2, 2);
 }
 
 static void stage_group(const uint8_t *codes, int len, float scale, uint16_t *dst)
