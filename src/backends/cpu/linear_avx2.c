@@ -26,14 +26,10 @@ static inline __m256 fp4x8(const uint8_t *p)
     return _mm256_or_ps(mag, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(d, V256_I(8)), 28)));
 }
 
-static inline __m256 weight8(dsv4_linear_format fmt, const void *w, int64_t k)
+/* 8 BF16 or F32 weights (the unscaled formats) as fp32. */
+static inline __m256 plain8(dsv4_linear_format fmt, const void *w, int64_t k)
 {
-    switch (fmt) {
-    case DSV4_LINEAR_FP4: return fp4x8((const uint8_t *)w + k / 2);
-    case DSV4_LINEAR_BF16: return bf16x8((const uint16_t *)w + k);
-    case DSV4_LINEAR_F32: return _mm256_loadu_ps((const float *)w + k);
-    default: return v256_e4m3_decode((const uint8_t *)w + k);
-    }
+    return fmt == DSV4_LINEAR_BF16 ? bf16x8((const uint16_t *)w + k) : _mm256_loadu_ps((const float *)w + k);
 }
 
 static float hsum(__m256 v)
@@ -49,11 +45,11 @@ static float hsum(__m256 v)
  * FP16's 5-bit field and its 3-bit mantissa on top of FP16's, i.e. the code's value times 2^-8
  * (subnormal codes land on FP16 subnormals, also exactly; bit 14 is cleared); F16C widens it
  * exactly. NaN codes would come out finite: *nan collects them for the caller. */
-static inline void e4m3x16(const uint8_t *p, __m256 *lo, __m256 *hi, __m256i *nan)
+static inline void e4m3x16(const uint8_t *p, __m256 *lo, __m256 *hi, __m128i *nan)
 {
     const __m128i c = _mm_loadu_si128((const __m128i *)p);
     const __m128i low7 = _mm_set1_epi8(0x7F);
-    *nan = _mm256_or_si256(*nan, _mm256_castsi128_si256(_mm_cmpeq_epi8(_mm_and_si128(c, low7), low7)));
+    *nan = _mm_or_si128(*nan, _mm_cmpeq_epi8(_mm_and_si128(c, low7), low7));
     const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(c), 7), _mm256_set1_epi16((short)0xBF80));
     *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
@@ -75,9 +71,9 @@ static inline __attribute__((always_inline)) void tile_blocks(const dsv4_lin_til
     for (int64_t b0 = 0; b0 < t->k; b0 += wb) {
         const int64_t end = t->k - b0 < wb ? t->k : b0 + wb;
         __m256 p[DSV4_LIN_MT][DSV4_LIN_NT];
-        __m256i nan[DSV4_LIN_NT];
+        __m128i nan[DSV4_LIN_NT];
         for (int j = 0; j < NT; j++) {
-            nan[j] = _mm256_setzero_si256();
+            nan[j] = _mm_setzero_si128();
             for (int i = 0; i < MT; i++) p[i][j] = _mm256_setzero_ps();
         }
         for (int64_t k = b0; k < end; k += 16) {
@@ -102,7 +98,7 @@ static inline __attribute__((always_inline)) void tile_blocks(const dsv4_lin_til
         }
         for (int j = 0; j < NT; j++) {
             const __m256 sc = _mm256_set1_ps(dsv4_e8m0_to_f32(t->s[j][(b0 / wb) * t->ss1]));
-            const int has_nan = fp8 && !_mm256_testz_si256(nan[j], nan[j]);
+            const int has_nan = fp8 && !_mm_testz_si128(nan[j], nan[j]);
             for (int i = 0; i < MT; i++) {
                 __m256 v = fp8 ? _mm256_mul_ps(p[i][j], _mm256_set1_ps(256.0f)) : p[i][j];
                 if (has_nan) v = _mm256_set1_ps(NAN); /* a NaN weight makes the row's products NaN */
@@ -128,7 +124,7 @@ static inline __attribute__((always_inline)) void tile_plain(const dsv4_lin_tile
         for (int i = 0; i < MT; i++)
             x[i] = t->x_bf16 ? bf16x8((const uint16_t *)t->act[i] + k) : _mm256_loadu_ps((const float *)t->act[i] + k);
         for (int j = 0; j < NT; j++) {
-            const __m256 w = weight8(t->fmt, t->w[j], k);
+            const __m256 w = plain8(t->fmt, t->w[j], k);
             for (int i = 0; i < MT; i++) acc[i][j] = _mm256_fmadd_ps(x[i], w, acc[i][j]);
         }
     }
