@@ -144,20 +144,22 @@ DSV4_CU_INLINE void cu_cp_async8(uint32_t dst, const void *src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
 }
+/* 4 bytes global -> shared when pred (nothing otherwise). */
+DSV4_CU_INLINE void cu_cp_async4_if(uint32_t dst, const void *src, bool pred)
+{
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q cp.async.ca.shared.global [%0], [%1], 4;\n}\n" ::"r"(dst),
+                 "l"(src), "r"((int)pred)
+                 : "memory");
+}
 DSV4_CU_INLINE void cu_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 DSV4_CU_INLINE void cu_cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 DSV4_CU_INLINE void cu_cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+template <int N> DSV4_CU_INLINE void cu_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* Named barrier over `threads` threads (id 0 is __syncthreads'). */
 DSV4_CU_INLINE void cu_bar(int id, int threads)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-/* Arrive on named barrier `id` without waiting (its other `threads` - 32k threads wait with cu_bar). */
-DSV4_CU_INLINE void cu_bar_arrive(int id, int threads)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 /* ---- tensor cores ------------------------------------------------------------------------ */
@@ -203,6 +205,20 @@ DSV4_CU_INLINE void cu_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n
 DSV4_CU_INLINE void cu_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 /* Keeps the compiler from moving accumulator reads/writes across the asynchronous MMA. */
 DSV4_CU_INLINE void cu_reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+/* 16-byte store to shared memory at a 32-bit shared-window address (generic stores through a
+ * 64-bit pointer cost more registers and address work in the producers' inner loop). */
+DSV4_CU_INLINE void cu_sts16(uint32_t addr, uint4 v)
+{
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+DSV4_CU_INLINE uint32_t cu_lds4(uint32_t addr)
+{
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+DSV4_CU_INLINE void cu_sts4(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 /* Generic-proxy shared-memory writes (st.shared, cp.async) made visible to the tensor cores. */
 DSV4_CU_INLINE void cu_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -323,6 +339,16 @@ DSV4_CU_INLINE void cu_bulk_copy_cluster(uint32_t dst, uint32_t src, uint32_t by
 DSV4_CU_INLINE void cu_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* *p when pred, else `fallback`: one predicated read-only load (no branch, so nothing waits for
+ * the value before it is used). */
+DSV4_CU_INLINE int cu_ldg_s32_if(const int32_t *p, bool pred, int fallback)
+{
+    int v;
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, %3;\n@q ld.global.nc.b32 %0, [%1];\n}\n"
+                 : "=r"(v)
+                 : "l"(p), "r"((int)pred), "r"(fallback));
+    return v;
 }
 /* 16- and 8-byte read-only global loads (no L1 allocation; the L2 fetches 256-byte lines). */
 DSV4_CU_INLINE uint4 cu_ldg16_stream(const void *p)

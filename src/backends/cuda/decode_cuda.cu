@@ -119,24 +119,30 @@ static DSV4_CU_INLINE cta_range cta_entries(const dsv4_cu_decode &p, int t, int 
     return r;
 }
 
-/* The index of one entry (lanes 0..7 of warp w hold entries w*8 .. w*8+7 of a block), read one
- * block before the loads that need it so that its latency hides behind a block of work.
- * idx -1: beyond the range. */
+/* The index of one entry, read ahead of the loads that need it so that its latency hides behind
+ * other work. idx -1: beyond the range. The read is one predicated load and nothing else uses
+ * the value until the entry is loaded: a read inside a branch (or widened to 64 bits right away)
+ * made the warp wait for it where the branch joins, which cost the producer a third of its time. */
 typedef struct {
-    long long idx;
-    int second;
+    int idx, second;
 } ent_pf;
 
+/* Entry `pos` of token t's scopes (pos in [0, range end) when `in`). */
+static DSV4_CU_INLINE ent_pf read_index(const dsv4_cu_decode &p, int t, const cta_range &r, long long pos, bool in)
+{
+    const int second = pos >= r.len0;
+    const dsv4_cu_scope &sc = second ? p.scope[1] : p.scope[0];
+    ent_pf f;
+    f.idx = cu_ldg_s32_if(sc.indices + t * sc.ld + (second ? pos - r.len0 : pos), in, -1);
+    f.second = in && second;
+    return f;
+}
+
+/* Lanes 0..7 of warp w hold entries w*8 .. w*8+7 of block jb. */
 static DSV4_CU_INLINE ent_pf fetch_entry(const dsv4_cu_decode &p, int t, const cta_range &r, int jb, int warp, int lane)
 {
-    ent_pf f = {-1, 0};
     const long long pos = r.pos0 + (long long)jb * KB + warp * 8 + lane;
-    if (lane < 8 && jb < r.nblk && pos < r.pend) {
-        f.second = pos >= r.len0;
-        const dsv4_cu_scope &sc = f.second ? p.scope[1] : p.scope[0];
-        f.idx = __ldg(sc.indices + t * sc.ld + (f.second ? pos - r.len0 : pos));
-    }
-    return f;
+    return read_index(p, t, r, pos, lane < 8 && jb < r.nblk && pos < r.pend);
 }
 
 /* Source of an entry: data (and scale row for FP8); 0 when the index is masked. */
@@ -804,7 +810,7 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
  *        for a free tile) and dequantizes them into two BF16 tiles used in turn, so one tile
  *        fills while the consumers work on the other.
  * Handover through mbarriers: full[i] (producer -> consumers) and empty[i] (consumers ->
- * producer, one arrival per consumer warp); the consumers meet on named barriers (256 threads).
+ * producer, one arrival per consumer thread); the consumers meet on named barriers (256 threads).
  * setmaxnreg moves registers from the producer to the consumers (ws_body).
  * NCTA 2: the two 64-head tiles of one token (H 128) run as a cluster of two CTAs; each CTA's
  * producer dequantizes its half of every block (32 entries) into its own tile and copies that
@@ -817,22 +823,53 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 #define WS_RED_OFF (WS_P_OFF + 2 * 64 * 128)    /* float [2][64]: ws1 row maxima; ws2 rescale factors by P tile */
 #define WS_L_OFF (WS_RED_OFF + 2 * 64 * 4)      /* float [2][64]: ws1 row sums; ws2 output factors */
 #define WS_OK_OFF (WS_L_OFF + 2 * 64 * 4)       /* int [2][64]: entry valid, by tile */
-#define WS_BAR_OFF (WS_OK_OFF + 2 * KB * 4)     /* uint64 full[2], empty[2] */
-#define WS_SMEM (WS_BAR_OFF + 32 + 1024)
+#define WS_IDX_OFF (WS_OK_OFF + 2 * KB * 4)     /* int [WS_IDX_SLOTS][128]: the producers' index ring */
+#define WS_IDX_AHEAD 4                          /* rounds an index is read ahead of its entry's loads */
+#define WS_IDX_SLOTS 8
+#define WS_BAR_OFF (WS_IDX_OFF + WS_IDX_SLOTS * 128 * 4) /* uint64 full[2], empty[2], pfree[2], epi, pfull[2] */
+#define WS_SMEM (WS_BAR_OFF + 72 + 1024)
+
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Index of entry e (0..63) of block jb of this CTA's range; idx -1 beyond it. */
-static DSV4_CU_INLINE ent_pf ws_fetch(const dsv4_cu_decode &p, int t, const cta_range &r, int jb, int e)
-{
-    ent_pf f = {-1, 0};
-    const long long pos = r.pos0 + (long long)jb * KB + e;
-    if (jb < r.nblk && pos < r.pend) {
-        f.second = pos >= r.len0;
-        const dsv4_cu_scope &sc = f.second ? p.scope[1] : p.scope[0];
-        f.idx = __ldg(sc.indices + t * sc.ld + (f.second ? pos - r.len0 : pos));
+/* The producers read indices through a ring in shared memory, WS_IDX_AHEAD rounds ahead, with
+ * cp.async: read into registers, an index shared a scoreboard with the entry loads issued after
+ * it, so waiting for the index waited for a round of entries (ncu: half of the producer's stalls).
+ * Each thread reads back only the slots it filled itself (its own cp.async groups, one per round). */
+/* Round R of a producer thread: entry e0 (+ 32 for odd rounds of NCTA 1) of block R / RPB; its
+ * index goes through slot R % WS_IDX_SLOTS of the thread's column `ring` of the ring. */
+template <int NCTA> struct ws_round {
+    static constexpr int RPB = NCTA == 1 ? 2 : 1; /* rounds per block */
+    const cta_range &r;
+    int e0;
+    uint32_t ring;
+    DSV4_CU_INLINE long long pos(int R) const { return r.pos0 + (long long)(R / RPB) * KB + ent(R); }
+    DSV4_CU_INLINE int ent(int R) const { return e0 + (NCTA == 1 ? 32 * (R & 1) : 0); }
+    DSV4_CU_INLINE bool in(int R) const { return R / RPB < r.nblk && pos(R) < r.pend; }
+    DSV4_CU_INLINE uint32_t slot(int R) const { return ring + (R % WS_IDX_SLOTS) * 128 * 4; }
+    /* start reading round R's index (one cp.async group per round, empty beyond the range) */
+    DSV4_CU_INLINE void issue(const dsv4_cu_decode &p, int t, int R) const
+    {
+        const long long ps = pos(R);
+        const int second = ps >= r.len0;
+        const dsv4_cu_scope &sc = second ? p.scope[1] : p.scope[0];
+        cu_cp_async4_if(slot(R), sc.indices + t * sc.ld + (second ? ps - r.len0 : ps), in(R));
+        cu_cp_async_commit();
     }
-    return f;
-}
+    /* round R's index (its group is complete once at most WS_IDX_AHEAD - 1 later ones are
+     * pending), and the read of round R + WS_IDX_AHEAD started */
+    DSV4_CU_INLINE ent_pf take(const dsv4_cu_decode &p, int t, int R) const
+    {
+        ent_pf f = {-1, 0};
+        cu_cp_async_wait<WS_IDX_AHEAD - 1>();
+        if (in(R)) {
+            f.idx = (int)cu_lds4(slot(R));
+            f.second = pos(R) >= r.len0;
+        }
+        issue(p, t, R + WS_IDX_AHEAD);
+        return f;
+    }
+};
 
 /* One producer thread's share of a round: one entry's 16-byte quarter of each 64-byte group
  * (seven FP8 groups, the two halves of the BF16 RoPE part) and its scale bytes. */
@@ -862,30 +899,29 @@ static DSV4_CU_INLINE void ws_load(const dsv4_cu_decode &p, const ent_pf &f, int
 
 /* Dequantize into entry e of the tile at byte offset `tile`: lanes 8q .. 8q + 7 hold 8 entries,
  * so each 16-byte store of a warp hits 8 different bank groups of the swizzled rows. */
-static DSV4_CU_INLINE void ws_store(uint8_t *smem, uint32_t tile, uint32_t okoff, int e, int q4, const ws_raw &w)
+static DSV4_CU_INLINE void ws_store(uint32_t base, uint32_t tile, uint32_t okoff, int e, int q4, const ws_raw &w)
 {
-    uint8_t *row = smem + tile + e * 128;
+    const uint32_t row = base + tile + e * 128;
     const int sw = e & 7;
 #pragma unroll
     for (int g = 0; g < 7; g++) {
         uint4 v[2];
         cu_e4m3x16_bf16<false>(w.d[g], ((g < 4 ? w.s8.x : w.s8.y) >> (8 * (g & 3))) & 0xFFu, v);
-        *(uint4 *)(row + g * (KB * 128) + (((2 * q4) ^ sw) << 4)) = v[0];
-        *(uint4 *)(row + g * (KB * 128) + (((2 * q4 + 1) ^ sw) << 4)) = v[1];
+        cu_sts16(row + g * (KB * 128) + (((2 * q4) ^ sw) << 4), v[0]);
+        cu_sts16(row + g * (KB * 128) + (((2 * q4 + 1) ^ sw) << 4), v[1]);
     }
 #pragma unroll
-    for (int i = 0; i < 2; i++) *(uint4 *)(row + 7 * (KB * 128) + (((4 * i + q4) ^ sw) << 4)) = w.rp[i];
-    if (q4 == 0) *(int *)(smem + okoff + e * 4) = w.good;
+    for (int i = 0; i < 2; i++) cu_sts16(row + 7 * (KB * 128) + (((4 * i + q4) ^ sw) << 4), w.rp[i]);
+    if (q4 == 0) cu_sts4(base + okoff + e * 4, (uint32_t)w.good);
 }
 
 /* The producer warpgroup. Round R (32 entries) is entries 32 (R % 2) .. of block R / 2 (NCTA 1),
  * or this CTA's half, entries 32 rank .., of block R (NCTA 2); lane 8q + i of warp pw takes entry
  * 8 pw + i of the round and quarter q of its groups. Round R + 1 is loaded while round R is
- * dequantized; indices are read two rounds ahead. Per block this warp is latency-bound (one warp
- * per SM sub-partition, ~0.17 instructions per cycle: waits for loaded data, dependent conversion
- * chains, instruction-cache misses; see BENCHMARKS.md); an L2 prefetch of entries two blocks ahead
- * with indices staged in shared memory, and a third round of registers in flight, measured no
- * faster. */
+ * dequantized; indices come WS_IDX_AHEAD rounds ahead through the ring (ws_round). Measured and
+ * not kept (BENCHMARKS.md): an L2 prefetch of entries two blocks ahead, a third round of registers
+ * in flight, and two producer warpgroups splitting each entry's groups (512 threads leave 128
+ * registers at entry, too few for m64n256 accumulators, and the same bytes in flight). */
 template <int NCTA>
 static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range &rg, int t, uint8_t *smem, int pw,
                                        int lane, uint32_t rank)
@@ -895,17 +931,16 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
     const int nr = rg.nblk * RPB;
     const uint32_t base = cu_smem(smem), rbase = NCTA == 2 ? cu_mapa(base, rank ^ 1u) : 0u;
     const int e0 = (NCTA == 1 ? 0 : 32 * (int)rank) + 8 * pw + (lane & 7);
-#define WS_ENT(R) (e0 + (NCTA == 1 ? 32 * ((R) & 1) : 0))
-    ent_pf fa = ws_fetch(p, t, rg, 0, WS_ENT(0)), fb = ws_fetch(p, t, rg, 1 / RPB, WS_ENT(1));
+    const ws_round<NCTA> rd = {rg, e0, base + WS_IDX_OFF + (32 * pw + lane) * 4};
+#pragma unroll 1
+    for (int R = 0; R < WS_IDX_AHEAD; R++) rd.issue(p, t, R);
     ws_raw wa, wb;
     WS_PROF_START;
-    if (nr > 0) ws_load(p, fa, q4, wa);
-    fa = ws_fetch(p, t, rg, 2 / RPB, WS_ENT(2));
+    if (nr > 0) ws_load(p, rd.take(p, t, 0), q4, wa);
 #pragma unroll 1
     for (int R = 0; R < nr; R += 2) {
         /* round R + 1 in flight */
-        if (R + 1 < nr) ws_load(p, fb, q4, wb);
-        fb = ws_fetch(p, t, rg, (R + 3) / RPB, WS_ENT(R + 3));
+        if (R + 1 < nr) ws_load(p, rd.take(p, t, R + 1), q4, wb);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int RR = R + h;
@@ -915,7 +950,7 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
             if (RR % RPB == 0 && j >= 2) cu_mbar_wait<NCTA - 1>(base + WS_BAR_OFF + 16 + b * 8, ((j >> 1) - 1) & 1);
             WS_PROF(0);
             const uint32_t tile = WS_K_OFF + b * KB * ROW_BYTES, okoff = WS_OK_OFF + b * KB * 4;
-            ws_store(smem, tile, okoff, WS_ENT(RR), q4, h ? wb : wa);
+            ws_store(base, tile, okoff, rd.ent(RR), q4, h ? wb : wa);
             WS_PROF(1);
             if (RR % RPB == RPB - 1) { /* this CTA's part of block j is in its tile */
                 const uint32_t full = WS_BAR_OFF + b * 8;
@@ -939,16 +974,16 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
                     cu_mbar_arrive(base + full);
                 }
             }
-            if (h == 0 && R + 2 < nr) { /* round R + 2 in flight while R + 1 is dequantized */
-                ws_load(p, fa, q4, wa);
-                fa = ws_fetch(p, t, rg, (R + 4) / RPB, WS_ENT(R + 4));
-            }
+            if (h == 0 && R + 2 < nr) ws_load(p, rd.take(p, t, R + 2), q4, wa); /* in flight while R + 1 is dequantized */
         }
     }
     WS_PROF(2);
+    cu_cp_async_wait_all(); /* nothing of this thread lands after it leaves */
     WS_PROF_END(0);
-#undef WS_ENT
 }
+
+/* A consumer waits until tile j & 1 holds block j. */
+static DSV4_CU_INLINE void ws_wait_full(uint32_t base, int j) { cu_mbar_wait<0>(base + WS_BAR_OFF + (j & 1) * 8, (j >> 1) & 1); }
 
 /* A value the compiler cannot see through: keeps the per-k-step descriptors of the loops below
  * from being hoisted out of the block loop (64 of them would hold 128 registers). */
@@ -992,19 +1027,18 @@ static DSV4_CU_INLINE void ws_pv(float *o, const float *alpha, uint32_t pa, uint
     for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
 }
 
-/* A consumer warp is done with tile b (its wgmma reads have completed); NCTA 2: on the barriers
- * of both CTAs (cbase, rbase: shared::cluster addresses of this CTA's and the peer's memory). */
-template <int NCTA> static DSV4_CU_INLINE void ws_release(uint32_t base, uint32_t cbase, uint32_t rbase, int b, int lane)
+/* A consumer thread is done with tile b (its wgmma reads have completed); NCTA 2: on the
+ * barriers of both CTAs (cbase, rbase: shared::cluster addresses of this CTA's and the peer's
+ * memory). Every thread arrives for itself (one lane per warp after a __syncwarp made
+ * compute-sanitizer racecheck report the other lanes' reads of the valid flags as hazards). */
+template <int NCTA> static DSV4_CU_INLINE void ws_release(uint32_t base, uint32_t cbase, uint32_t rbase, int b)
 {
-    __syncwarp();
-    if (lane == 0) {
-        const uint32_t empty = WS_BAR_OFF + 16 + b * 8;
-        if (NCTA == 2) {
-            cu_mbar_arrive_cluster(cbase + empty);
-            cu_mbar_arrive_cluster(rbase + empty);
-        } else {
-            cu_mbar_arrive(base + empty);
-        }
+    const uint32_t empty = WS_BAR_OFF + 16 + b * 8;
+    if (NCTA == 2) {
+        cu_mbar_arrive_cluster(cbase + empty);
+        cu_mbar_arrive_cluster(rbase + empty);
+    } else {
+        cu_mbar_arrive(base + empty);
     }
 }
 
@@ -1016,13 +1050,13 @@ template <int NCTA> static DSV4_CU_INLINE void ws_release(uint32_t base, uint32_
  * dims 256..511. The follower's P V of block j runs beside the lead's P V and overlaps the lead's
  * next Q K^T and softmax. The lead waits for its P V before it releases the tile: releasing it
  * only after issuing the next Q K^T (to overlap its own P V with that) measured 1-1.4 % slower.
- * Named barriers: W2_BAR_PFULL + b (P tile b written),
- * W2_BAR_PFREE + b (the follower is done with P tile b), W2_BAR_EPI (row factors),
- * W2_BAR_LEAD (the lead alone). */
-#define W2_BAR_PFULL 3
-#define W2_BAR_PFREE 5
-#define W2_BAR_EPI 7
-#define W2_BAR_LEAD 8 /* the lead's four warps */
+ * Handoffs between the two go through mbarriers: pfull[b] (the lead wrote P tile b and its
+ * rescale factors), pfree[b] (the follower is done with P tile b), epi (the row factors are
+ * written). (Named barriers between the two, bar.sync / bar.arrive over 256 threads, made
+ * compute-sanitizer racecheck report hazards.) */
+#define WS_PFREE(b) (WS_BAR_OFF + 32 + 8 * (b)) /* one arrival per follower thread */
+#define WS_EPI (WS_BAR_OFF + 48)                /* one arrival per lead thread */
+#define WS_PFULL(b) (WS_BAR_OFF + 56 + 8 * (b)) /* one arrival per lead thread */
 
 /* O (dims 0..255) += P V with P in registers (pf: the m64k16 A fragments of the 4 k-steps). */
 static DSV4_CU_INLINE void w2_pv_rs(float *o, const uint32_t *pf, uint32_t ka)
@@ -1051,7 +1085,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
     for (int j = 0; j < nblk; j++) {
         const int b = j & 1;
         const uint32_t ka = base + WS_K_OFF + b * KB * ROW_BYTES;
-        cu_mbar_wait<0>(base + WS_BAR_OFF + b * 8, (j >> 1) & 1); /* tile b holds block j */
+        ws_wait_full(base, j); /* tile b holds block j */
         WS_PROF(0);
         ws_qk<64>(s, base + WS_Q_OFF, ka);
         cu_wgmma_wait<0>();
@@ -1077,7 +1111,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
 
         WS_PROF(2);
         /* P and the rescale factors to the follower (P tile b is free once it finished block j - 2) */
-        if (j >= 2) cu_bar(W2_BAR_PFREE + b, 256);
+        if (j >= 2) cu_mbar_wait<0>(base + WS_PFREE(b), ((j >> 1) - 1) & 1);
         WS_PROF(3);
         uint8_t *sP = smem + WS_P_OFF + b * 64 * 128;
 #pragma unroll
@@ -1089,8 +1123,8 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
             sAlpha[b * 64 + r0] = alpha[0];
             sAlpha[b * 64 + r0 + 8] = alpha[1];
         }
-        cu_fence_proxy_async();
-        cu_bar(W2_BAR_PFULL + b, 256); /* a full barrier (the follower is waiting there already) */
+        cu_fence_proxy_async(); /* P is read by the follower's wgmma */
+        cu_mbar_arrive(base + WS_PFULL(b));
 
         if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
@@ -1102,10 +1136,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
         cu_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
-        /* Q K^T and P V of block j are done with tile b, and all four warps have read its flags (a
-         * barrier of the warpgroup before one lane per warp arrives, as racecheck wants to see) */
-        cu_bar(W2_BAR_LEAD, 128);
-        ws_release<NCTA>(base, cbase, rbase, b, lane);
+        ws_release<NCTA>(base, cbase, rbase, b); /* Q K^T and P V of block j are done with tile b */
         WS_PROF(4);
     }
     WS_PROF_END(1);
@@ -1120,7 +1151,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
         f[hf] = h0 + row < p.h ? row_factor(p, l, m_run[hf], t, h0 + row, split, (lane & 3) == 0) : 0.0f;
         if ((lane & 3) == 0) sF[row] = f[hf];
     }
-    cu_bar(W2_BAR_EPI, 256);
+    cu_mbar_arrive(base + WS_EPI);
     store_rows(p, o, f, t, h0, split, 0, r0, lane);
 }
 
@@ -1138,18 +1169,18 @@ static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int
 #pragma unroll 1
     for (int j = 0; j < nblk; j++) {
         const int b = j & 1;
-        cu_bar(W2_BAR_PFULL + b, 256);                            /* P of block j in P tile b */
-        cu_mbar_wait<0>(base + WS_BAR_OFF + b * 8, (j >> 1) & 1); /* (complete: orders the tile's reads) */
+        cu_mbar_wait<0>(base + WS_PFULL(b), (j >> 1) & 1); /* P of block j in P tile b */
+        ws_wait_full(base, j); /* (complete: orders the tile's reads) */
         WS_PROF(0);
         const float alpha[2] = {sAlpha[b * 64 + r0], sAlpha[b * 64 + r0 + 8]};
         ws_pv(o, alpha, base + WS_P_OFF + b * 64 * 128, base + WS_K_OFF + b * KB * ROW_BYTES, 1);
         WS_PROF(1);
-        ws_release<NCTA>(base, cbase, rbase, b, lane);
-        if (j + 2 < nblk) cu_bar_arrive(W2_BAR_PFREE + b, 256);
+        ws_release<NCTA>(base, cbase, rbase, b);
+        cu_mbar_arrive(base + WS_PFREE(b));
         WS_PROF(2);
     }
     WS_PROF_END(2);
-    cu_bar(W2_BAR_EPI, 256);
+    cu_mbar_wait<0>(base + WS_EPI, 0);
     const float f[2] = {sF[r0], sF[r0 + 8]};
     store_rows(p, o, f, t, h0, split, 256, r0, lane);
 }
@@ -1169,8 +1200,11 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
 #pragma unroll
         for (int b = 0; b < 2; b++) {
             cu_mbar_init(base + WS_BAR_OFF + b * 8, 128);           /* full: every producer thread */
-            cu_mbar_init(base + WS_BAR_OFF + 16 + b * 8, 8 * NCTA); /* empty: every consumer warp */
+            cu_mbar_init(base + WS_BAR_OFF + 16 + b * 8, 256 * NCTA); /* empty: every consumer thread */
+            cu_mbar_init(base + WS_PFREE(b), 128);
+            cu_mbar_init(base + WS_PFULL(b), 128);
         }
+        cu_mbar_init(base + WS_EPI, 128);
         cu_fence_mbar_init();
     }
     load_q<64, WS_NT>(p, t, h0, smem + WS_Q_OFF, tid);
@@ -1208,7 +1242,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         for (int j = 0; j < nblk; j++) {
             const int b = j & 1;
             const uint32_t ka = ka0 + b * KB * ROW_BYTES;
-            cu_mbar_wait<0>(base + WS_BAR_OFF + b * 8, (j >> 1) & 1); /* tile b holds block j */
+            ws_wait_full(base, j); /* tile b holds block j */
             WS_PROF(0);
             ws_qk<32>(s, qa, ka + wg * 32 * 128);
             wg_wait_s(s);
@@ -1218,7 +1252,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
             WS_PROF(2);
             ws_pv(o, alpha, pa, ka, wg);
             WS_PROF(3);
-            ws_release<NCTA>(base, cbase, rbase, b, lane);
+            ws_release<NCTA>(base, cbase, rbase, b);
         }
         WS_PROF_END(1 + wg);
         wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
