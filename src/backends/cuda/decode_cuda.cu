@@ -606,8 +606,9 @@ static DSV4_CU_INLINE void wg_softmax(const dsv4_cu_decode &p, float *s, const i
     wg_sync<WS>();
 }
 
-/* O = O * alpha + P V over dims 256 wg .. 256 wg + 255 (no rescale while the maxima hold). */
-static DSV4_CU_INLINE void wg_pv(float *o, const float *alpha, uint32_t pa, uint32_t ka, int wg)
+/* O (this thread's 128 accumulators: rows r0, r0 + 8 alternate in pairs) *= alpha of its row, skipped
+ * while no row's maximum moved; fenced so that the compiler keeps it before the next wgmma. */
+static DSV4_CU_INLINE void o_rescale(float *o, const float *alpha)
 {
     if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
@@ -615,6 +616,12 @@ static DSV4_CU_INLINE void wg_pv(float *o, const float *alpha, uint32_t pa, uint
     }
 #pragma unroll
     for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+}
+
+/* O = O * alpha + P V over dims 256 wg .. 256 wg + 255 (no rescale while the maxima hold). */
+static DSV4_CU_INLINE void wg_pv(float *o, const float *alpha, uint32_t pa, uint32_t ka, int wg)
+{
+    o_rescale(o, alpha);
     cu_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KB / 16; kk++)
@@ -1011,12 +1018,7 @@ template <int N> static DSV4_CU_INLINE void ws_qk(float *s, uint32_t qa, uint32_
 
 static DSV4_CU_INLINE void ws_pv(float *o, const float *alpha, uint32_t pa, uint32_t ka, int wg)
 {
-    if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-        for (int i = 0; i < 128; i++) o[i] *= alpha[(i >> 1) & 1];
-    }
-#pragma unroll
-    for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+    o_rescale(o, alpha);
     const uint64_t dp = ws_opaque(cu_desc_sw128(pa, 16, 1024)), dv = ws_opaque(cu_desc_sw128(ka + wg * 4 * 8192, 8192, 1024));
     cu_wgmma_fence();
 #pragma unroll
@@ -1126,12 +1128,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
         cu_fence_proxy_async(); /* P is read by the follower's wgmma */
         cu_mbar_arrive(base + WS_PFULL(b));
 
-        if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < 128; i++) o[i] *= alpha[(i >> 1) & 1];
-        }
-#pragma unroll
-        for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
+        o_rescale(o, alpha);
         w2_pv_rs(o, pf, ka);
         cu_wgmma_wait<0>();
 #pragma unroll
