@@ -817,7 +817,8 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
  *        for a free tile) and dequantizes them into two BF16 tiles used in turn, so one tile
  *        fills while the consumers work on the other.
  * Handover through mbarriers: full[i] (producer -> consumers) and empty[i] (consumers ->
- * producer, one arrival per consumer thread); the consumers meet on named barriers (256 threads).
+ * producer, one arrival per consumer thread; NCTA 2: through cdone[i], see ws_release); ws1's
+ * consumers meet on a named barrier (256 threads), ws2's hand P over through mbarriers.
  * setmaxnreg moves registers from the producer to the consumers (ws_body).
  * NCTA 2: the two 64-head tiles of one token (H 128) run as a cluster of two CTAs; each CTA's
  * producer dequantizes its half of every block (32 entries) into its own tile and copies that
@@ -833,8 +834,9 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 #define WS_IDX_OFF (WS_OK_OFF + 2 * KB * 4)     /* int [WS_IDX_SLOTS][128]: the producers' index ring */
 #define WS_IDX_AHEAD 4                          /* rounds an index is read ahead of its entry's loads */
 #define WS_IDX_SLOTS 8
-#define WS_BAR_OFF (WS_IDX_OFF + WS_IDX_SLOTS * 128 * 4) /* uint64 full[2], empty[2], pfree[2], epi, pfull[2] */
-#define WS_SMEM (WS_BAR_OFF + 72 + 1024)
+#define WS_BAR_OFF (WS_IDX_OFF + WS_IDX_SLOTS * 128 * 4) /* uint64 full[2], empty[2], pfree[2], epi, pfull[2], cdone[2] */
+#define WS_CDONE(b) (WS_BAR_OFF + 72 + 8 * (b)) /* NCTA 2: this CTA's consumers are done with tile b */
+#define WS_SMEM (WS_BAR_OFF + 88 + 1024)
 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -954,7 +956,16 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
             if (RR >= nr) break;
             const int j = RR / RPB, b = j & 1;
             WS_PROF(2);
-            if (RR % RPB == 0 && j >= 2) cu_mbar_wait<NCTA - 1>(base + WS_BAR_OFF + 16 + b * 8, ((j >> 1) - 1) & 1);
+            if (RR % RPB == 0 && j >= 2) {
+                if (NCTA == 2 && pw == 0 && lane == 0) {
+                    /* this CTA's consumers are done with block j - 2: tell this CTA's producers
+                     * and the peer's, which copies its half of block j into this CTA's tile */
+                    cu_mbar_wait<0>(base + WS_CDONE(b), ((j >> 1) - 1) & 1);
+                    cu_mbar_arrive(base + WS_BAR_OFF + 16 + b * 8);
+                    cu_mbar_arrive_cluster(rbase + WS_BAR_OFF + 16 + b * 8);
+                }
+                cu_mbar_wait<NCTA - 1>(base + WS_BAR_OFF + 16 + b * 8, ((j >> 1) - 1) & 1);
+            }
             WS_PROF(0);
             const uint32_t tile = WS_K_OFF + b * KB * ROW_BYTES, okoff = WS_OK_OFF + b * KB * 4;
             ws_store(base, tile, okoff, rd.ent(RR), q4, h ? wb : wa);
@@ -1029,19 +1040,16 @@ static DSV4_CU_INLINE void ws_pv(float *o, const float *alpha, uint32_t pa, uint
     for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
 }
 
-/* A consumer thread is done with tile b (its wgmma reads have completed); NCTA 2: on the
- * barriers of both CTAs (cbase, rbase: shared::cluster addresses of this CTA's and the peer's
- * memory). Every thread arrives for itself (one lane per warp after a __syncwarp made
- * compute-sanitizer racecheck report the other lanes' reads of the valid flags as hazards). */
-template <int NCTA> static DSV4_CU_INLINE void ws_release(uint32_t base, uint32_t cbase, uint32_t rbase, int b)
+/* A consumer thread is done with tile b (its wgmma reads have completed). Every thread arrives
+ * for itself (one lane per warp after a __syncwarp made compute-sanitizer racecheck report the
+ * other lanes' reads of the valid flags as hazards). NCTA 2: on this CTA's cdone[b], and one
+ * producer thread passes it on to both CTAs' empty[b], the peer's with a single cluster-scope
+ * arrival (each
+ * consumer thread arriving on both CTAs' barriers at cluster scope cost the lead ~1000 cycles a
+ * block). */
+template <int NCTA> static DSV4_CU_INLINE void ws_release(uint32_t base, int b)
 {
-    const uint32_t empty = WS_BAR_OFF + 16 + b * 8;
-    if (NCTA == 2) {
-        cu_mbar_arrive_cluster(cbase + empty);
-        cu_mbar_arrive_cluster(rbase + empty);
-    } else {
-        cu_mbar_arrive(base + empty);
-    }
+    cu_mbar_arrive(base + (NCTA == 2 ? WS_CDONE(b) : WS_BAR_OFF + 16 + b * 8));
 }
 
 /* ---- ws2: one consumer warpgroup owns S ------------------------------------------------------
@@ -1072,7 +1080,7 @@ static DSV4_CU_INLINE void w2_pv_rs(float *o, const uint32_t *pf, uint32_t ka)
 
 template <int NCTA>
 static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int nblk, int t, int h0, int split,
-                                   int warp, int lane, uint32_t cbase, uint32_t rbase)
+                                   int warp, int lane)
 {
     const uint32_t base = cu_smem(smem);
     const int r0 = 16 * (warp & 3) + (lane >> 2), qcol = 2 * (lane & 3);
@@ -1133,7 +1141,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
         cu_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
-        ws_release<NCTA>(base, cbase, rbase, b); /* Q K^T and P V of block j are done with tile b */
+        ws_release<NCTA>(base, b); /* Q K^T and P V of block j are done with tile b */
         WS_PROF(4);
     }
     WS_PROF_END(1);
@@ -1154,7 +1162,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
 
 template <int NCTA>
 static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int nblk, int t, int h0, int split,
-                                     int warp, int lane, uint32_t cbase, uint32_t rbase)
+                                     int warp, int lane)
 {
     const uint32_t base = cu_smem(smem);
     const int r0 = 16 * (warp & 3) + (lane >> 2);
@@ -1172,7 +1180,7 @@ static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int
         const float alpha[2] = {sAlpha[b * 64 + r0], sAlpha[b * 64 + r0 + 8]};
         ws_pv(o, alpha, base + WS_P_OFF + b * 64 * 128, base + WS_K_OFF + b * KB * ROW_BYTES, 1);
         WS_PROF(1);
-        ws_release<NCTA>(base, cbase, rbase, b);
+        ws_release<NCTA>(base, b);
         cu_mbar_arrive(base + WS_PFREE(b));
         WS_PROF(2);
     }
@@ -1190,14 +1198,15 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const uint32_t rank = NCTA == 2 ? cu_cluster_rank() : 0u;
     const uint32_t base = cu_smem(smem);
-    const uint32_t cbase = NCTA == 2 ? cu_mapa(base, rank) : 0u, rbase = NCTA == 2 ? cu_mapa(base, rank ^ 1u) : 0u;
     const cta_range rg = cta_entries(p, t, split);
     const int nblk = rg.nblk;
     if (tid == 0) {
 #pragma unroll
         for (int b = 0; b < 2; b++) {
             cu_mbar_init(base + WS_BAR_OFF + b * 8, 128);           /* full: every producer thread */
-            cu_mbar_init(base + WS_BAR_OFF + 16 + b * 8, 256 * NCTA); /* empty: every consumer thread */
+            /* empty: every consumer thread; NCTA 2: one arrival from each CTA's producer */
+            cu_mbar_init(base + WS_BAR_OFF + 16 + b * 8, NCTA == 2 ? 2 : 256);
+            cu_mbar_init(base + WS_CDONE(b), 256);
             cu_mbar_init(base + WS_PFREE(b), 128);
             cu_mbar_init(base + WS_PFULL(b), 128);
         }
@@ -1219,10 +1228,10 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
     } else if (W2) {
         if (wg == 0) {
             cu_setmaxnreg_inc<216>();
-            w2_lead<NCTA>(p, smem, nblk, t, h0, split, warp, lane, cbase, rbase);
+            w2_lead<NCTA>(p, smem, nblk, t, h0, split, warp, lane);
         } else {
             cu_setmaxnreg_dec<160>(); /* below the 168 of the launch: gives 8 back */
-            w2_follow<NCTA>(p, smem, nblk, t, h0, split, warp, lane, cbase, rbase);
+            w2_follow<NCTA>(p, smem, nblk, t, h0, split, warp, lane);
         }
         if (NCTA == 2) cu_cluster_sync();
     } else {
@@ -1249,7 +1258,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
             WS_PROF(2);
             ws_pv(o, alpha, pa, ka, wg);
             WS_PROF(3);
-            ws_release<NCTA>(base, cbase, rbase, b);
+            ws_release<NCTA>(base, b);
         }
         WS_PROF_END(1 + wg);
         wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
