@@ -45,6 +45,16 @@ DSV4_API dsv4_status dsv4_device_tensor_alloc(dsv4_ctx *ctx, dsv4_tensor *t, dsv
                                               const int64_t *shape);
 DSV4_API dsv4_status dsv4_device_tensor_free(dsv4_ctx *ctx, dsv4_tensor *t);
 
+/* The stream the context's work is ordered on, for embedding dsv4 in a program with its own CUDA
+ * work: a cudaStream_t of the context's device (cast to void *), or NULL for the backend's
+ * default (CUDA's per-thread default stream). The caller keeps the stream alive while the
+ * context uses it; timers and graphs keep the stream they were created on. Only contexts made
+ * with dsv4_ctx_create (the default context keeps its stream). A CPU backend accepts only NULL
+ * (DSV4_ERR_UNSUPPORTED otherwise); a handle the CUDA runtime does not know, or one of another
+ * device, is DSV4_ERR_INVALID_ARG and leaves the context as it was. */
+DSV4_API dsv4_status dsv4_device_stream_set(dsv4_ctx *ctx, void *stream);
+DSV4_API dsv4_status dsv4_device_stream_get(dsv4_ctx *ctx, void **stream);
+
 /* Device-side timing: start/stop are recorded on the stream; elapsed waits for the stop. */
 typedef struct dsv4_device_timer dsv4_device_timer;
 DSV4_API dsv4_status dsv4_device_timer_create(dsv4_ctx *ctx, dsv4_device_timer **timer);

@@ -34,6 +34,8 @@ lib.dsv4_device_download.argtypes = [_P, _P, _P, _SIZE]
 lib.dsv4_device_copy.argtypes = [_P, _P, _P, _SIZE]
 lib.dsv4_device_memset.argtypes = [_P, _P, ctypes.c_int, _SIZE]
 lib.dsv4_device_sync.argtypes = [_P]
+lib.dsv4_device_stream_set.argtypes = [_P, _P]
+lib.dsv4_device_stream_get.argtypes = [_P, ctypes.POINTER(_P)]
 
 
 def available(backend="cuda"):

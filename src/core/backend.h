@@ -42,6 +42,8 @@ typedef struct dsv4_backend {
 const dsv4_backend *dsv4_backend_find(const char *name);
 /* Resolve a (possibly NULL) context into its backend and execution settings. */
 dsv4_status dsv4_ctx_resolve(const dsv4_ctx *ctx, const dsv4_backend **backend, dsv4_exec *exec);
+/* The stream of the context's execution settings (checked by the caller; NULL: the default). */
+dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream);
 
 /* Look up an op family; fails with a message naming the op and the backend. */
 #define DSV4_BACKEND_FAMILY(b, family, op)                                                        \

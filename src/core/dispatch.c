@@ -108,6 +108,13 @@ dsv4_status dsv4_ctx_resolve(const dsv4_ctx *ctx, const dsv4_backend **backend, 
     return DSV4_OK;
 }
 
+dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream)
+{
+    DSV4_CHECK_ARG(ctx, "ctx_set_stream: null context");
+    ctx->exec.stream = stream;
+    return DSV4_OK;
+}
+
 const char *dsv4_ctx_backend_name(const dsv4_ctx *ctx)
 {
     const dsv4_backend *b;

@@ -27,6 +27,9 @@ struct dsv4_memory_ops {
     dsv4_status (*timer_elapsed)(const dsv4_exec *ex, void *timer, double *ms);
     void (*timer_destroy)(void *timer);
 
+    /* Whether `stream` (a backend handle, not NULL) can order the context's work. */
+    dsv4_status (*stream_check)(const dsv4_exec *ex, void *stream);
+
     /* Graph capture of the work issued on the stream between begin and end. */
     dsv4_status (*graph_begin)(const dsv4_exec *ex);
     dsv4_status (*graph_end)(const dsv4_exec *ex, void **graph);

@@ -204,6 +204,30 @@ struct dsv4_device_graph {
     void *handle;
 };
 
+dsv4_status dsv4_device_stream_set(dsv4_ctx *ctx, void *stream)
+{
+    DSV4_CHECK_ARG(ctx, "device_stream_set: the default context keeps its default stream (pass a context)");
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(resolve(ctx, &b, &ex));
+    if (stream) {
+        if (!b->memory || !b->memory->stream_check)
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "device_stream_set: backend '%s' has no streams (only NULL)", b->name);
+        DSV4_TRY(b->memory->stream_check(&ex, stream));
+    }
+    return dsv4_ctx_set_stream(ctx, stream);
+}
+
+dsv4_status dsv4_device_stream_get(dsv4_ctx *ctx, void **stream)
+{
+    DSV4_CHECK_ARG(stream, "device_stream_get: null output");
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(resolve(ctx, &b, &ex));
+    *stream = ex.stream;
+    return DSV4_OK;
+}
+
 static dsv4_status graph_backend(dsv4_ctx *ctx, const char *op, const dsv4_backend **b, dsv4_exec *ex)
 {
     DSV4_TRY(resolve(ctx, b, ex));

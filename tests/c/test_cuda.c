@@ -8,10 +8,13 @@
  *     and out-of-range indices, garbage beyond the lengths, sinks none/random/-inf/+inf,
  *     split and unsplit launches): out relative L2 <= 8e-3, lse within 1e-5 max(1, |lse|),
  *     +inf and exact zeros where nothing is valid;
- *   - graph capture and replay, run-to-run determinism, device/host mismatches rejected.
+ *   - graph capture and replay (also on a stream of the caller's), run-to-run determinism,
+ *     device/host mismatches rejected.
  * Without a CUDA device it checks the host fallback of the memory API, says why it skips and exits
  * 77 (CTest SKIP_RETURN_CODE: reported as skipped, not passed). */
 #include "dsv4.h"
+
+#include <cuda_runtime_api.h>
 #include "formats/codec.h"
 #include "test_util.h"
 
@@ -521,9 +524,18 @@ static void test_decode(const dcase *c)
         free(l_cu), free(l_2p), free(hws);
 }
 
-/* Graph capture: a captured decode replays to the same bits as a direct call. */
-static void test_graph(void)
+/* Graph capture: a captured decode replays to the same bits as a direct call. on_stream: all of it
+ * on a stream of the caller's (dsv4_device_stream_set), which the capture must then be on. */
+static void test_graph(int on_stream)
 {
+    cudaStream_t st = NULL;
+    if (on_stream) {
+        CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess, "cudaStreamCreate");
+        CHECK_STATUS(dsv4_device_stream_set(cu, st), DSV4_OK);
+        void *got = NULL;
+        CHECK_STATUS(dsv4_device_stream_get(cu, &got), DSV4_OK);
+        CHECK(got == (void *)st, "stream_get returns the stream set");
+    }
     const int t = 3, h = 64, w = 256;
     tcache c0;
     make_cache(&c0, 64, 2000, 0);
@@ -547,6 +559,11 @@ static void test_graph(void)
     dsv4_device_sync(cu);
     dsv4_device_graph *g = NULL;
     CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
+    if (on_stream) {
+        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        CHECK(cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive,
+              "the capture runs on the caller's stream");
+    }
     CHECK_STATUS(dsv4_sparse_mla_decode(cu, &tq, &sc, NULL, NULL, 0.0441941738f, &to, NULL, wsb ? &tw : NULL), DSV4_OK);
     CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
     if (g) {
@@ -558,6 +575,11 @@ static void test_graph(void)
     }
     dfree_all();
     free(c0.host), free(idx), free(q), free(o1), free(o2);
+    if (on_stream) {
+        CHECK_STATUS(dsv4_device_stream_set(cu, NULL), DSV4_OK);
+        CHECK(cudaStreamDestroy(st) == cudaSuccess, "cudaStreamDestroy");
+        CHECK_STATUS(dsv4_device_stream_set(NULL, NULL), DSV4_ERR_INVALID_ARG); /* the default context */
+    }
 }
 
 int main(void)
@@ -614,7 +636,10 @@ int main(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!small || i == 0 || i == 7 || i == 10 || (small[0] == '1' && (i == 3 || i == 4 || i == 11)))
             test_decode(&cases[i]);
-    if (!small) test_graph();
+    if (!small) {
+        test_graph(0);
+        test_graph(1);
+    }
 
     dsv4_ctx_destroy(cu);
     dsv4_ctx_destroy(cpu);

@@ -36,6 +36,20 @@ def test_round_trip(backend, request):
         device.upload(np.zeros(4, np.float32), backend).upload(np.zeros(5, np.float32))
 
 
+def test_stream_api_on_the_cpu():
+    """The stream of a context: NULL (the default) on a CPU backend; a handle is refused there,
+    and the default context (NULL ctx) keeps its stream."""
+    c = ctx("cpu")
+    out = ctypes.c_void_p(12345)
+    assert lib.dsv4_device_stream_get(c, ctypes.byref(out)) == 0 and out.value is None
+    assert lib.dsv4_device_stream_set(c, None) == 0
+    assert lib.dsv4_device_stream_set(c, ctypes.c_void_p(0x1000)) == 10  # DSV4_ERR_UNSUPPORTED
+    assert "no streams" in lib.dsv4_last_error().decode()
+    assert lib.dsv4_device_stream_get(c, ctypes.byref(out)) == 0 and out.value is None  # unchanged
+    assert lib.dsv4_device_stream_set(None, None) == 1  # DSV4_ERR_INVALID_ARG
+    assert lib.dsv4_device_stream_get(c, None) == 1
+
+
 def test_kinds_and_info():
     assert device.device_kind("cpu") == 0
     assert device.info("cpu")["name"].startswith("host")

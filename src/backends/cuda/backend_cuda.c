@@ -232,6 +232,31 @@ static dsv4_status cu_graph_launch(const dsv4_exec *ex, void *graph)
 
 static void cu_graph_destroy(void *graph) { cudaGraphExecDestroy((cudaGraphExec_t)graph); }
 
+/* A caller's cudaStream_t: one the runtime knows (cudaStreamQuery answers done or busy) and, where
+ * the runtime can tell, of the context's device. */
+static dsv4_status cu_stream_check(const dsv4_exec *ex, void *stream)
+{
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, "device_stream_set", &g));
+    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+    int dev = ex->device;
+#if CUDART_VERSION >= 12080
+    if (e == cudaSuccess || e == cudaErrorNotReady) {
+        cudaError_t d = cudaStreamGetDevice((cudaStream_t)stream, &dev);
+        if (d != cudaSuccess) e = d;
+    }
+#endif
+    dsv4_cu_leave(&g);
+    if (e != cudaSuccess && e != cudaErrorNotReady) {
+        cudaGetLastError();
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "device_stream_set: not a usable CUDA stream (%s)", cudaGetErrorString(e));
+    }
+    if (dev != ex->device)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "device_stream_set: the stream belongs to CUDA device %d, the context to %d",
+                         dev, ex->device);
+    return DSV4_OK;
+}
+
 static const struct dsv4_memory_ops cuda_memory_ops = {
     .alloc = mem_alloc,
     .free = mem_free,
@@ -245,6 +270,7 @@ static const struct dsv4_memory_ops cuda_memory_ops = {
     .timer_record = cu_timer_record,
     .timer_elapsed = cu_timer_elapsed,
     .timer_destroy = cu_timer_destroy,
+    .stream_check = cu_stream_check,
     .graph_begin = cu_graph_begin,
     .graph_end = cu_graph_end,
     .graph_launch = cu_graph_launch,
