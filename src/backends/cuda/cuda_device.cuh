@@ -153,7 +153,7 @@ DSV4_CU_INLINE void cu_cp_async4_if(uint32_t dst, const void *src, bool pred)
 }
 DSV4_CU_INLINE void cu_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 DSV4_CU_INLINE void cu_cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-DSV4_CU_INLINE void cu_cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+/* Until at most N of this thread's committed groups are pending. */
 template <int N> DSV4_CU_INLINE void cu_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* Named barrier over `threads` threads (id 0 is __syncthreads'). */

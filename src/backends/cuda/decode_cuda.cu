@@ -127,22 +127,17 @@ typedef struct {
     int idx, second;
 } ent_pf;
 
-/* Entry `pos` of token t's scopes (pos in [0, range end) when `in`). */
-static DSV4_CU_INLINE ent_pf read_index(const dsv4_cu_decode &p, int t, const cta_range &r, long long pos, bool in)
+/* Lanes 0..7 of warp w hold entries w*8 .. w*8+7 of block jb. */
+static DSV4_CU_INLINE ent_pf fetch_entry(const dsv4_cu_decode &p, int t, const cta_range &r, int jb, int warp, int lane)
 {
+    const long long pos = r.pos0 + (long long)jb * KB + warp * 8 + lane;
+    const bool in = lane < 8 && jb < r.nblk && pos < r.pend;
     const int second = pos >= r.len0;
     const dsv4_cu_scope &sc = second ? p.scope[1] : p.scope[0];
     ent_pf f;
     f.idx = cu_ldg_s32_if(sc.indices + t * sc.ld + (second ? pos - r.len0 : pos), in, -1);
     f.second = in && second;
     return f;
-}
-
-/* Lanes 0..7 of warp w hold entries w*8 .. w*8+7 of block jb. */
-static DSV4_CU_INLINE ent_pf fetch_entry(const dsv4_cu_decode &p, int t, const cta_range &r, int jb, int warp, int lane)
-{
-    const long long pos = r.pos0 + (long long)jb * KB + warp * 8 + lane;
-    return read_index(p, t, r, pos, lane < 8 && jb < r.nblk && pos < r.pend);
 }
 
 /* Source of an entry: data (and scale row for FP8); 0 when the index is masked. */
@@ -785,7 +780,7 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
     }
     for (int j = 0; j < nblk; j++) {
         const int buf = j & 1;
-        if (j + 1 < nblk) cu_cp_async_wait_1(); /* block j landed, j + 1 may be in flight */
+        if (j + 1 < nblk) cu_cp_async_wait<1>(); /* block j landed, j + 1 may be in flight */
         else cu_cp_async_wait_all();
         __syncthreads();
         dequant_block(buf ? raw1 : raw0, sK, sOk + (j & 3) * KB, tid);
@@ -841,12 +836,12 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Index of entry e (0..63) of block jb of this CTA's range; idx -1 beyond it. */
-/* The producers read indices through a ring in shared memory, WS_IDX_AHEAD rounds ahead, with
- * cp.async: read into registers, an index shared a scoreboard with the entry loads issued after
- * it, so waiting for the index waited for a round of entries (ncu: half of the producer's stalls).
- * Each thread reads back only the slots it filled itself (its own cp.async groups, one per round). */
-/* Round R of a producer thread: entry e0 (+ 32 for odd rounds of NCTA 1) of block R / RPB; its
- * index goes through slot R % WS_IDX_SLOTS of the thread's column `ring` of the ring. */
+/* Round R of a producer thread: entry e0 (+ 32 for odd rounds of NCTA 1) of block R / RPB. The
+ * producers read indices WS_IDX_AHEAD rounds ahead through a ring in shared memory filled with
+ * cp.async (slot R % WS_IDX_SLOTS of the thread's column `ring`; each thread reads back only its
+ * own slots, one cp.async group per round): read into a register, an index shares a scoreboard
+ * with the entry loads issued after it, so waiting for the index waited for a round of entries
+ * (ncu: over a third of the producer's stall samples). */
 template <int NCTA> struct ws_round {
     static constexpr int RPB = NCTA == 1 ? 2 : 1; /* rounds per block */
     const cta_range &r;
@@ -1044,9 +1039,8 @@ static DSV4_CU_INLINE void ws_pv(float *o, const float *alpha, uint32_t pa, uint
  * for itself (one lane per warp after a __syncwarp made compute-sanitizer racecheck report the
  * other lanes' reads of the valid flags as hazards). NCTA 2: on this CTA's cdone[b], and one
  * producer thread passes it on to both CTAs' empty[b], the peer's with a single cluster-scope
- * arrival (each
- * consumer thread arriving on both CTAs' barriers at cluster scope cost the lead ~1000 cycles a
- * block). */
+ * arrival (every consumer thread arriving on both CTAs' barriers at cluster scope cost the lead
+ * ~1600 cycles a block). */
 template <int NCTA> static DSV4_CU_INLINE void ws_release(uint32_t base, int b)
 {
     cu_mbar_arrive(base + (NCTA == 2 ? WS_CDONE(b) : WS_BAR_OFF + 16 + b * 8));
