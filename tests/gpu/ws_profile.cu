@@ -4,7 +4,8 @@
  * MODEL1-like shapes (random FP8 entries over a 613 MB pool, one query per row of indices), then
  * runs one more launch and prints clock64 cycles per 64-entry block and warp, by role and phase:
  *   prod  [wait for a free tile, dequantize + store (includes waiting for the loaded data), the
- *          rest (issuing loads, index reads, fences, arrivals)]
+ *          rest (issuing loads, index reads, fences, arrivals); H 128 clusters: + the producers'
+ *          barrier before the copy to the peer, the copy's issue and the arrivals]
  *   ws2: wg0 = lead [wait for a full tile, Q K^T (+ the previous P V's tail), softmax, wait for a
  *          free P tile, rescale + issue P V, final wait], wg1 = follower [wait for P, P V, release]
  *   ws1: wg0, wg1 [wait for a full tile, Q K^T, softmax (with the exchange of maxima), P V]

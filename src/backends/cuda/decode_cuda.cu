@@ -971,7 +971,9 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
                 if (NCTA == 2) {
                     /* all 32 rows of this half, then one thread copies them into the peer's tile
                      * (8 column blocks of 4 KB and the 32 valid flags) and expects the peer's half */
+                    WS_PROF(1);
                     cu_bar(2, 128);
+                    WS_PROF(3);
                     if (pw == 0 && lane == 0) {
                         const uint32_t half = rank * 32 * 128;
 #pragma unroll 1
@@ -983,6 +985,7 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
                     } else {
                         cu_mbar_arrive(base + full);
                     }
+                    WS_PROF(4);
                 } else {
                     cu_mbar_arrive(base + full);
                 }
