@@ -89,14 +89,6 @@ DSV4_API int64_t dsv4_engine_seq_length(const dsv4_engine *e, int seq);
 DSV4_API dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t *tokens, int64_t n, float *logits,
                                          int64_t n_logits, float *mtp_logits, int64_t n_mtp_logits);
 
-/* ---- state ----------------------------------------------------------------------------------
- * The sequence's cache and state contents in a fixed order, as bytes: for every block (MTP last)
- * the live SWA ring entries (positions max(0, len-window) .. len-1, 584 B each), the compressed
- * entries 0 .. len/ratio-1 (584 B), the indexer entries (packed FP4 + UE8M0), and the compressor
- * states (F32). Two sequences that processed the same tokens export the same bytes, however the
- * tokens were batched. out NULL asks for the size only. */
-DSV4_API dsv4_status dsv4_engine_seq_export(const dsv4_engine *e, int seq, void *out, size_t cap, size_t *len);
-
 /* ---- sampling -------------------------------------------------------------------------------
  * temperature 0: greedy (argmax, lowest id on ties). temperature > 0: p = softmax(logits / T),
  * restricted to the smallest set of most likely tokens whose mass reaches top_p (top_p >= 1: all),
@@ -107,6 +99,79 @@ typedef struct dsv4_sampling {
     float top_p;       /* (0, 1]; values >= 1 keep every token */
     uint64_t seed;
 } dsv4_sampling;
+
+/* ---- many sequences in one pass ------------------------------------------------------------
+ * One call appends tokens to several sequences and runs the model once over all their rows: the
+ * weights are read once per chunk of up to max_batch rows, whatever the number of sequences.
+ * Each entry is one sequence (at most once per call) with n_tokens >= 1 new tokens: a decode
+ * token, a prefill chunk or a whole prompt. Entries are packed into chunks in order; an entry may
+ * span chunks.
+ *   logits      F32 [sum of n_logits, vocab]: for each entry in order, the logits of its last
+ *               n_logits (0..n_tokens) positions.
+ *   mtp_logits  F32 [sum of n_mtp_logits, vocab]: for each entry in order, the MTP logits of the
+ *               last n_mtp_logits of the MTP rows it runs (see dsv4_engine_forward).
+ * Every sequence ends with the logits, caches and states it gets when it runs alone (bit for
+ * bit, for any mix of sequences, lengths, order and thread count). Every entry is checked before
+ * anything runs; a failure after that marks every sequence of the call failed. */
+typedef struct dsv4_batch_entry {
+    int seq;
+    const int32_t *tokens;
+    int64_t n_tokens;
+    int64_t n_logits;
+    int64_t n_mtp_logits;
+} dsv4_batch_entry;
+
+DSV4_API dsv4_status dsv4_engine_forward_batch(dsv4_engine *e, const dsv4_batch_entry *entries, int n_entries,
+                                               float *logits, float *mtp_logits);
+
+/* ---- decode steps of many sequences -----------------------------------------------------------
+ * One step of generation for several sequences at once, each with its own sampling: append the
+ * request's tokens (the token sampled last, or a prompt chunk), then sample. With mtp = k >= 1
+ * (n_tokens must be 1, k <= max_mtp) the step drafts k tokens with the MTP block, verifies them
+ * in the same forward as every other request of the step and returns the accepted drafts plus one
+ * token of the target model (1..k+1 tokens), exactly as dsv4_engine_generate does. Greedy output
+ * is identical to plain greedy decoding; the rows of all requests together (n_tokens + mtp each)
+ * must fit max_batch. A request with sample = 0 only appends its tokens (a prompt chunk).
+ * The tokens returned are not in the caches yet: the next step feeds the last one. */
+typedef struct dsv4_step_request {
+    int seq;
+    const int32_t *tokens;
+    int64_t n_tokens;
+    int mtp;                /* drafts to verify (0: plain step) */
+    int sample;             /* 0: append only, out untouched */
+    dsv4_sampling sampling;
+    uint64_t *rng;          /* [4] generator state (dsv4_rng_seed), advanced by the step */
+    int32_t *out;           /* [1 + mtp] tokens produced */
+    int n_out;              /* set by the step */
+    int drafted, accepted;  /* set by the step */
+} dsv4_step_request;
+
+DSV4_API dsv4_status dsv4_engine_step(dsv4_engine *e, dsv4_step_request *requests, int n_requests);
+
+/* ---- sequence operations ------------------------------------------------------------------
+ * copy      dst (an existing sequence, overwritten) becomes an exact copy of src: its caches,
+ *           compressor states, MTP state and tokens; both then continue independently (a shared
+ *           prompt prefix computed once).
+ * truncate  keep the first `length` tokens (0 <= length <= current length), exactly: caches,
+ *           states and logits afterwards are those of a sequence that only ever saw them. The
+ *           compressor states cannot be rewound, so the engine recomputes the tokens from a restart
+ *           point: the last multiple of every compression ratio at or before the new end, less the
+ *           overlapping window (CSA), whose SWA window is still in the ring (at most lcm(ratios) +
+ *           4 tokens when the cut is shorter than the ring's spare entries; else from position 0,
+ *           never more than the prefill of `length` tokens). *recomputed (may be NULL) receives
+ *           the number of tokens run again. A failure during the recomputation fails the sequence. */
+DSV4_API dsv4_status dsv4_engine_seq_copy(dsv4_engine *e, int src, int dst);
+DSV4_API dsv4_status dsv4_engine_seq_truncate(dsv4_engine *e, int seq, int64_t length, int64_t *recomputed);
+/* The tokens the sequence holds: ids of positions 0..len-1 into out (cap of them at most). */
+DSV4_API dsv4_status dsv4_engine_seq_tokens(const dsv4_engine *e, int seq, int32_t *out, int64_t cap, int64_t *len);
+
+/* ---- state ----------------------------------------------------------------------------------
+ * The sequence's cache and state contents in a fixed order, as bytes: for every block (MTP last)
+ * the live SWA ring entries (positions max(0, len-window) .. len-1, 584 B each), the compressed
+ * entries 0 .. len/ratio-1 (584 B), the indexer entries (packed FP4 + UE8M0), and the compressor
+ * states (F32). Two sequences that processed the same tokens export the same bytes, however the
+ * tokens were batched. out NULL asks for the size only. */
+DSV4_API dsv4_status dsv4_engine_seq_export(const dsv4_engine *e, int seq, void *out, size_t cap, size_t *len);
 
 /* One token from one row of logits with the engine's scratch; `rng` is a 4-word generator state
  * (dsv4_rng_seed). */
@@ -152,7 +217,9 @@ typedef struct dsv4_generate_stats {
     double prefill_seconds, decode_seconds;
 } dsv4_generate_stats;
 
-/* Runs on sequence `seq` (its length must be 0); out_tokens receives up to `cap` generated ids
+/* Runs on sequence `seq`: the prompt is appended to what it holds (a new turn of a conversation
+ * continues it; the last token a previous generation returned is not in the caches, so a new
+ * turn starts with it). out_tokens receives up to `cap` generated ids
  * (*n_out of them). stats may be NULL. Every prompt id is checked before anything runs. A stop
  * request from the callback during the prefill (prompt_logits chunks) ends the generation there:
  * the sequence holds the prompt tokens fed so far and no token is generated. */

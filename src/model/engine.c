@@ -399,8 +399,8 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
         L->proj_ld += 4 * c->index_head_dim;
     }
     if (L->ratio && e->opt.max_mtp && !L->is_mtp) { /* rollback of rejected drafts */
-        L->snapshot = take(&A[A_STATE], (uint64_t)L->state_floats * 4);
-        L->saved_proj = take(&A[A_STATE], (uint64_t)((1 + e->opt.max_mtp) * L->proj_ld) * 4);
+        L->snapshot = take(&A[A_STATE], (uint64_t)(S * L->state_floats) * 4);
+        L->saved_proj = take(&A[A_STATE], (uint64_t)(e->opt.max_batch * L->proj_ld) * 4);
     }
     L->state = take(&A[A_STATE], (uint64_t)(S * L->state_floats) * 4);
     return DSV4_OK;
@@ -428,13 +428,21 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     DSV4_TRY(hc_site(e, &A[A_CONV], &e->w->hc_head_fn, &e->w->hc_head_scale, &e->w->hc_head_base, &e->hc_head));
     DSV4_TRY(embed_table(e, &A[A_CONV]));
     for (int b = 0; b < e->n_blocks; b++) DSV4_TRY(eng_wrap(layout_layer(e, A, &e->layers[b], b), "engine: block", b));
-    for (int sq = 0; sq < S; sq++) e->seqs[sq].pending = take(&A[A_STATE], (uint64_t)(2 * hc * D) * 2);
+    for (int sq = 0; sq < S; sq++) {
+        eng_seq *q = &e->seqs[sq];
+        q->pending = take(&A[A_STATE], (uint64_t)(2 * hc * D) * 2);
+        q->hist = take(&A[A_STATE], (uint64_t)maxc * sizeof *q->hist);
+        if (e->opt.max_mtp) {
+            q->head_logits = take(&A[A_STATE], (uint64_t)V * 4);
+            q->head_streams = take(&A[A_STATE], (uint64_t)(hc * D) * 2);
+        }
+    }
 
     /* scratch of one forward call */
     arena *s = &A[A_SCRATCH];
     eng_scratch *x = &e->s;
     x->X = take(s, (uint64_t)(T * hc * D) * 2);
-    x->Xm = e->opt.max_mtp ? take(s, (uint64_t)(T * hc * D) * 2) : NULL;
+    x->Xm = take(s, (uint64_t)(T * hc * D) * 2);
     x->xin = take(s, (uint64_t)(T * D) * 2);
     x->x = take(s, (uint64_t)(T * D) * 2);
     x->a = take(s, (uint64_t)(T * D) * 2);
@@ -451,6 +459,14 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->cslots = take(s, (uint64_t)T * 8);
     x->positions = take(s, (uint64_t)T * 8);
     x->tokens = take(s, (uint64_t)T * 4);
+    x->mtok = take(s, (uint64_t)T * 4);
+    x->vtok = take(s, (uint64_t)T * 4);
+    x->qrow = take(s, (uint64_t)e->max_segs * 8);
+    x->xrow = take(s, (uint64_t)e->max_segs * 8);
+    x->segs = take(s, (uint64_t)e->max_segs * sizeof *x->segs);
+    x->msegs = take(s, (uint64_t)e->max_segs * sizeof *x->msegs);
+    x->lrow = take(s, (uint64_t)e->max_segs * sizeof *x->lrow);
+    x->mark = take(s, (uint64_t)S);
     x->qi = take(s, (uint64_t)(T * nI * dI) * 2);
     x->wp = take(s, (uint64_t)(T * nI) * 2);
     x->qpk = take(s, (uint64_t)(T * nI * dI / 2));
@@ -464,13 +480,17 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->cidx = take(s, (uint64_t)(T * c->index_topk) * 4);
     x->clen = take(s, (uint64_t)T * 4);
     for (int p = 0; p < e->n_pools; p++) {
-        x->hidx[p] = e->pool_hca[p] ? take(s, (uint64_t)(maxc / e->pool_ratio[p] + 1) * 4) : NULL;
+        e->hrow[p] = maxc / e->pool_ratio[p] + 1;
+        x->hidx[p] = e->pool_hca[p] ? take(s, (uint64_t)(e->max_segs * e->hrow[p]) * 4) : NULL;
         x->hlen[p] = e->pool_hca[p] ? take(s, (uint64_t)T * 4) : NULL;
     }
     x->ids = take(s, (uint64_t)(T * topk) * 4);
     x->rw = take(s, (uint64_t)(T * topk) * 4);
-    x->logits = take(s, (uint64_t)(e->opt.logits_rows * V) * 4);
-    x->qlogits = take(s, (uint64_t)(e->opt.max_mtp * V) * 4);
+    /* a step's rows: every request's verified tokens (or its last one), every draft */
+    const int64_t step_rows = T < (int64_t)S * (1 + e->opt.max_mtp) ? T : (int64_t)S * (1 + e->opt.max_mtp);
+    const int64_t draft_rows = T < (int64_t)S * e->opt.max_mtp ? T : (int64_t)S * e->opt.max_mtp;
+    x->logits = take(s, (uint64_t)((e->opt.logits_rows > step_rows ? e->opt.logits_rows : step_rows) * V) * 4);
+    x->qlogits = take(s, (uint64_t)(draft_rows * V) * 4);
     x->probs = take(s, (uint64_t)V * 4);
     x->probs2 = take(s, (uint64_t)V * 4);
     x->order = take(s, (uint64_t)V * 4);
@@ -531,6 +551,16 @@ static dsv4_status resolve_options(dsv4_engine *e, const dsv4_engine_options *o)
     return DSV4_OK;
 }
 
+static int64_t lcm64(int64_t a, int64_t b)
+{
+    int64_t x = a, y = b;
+    while (y) {
+        int64_t t = x % y;
+        x = y, y = t;
+    }
+    return a / x * b;
+}
+
 static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
 {
     e->cfg = dsv4_model_get_config(e->model);
@@ -548,6 +578,8 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
     e->R = (need + ENG_RING_BLOCK - 1) / ENG_RING_BLOCK * ENG_RING_BLOCK;
     e->index_entry_bytes = c->index_head_dim / 2 + c->index_head_dim / 32;
     e->index_entries = (e->opt.max_context + 3) / 4;
+    e->max_segs = e->opt.max_seqs < e->opt.max_batch ? e->opt.max_seqs : e->opt.max_batch;
+    e->restart_lcm = 1;
     e->cwidth = 1;
     for (int b = 0; b < e->n_blocks; b++) {
         const dsv4_layer_weights *w = &e->w->layers[b];
@@ -555,6 +587,14 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
         if (w->kind == DSV4_ATTN_HCA && e->opt.max_context / w->compress_ratio > e->cwidth)
             e->cwidth = e->opt.max_context / w->compress_ratio;
         if (w->kind == DSV4_ATTN_SWA) continue;
+        /* truncation restarts where every compressor starts a block, less the overlapping
+         * window of the CSA compressors (main and indexer: ratio 4) */
+        e->restart_lcm = lcm64(e->restart_lcm, w->compress_ratio);
+        if (w->kind == DSV4_ATTN_CSA) {
+            e->restart_lcm = lcm64(e->restart_lcm, 4);
+            if (w->compress_ratio > e->restart_overlap) e->restart_overlap = w->compress_ratio;
+            if (e->restart_overlap < 4) e->restart_overlap = 4;
+        }
         int p = 0;
         while (p < e->n_pools && e->pool_ratio[p] != w->compress_ratio) p++;
         if (p == e->n_pools) {
@@ -718,6 +758,114 @@ dsv4_status dsv4_engine_seq_free(dsv4_engine *e, int seq)
     return DSV4_OK;
 }
 
+/* Cache entry `entry` of sequence table `from` into the same entry of `to` (one cache). */
+static dsv4_status copy_entry(const dsv4_kv_cache *c, const dsv4_kv_seq *from, const dsv4_kv_seq *to, int64_t entry)
+{
+    int64_t a, b;
+    DSV4_TRY(dsv4_kv_seq_slots(from, &entry, 1, &a));
+    DSV4_TRY(dsv4_kv_seq_slots(to, &entry, 1, &b));
+    uint8_t *pa = (uint8_t *)c->pages.data + (a / c->block_size) * c->pages.stride[0];
+    uint8_t *pb = (uint8_t *)c->pages.data + (b / c->block_size) * c->pages.stride[0];
+    const int64_t ra = a % c->block_size, rb = b % c->block_size, scales = c->block_size * DSV4_KV_DATA_BYTES;
+    memcpy(pb + rb * DSV4_KV_DATA_BYTES, pa + ra * DSV4_KV_DATA_BYTES, DSV4_KV_DATA_BYTES);
+    memcpy(pb + scales + rb * DSV4_KV_SCALE_BYTES, pa + scales + ra * DSV4_KV_SCALE_BYTES, DSV4_KV_SCALE_BYTES);
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_engine_seq_copy(dsv4_engine *e, int src, int dst)
+{
+    const char *op = "engine_seq_copy";
+    DSV4_TRY(eng_check_usable(e, src, op));
+    DSV4_TRY(eng_check_seq(e, dst, op));
+    DSV4_CHECK_ARG(src != dst, "%s: source and destination are both sequence %d", op, src);
+    eng_seq *a = &e->seqs[src], *b = &e->seqs[dst];
+    const int64_t rs = e->hc * e->D;
+    for (int l = 0; l < e->n_blocks; l++) {
+        const eng_layer *L = &e->layers[l];
+        const int64_t n = L->is_mtp ? a->mtp_len : a->len;
+        for (int64_t r = 0; r < e->R; r++) DSV4_TRY(copy_entry(&L->ring, a->ring, b->ring, r));
+        if (!L->ratio) continue;
+        for (int64_t c = 0; c < n / L->ratio; c++) DSV4_TRY(copy_entry(&L->comp, a->comp[L->pool], b->comp[L->pool], c));
+        if (L->kind == DSV4_ATTN_CSA) {
+            const size_t row = (size_t)(e->index_entries * e->index_entry_bytes);
+            memcpy(L->index_cache + (size_t)dst * row, L->index_cache + (size_t)src * row, (size_t)(n / 4 * e->index_entry_bytes));
+        }
+        memcpy(eng_state(e, L, dst), eng_state(e, L, src), (size_t)L->state_floats * 4);
+    }
+    memcpy(b->hist, a->hist, (size_t)a->len * sizeof *a->hist);
+    memcpy(b->pending, a->pending, (size_t)(2 * rs) * 2);
+    if (e->opt.max_mtp) {
+        memcpy(b->head_logits, a->head_logits, (size_t)e->V * 4);
+        memcpy(b->head_streams, a->head_streams, (size_t)rs * 2);
+    }
+    b->len = a->len;
+    b->mtp_len = a->mtp_len;
+    b->pend = a->pend;
+    b->head_tok = a->head_tok;
+    b->failed = 0;
+    return DSV4_OK;
+}
+
+/* Whether the ring still holds the SWA window that recomputing from `restart` reads: positions
+ * max(0, restart-W+1) .. restart-1, written by the first `len` tokens (the ring keeps the last R). */
+static int ring_holds(const dsv4_engine *e, int64_t len, int64_t restart)
+{
+    int64_t lo = restart - e->W + 1 < 0 ? 0 : restart - e->W + 1;
+    return restart == 0 || lo >= len - e->R;
+}
+
+dsv4_status dsv4_engine_seq_truncate(dsv4_engine *e, int seq, int64_t length, int64_t *recomputed)
+{
+    const char *op = "engine_seq_truncate";
+    DSV4_TRY(eng_check_usable(e, seq, op));
+    eng_seq *q = &e->seqs[seq];
+    DSV4_CHECK_ARG(length >= 0 && length <= q->len, "%s: length %lld not in [0, %lld] (the sequence's length)", op,
+                   (long long)length, (long long)q->len);
+    if (recomputed) *recomputed = 0;
+    if (length == q->len) return DSV4_OK;
+    if (length == 0) return seq_clear(e, seq);
+    /* The restart point: the last multiple of every ratio at or before the new end (its last
+     * token with MTP, whose pending streams come from running it), less the overlapping window
+     * whose rows the CSA compressors keep; the compressor states there are rebuilt by running the
+     * tokens again, their entries (in the caches already) dropped. Earlier multiples when the
+     * ring no longer holds the window of a later one; position 0 always works. */
+    const int64_t M = e->restart_lcm, end = e->opt.max_mtp ? length - 1 : length;
+    int64_t restart = 0;
+    for (int64_t P = end / M * M; P > 0; P -= M) {
+        int64_t r = P - e->restart_overlap;
+        if (r >= 0 && ring_holds(e, q->len, r)) {
+            restart = r;
+            break;
+        }
+    }
+    if (restart == 0) DSV4_TRY(seq_clear(e, seq)); /* fresh states; the caches are rewritten */
+    const int64_t n = length - restart;
+    q->len = restart;
+    if (e->opt.max_mtp && q->mtp_len > length - 1) q->mtp_len = length - 1;
+    dsv4_status st = DSV4_OK;
+    for (int64_t c0 = 0; c0 < n && st == DSV4_OK; c0 += e->opt.max_batch) {
+        int64_t T = n - c0 < e->opt.max_batch ? n - c0 : e->opt.max_batch;
+        e->s.segs[0] = (eng_seg){seq, 0, q->len, T, 0, 0, 0};
+        st = eng_main_forward(e, e->s.segs, 1, q->hist + restart + c0, ENG_REPLAY);
+    }
+    if (st != DSV4_OK) return eng_seqs_failed(e, &seq, 1, sizeof seq, st, op);
+    if (e->opt.max_mtp && n) /* the streams of the new last position wait for its next token */
+        memcpy(q->pending + q->pend * e->hc * e->D, e->s.X + ((n - 1) % e->opt.max_batch) * e->hc * e->D,
+               (size_t)(e->hc * e->D) * 2);
+    if (recomputed) *recomputed = n;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_engine_seq_tokens(const dsv4_engine *e, int seq, int32_t *out, int64_t cap, int64_t *len)
+{
+    DSV4_TRY(eng_check_seq(e, seq, "engine_seq_tokens"));
+    DSV4_CHECK_ARG(len && (cap == 0 || out) && cap >= 0, "engine_seq_tokens: need a length pointer and a buffer");
+    const eng_seq *q = &e->seqs[seq];
+    memcpy(out ? out : (void *)q->hist, q->hist, (size_t)(q->len < cap ? q->len : cap) * sizeof *out);
+    *len = q->len;
+    return DSV4_OK;
+}
+
 int64_t dsv4_engine_seq_length(const dsv4_engine *e, int seq)
 {
     if (!e || seq < 0 || seq >= e->opt.max_seqs || !e->seqs[seq].live) return -1;
@@ -767,34 +915,43 @@ static void put_entry(const dsv4_kv_cache *c, int64_t slot, uint8_t *out, size_t
     put(out, cap, pos, page + c->block_size * DSV4_KV_DATA_BYTES + row * DSV4_KV_SCALE_BYTES, DSV4_KV_SCALE_BYTES);
 }
 
-dsv4_status dsv4_engine_seq_export(const dsv4_engine *e, int seq, void *out, size_t cap, size_t *len)
+/* The export's bytes into out (NULL: only counted in *pos). */
+static dsv4_status export_bytes(const dsv4_engine *e, int seq, uint8_t *o, size_t cap, size_t *pos)
 {
-    DSV4_TRY(eng_check_usable(e, seq, "engine_seq_export"));
-    DSV4_CHECK_ARG(len, "engine_seq_export: null length pointer");
     const eng_seq *s = &e->seqs[seq];
-    size_t pos = 0;
-    uint8_t *o = out;
     for (int b = 0; b < e->n_blocks; b++) {
         const eng_layer *L = &e->layers[b];
         int64_t n = L->is_mtp ? s->mtp_len : s->len;
         for (int64_t p = n - e->W < 0 ? 0 : n - e->W; p < n; p++) {
             int64_t entry = p % e->R, slot;
             DSV4_TRY(dsv4_kv_seq_slots(s->ring, &entry, 1, &slot));
-            put_entry(&L->ring, slot, o, cap, &pos);
+            put_entry(&L->ring, slot, o, cap, pos);
         }
         if (!L->ratio) continue;
         for (int64_t c = 0; c < n / L->ratio; c++) {
             int64_t slot;
             DSV4_TRY(dsv4_kv_seq_slots(s->comp[L->pool], &c, 1, &slot));
-            put_entry(&L->comp, slot, o, cap, &pos);
+            put_entry(&L->comp, slot, o, cap, pos);
         }
         if (L->kind == DSV4_ATTN_CSA)
-            put(o, cap, &pos, L->index_cache + (size_t)(seq * e->index_entries * e->index_entry_bytes),
+            put(o, cap, pos, L->index_cache + (size_t)(seq * e->index_entries * e->index_entry_bytes),
                 (size_t)(n / 4 * e->index_entry_bytes));
-        put(o, cap, &pos, eng_state(e, L, seq), (size_t)L->state_floats * 4);
+        put(o, cap, pos, eng_state(e, L, seq), (size_t)L->state_floats * 4);
     }
-    if (out && pos > cap)
-        return dsv4_fail(DSV4_ERR_CAPACITY, "engine_seq_export: %zu bytes needed, %zu given", pos, cap);
-    *len = pos;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_engine_seq_export(const dsv4_engine *e, int seq, void *out, size_t cap, size_t *len)
+{
+    DSV4_TRY(eng_check_usable(e, seq, "engine_seq_export"));
+    DSV4_CHECK_ARG(len, "engine_seq_export: null length pointer");
+    size_t n = 0; /* counted first: a short buffer is refused before a byte is written */
+    DSV4_TRY(export_bytes(e, seq, NULL, 0, &n));
+    if (out && n > cap) return dsv4_fail(DSV4_ERR_CAPACITY, "engine_seq_export: %zu bytes needed, %zu given", n, cap);
+    if (out) {
+        size_t pos = 0;
+        DSV4_TRY(export_bytes(e, seq, out, cap, &pos));
+    }
+    *len = n;
     return DSV4_OK;
 }

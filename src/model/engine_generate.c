@@ -95,107 +95,219 @@ static dsv4_status prefill(gen *g, const int32_t *prompt, int64_t n)
     return DSV4_OK;
 }
 
-/* ---- speculative step -------------------------------------------------------------------------- */
-/* Draft k tokens from the MTP block; the head row (n-1) is run here unless the previous step's
- * repair left it (its logits in qlogits[0], its streams at s->X + head_row). */
-static dsv4_status draft(gen *g, int32_t x, int k, int *have_head, int64_t *head_row, int32_t *d)
+/* ---- one step of many sequences ------------------------------------------------------------ */
+static int32_t sample(dsv4_engine *e, const float *logits, const dsv4_step_request *r)
 {
-    dsv4_engine *e = g->e;
-    eng_seq *q = &e->seqs[g->sq];
-    eng_scratch *s = &e->s;
-    const eng_layer *M = &e->layers[e->cfg->n_layers];
-    const int64_t row = e->hc * e->D, V = e->V, n = q->len;
-    if (!*have_head) {
-        DSV4_TRY(eng_mtp_rows(e, g->sq, n - 1, &x, 1, q->pending + q->pend * row, NULL));
-        DSV4_TRY(eng_logits(e, M, s->X, 1, s->qlogits));
-        q->mtp_len = n;
-        *head_row = 0;
-    }
-    *have_head = 0;
-    d[0] = pick(g, s->qlogits);
-    for (int j = 1; j < k; j++) { /* the streams of the previous draft row feed the next */
-        DSV4_TRY(eng_mtp_rows(e, g->sq, n - 1 + j, &d[j - 1], 1, s->X + (j == 1 ? *head_row : 0) * row, NULL));
-        DSV4_TRY(eng_logits(e, M, s->X, 1, s->qlogits + j * V));
-        d[j] = pick(g, s->qlogits + j * V);
-    }
-    return DSV4_OK;
+    int32_t t = 0;
+    dsv4_engine_sample(e, logits, &r->sampling, r->rng, &t);
+    return t;
 }
 
-/* Accepted drafts and the target's token (*bonus); p rows in s->logits, q rows in s->qlogits. */
-static int accept(gen *g, const int32_t *d, int k, int32_t *bonus)
+/* Accepted drafts d[0..k-1] and the target's token (*bonus); p rows at lg, q rows at qg. */
+static int accept(dsv4_engine *e, const dsv4_step_request *r, const int32_t *d, int k, const float *lg, float *qg,
+                  int32_t *bonus)
 {
-    dsv4_engine *e = g->e;
     eng_scratch *s = &e->s;
     const int64_t V = e->V;
-    const dsv4_sampling *sp = &g->o->sampling;
+    const dsv4_sampling *sp = &r->sampling;
     if (sp->temperature == 0.0f) {
         int i = 0;
-        while (i < k && eng_argmax(s->logits + i * V, V) == d[i]) i++;
-        *bonus = eng_argmax(s->logits + i * V, V);
+        while (i < k && eng_argmax(lg + i * V, V) == d[i]) i++;
+        *bonus = eng_argmax(lg + i * V, V);
         return i;
     }
     for (int i = 0; i < k; i++) {
-        eng_probs(e, s->logits + i * V, sp, s->probs);
-        eng_probs(e, s->qlogits + i * V, sp, s->probs2);
+        eng_probs(e, lg + i * V, sp, s->probs);
+        eng_probs(e, qg + i * V, sp, s->probs2);
         double pd = s->probs[d[i]], qd = s->probs2[d[i]];
-        if (qd > 0.0 && eng_rng_uniform(g->rng) * qd < pd) continue;
+        if (qd > 0.0 && eng_rng_uniform(r->rng) * qd < pd) continue;
         double sum = 0.0;
         for (int64_t v = 0; v < V; v++) {
-            float r = s->probs[v] - s->probs2[v];
-            s->probs2[v] = r > 0.0f ? r : 0.0f;
+            float x = s->probs[v] - s->probs2[v];
+            s->probs2[v] = x > 0.0f ? x : 0.0f;
             sum += s->probs2[v];
         }
-        *bonus = eng_gumbel_pick(sum > 0.0 ? s->probs2 : s->probs, V, g->rng);
+        *bonus = eng_gumbel_pick(sum > 0.0 ? s->probs2 : s->probs, V, r->rng);
         return i;
     }
-    *bonus = pick(g, s->logits + k * V);
+    *bonus = sample(e, lg + k * V, r);
     return k;
 }
 
-static dsv4_status spec_step(gen *g, int64_t step, int32_t *x, int k, int *have_head, int64_t *head_row)
+/* Draft the requests' tokens with the MTP block, one draft position j at a time over all the
+ * requests that want a j-th draft: the first from the main model's streams of position n-1 and
+ * the request's token (or the head row a previous step left), the next ones from the block's own
+ * output streams. Drafts go to s.tokens rows after each request's token. */
+static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
 {
-    dsv4_engine *e = g->e;
-    eng_seq *q = &e->seqs[g->sq];
     eng_scratch *s = &e->s;
-    const int64_t row = e->hc * e->D, n = q->len;
-    double t0 = now_s();
-    int32_t toks[66];
-    toks[0] = *x;
-    DSV4_TRY(draft(g, *x, k, have_head, head_row, toks + 1));
-    /* verify: the target model over [x, d_1..d_k], logits of every row, streams kept for the MTP */
-    DSV4_TRY(eng_main_forward(e, g->sq, toks, k + 1, 1));
-    DSV4_TRY(eng_logits(e, NULL, s->X, k + 1, s->logits)); /* s->X stays: the MTP rows read it */
-    int32_t b;
-    int i = accept(g, toks + 1, k, &b);
-    if (i < k) DSV4_TRY(eng_rollback(e, g->sq, n, i + 1));
-    /* the MTP rows of positions n .. n+i with the target's streams; the last is the next head */
-    toks[i + 1] = b;
-    DSV4_TRY(eng_mtp_rows(e, g->sq, n, toks + 1, i + 1, s->X, s->X + row));
-    DSV4_TRY(eng_logits(e, &e->layers[e->cfg->n_layers], s->X + i * row, 1, s->qlogits));
-    q->mtp_len = n + i + 1;
-    *have_head = 1;
-    *head_row = i;
-    g->st.drafted += k;
-    g->st.accepted += i;
-    emit(g, step, toks + 1, i + 1, k, i, t0, s->logits, i + 1, n);
-    *x = b;
+    const eng_layer *M = &e->layers[e->cfg->n_layers];
+    const int64_t rs = e->hc * e->D, V = e->V;
+    for (int j = 0; j < kmax; j++) {
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (rq[i].mtp <= j) continue;
+            eng_seq *q = &e->seqs[rq[i].seq];
+            const eng_seg *g = &s->segs[i];
+            const uint16_t *src;
+            if (j == 0) {
+                if (q->mtp_len == q->len && q->head_tok == rq[i].tokens[0]) { /* the head row is there */
+                    memcpy(s->qlogits + s->qrow[i] * V, q->head_logits, (size_t)V * 4);
+                    s->xrow[i] = -1;
+                    continue;
+                }
+                src = q->pending + q->pend * rs;
+            } else {
+                src = s->xrow[i] < 0 ? q->head_streams : s->X + s->xrow[i] * rs;
+            }
+            eng_gather_streams(e, k, src);
+            s->mtok[k] = s->vtok[g->row + j];
+            s->msegs[k] = (eng_seg){rq[i].seq, 0, g->start - 1 + j, 1, k, i, 0};
+            s->xrow[i] = k++;
+        }
+        if (k) {
+            DSV4_TRY(eng_mtp_rows(e, s->msegs, k, s->mtok));
+            DSV4_TRY(eng_logits(e, M, s->X, k, s->logits));
+            for (int r = 0; r < k; r++) {
+                int i = s->msegs[r].src;
+                memcpy(s->qlogits + (s->qrow[i] + j) * V, s->logits + r * V, (size_t)V * 4);
+                if (j == 0) e->seqs[rq[i].seq].mtp_len = s->segs[i].start;
+            }
+        }
+        for (int i = 0; i < n; i++)
+            if (rq[i].mtp > j) s->vtok[s->segs[i].row + 1 + j] = sample(e, s->qlogits + (s->qrow[i] + j) * V, &rq[i]);
+    }
     return DSV4_OK;
 }
 
-static dsv4_status plain_step(gen *g, int64_t step, int32_t *x, int *have_head)
+/* A checked step; a failure here may leave the caches partly advanced. */
+static dsv4_status run_step(dsv4_engine *e, dsv4_step_request *rq, int n)
 {
-    dsv4_engine *e = g->e;
-    double t0 = now_s();
-    int64_t n = e->seqs[g->sq].len;
-    /* a head row made by the last repair is the MTP row of n-1 already: forward skips it */
-    DSV4_TRY(dsv4_engine_forward(e, g->sq, x, 1, e->s.logits, 1, NULL, 0));
-    *have_head = 0;
-    int32_t t = pick(g, e->s.logits);
-    emit(g, step, &t, 1, 0, 0, t0, e->s.logits, 1, n);
-    *x = t;
+    eng_scratch *s = &e->s;
+    const int64_t rs = e->hc * e->D, V = e->V;
+    const int mtp = e->opt.max_mtp > 0;
+    int64_t T = 0, qn = 0;
+    int kmax = 0;
+    for (int i = 0; i < n; i++) {
+        dsv4_step_request *r = &rq[i];
+        r->n_out = r->drafted = r->accepted = 0;
+        s->segs[i] = (eng_seg){r->seq, r->mtp > 0, e->seqs[r->seq].len, r->n_tokens + r->mtp, T, i, 0};
+        memcpy(s->vtok + T, r->tokens, (size_t)r->n_tokens * sizeof *s->vtok);
+        s->qrow[i] = qn;
+        qn += r->mtp;
+        T += r->n_tokens + r->mtp;
+        if (r->mtp > kmax) kmax = r->mtp;
+    }
+    if (kmax) DSV4_TRY(draft(e, rq, n, kmax));
+    /* the target model over every request's tokens and drafts, in one pass */
+    DSV4_TRY(eng_main_forward(e, s->segs, n, s->vtok, 0));
+    int64_t nl = 0;
+    for (int i = 0; i < n; i++) {
+        const eng_seg *g = &s->segs[i];
+        s->lrow[i] = nl;
+        if (rq[i].mtp)
+            for (int64_t t = 0; t < g->T; t++) s->cslots[nl++] = g->row + t;
+        else if (rq[i].sample)
+            s->cslots[nl++] = g->row + g->T - 1;
+    }
+    DSV4_TRY(eng_logits_rows(e, NULL, s->X, s->cslots, nl, s->logits));
+    /* accept, roll back what was rejected, sample */
+    for (int i = 0; i < n; i++) {
+        dsv4_step_request *r = &rq[i];
+        const eng_seg *g = &s->segs[i];
+        const float *lg = s->logits + s->lrow[i] * V;
+        if (!r->mtp) {
+            if (r->sample) r->out[r->n_out++] = sample(e, lg, r);
+            continue;
+        }
+        int32_t b;
+        int a = accept(e, r, s->vtok + g->row + 1, r->mtp, lg, s->qlogits + s->qrow[i] * V, &b);
+        if (a < r->mtp) DSV4_TRY(eng_rollback(e, r->seq, g->start, a + 1, g->row));
+        memcpy(r->out, s->vtok + g->row + 1, (size_t)a * sizeof *r->out);
+        r->out[a] = b;
+        r->n_out = a + 1;
+        r->drafted = r->mtp;
+        r->accepted = a;
+    }
+    if (!mtp) return DSV4_OK;
+    /* MTP rows: every position whose next token is known now; for a verification, the kept
+     * positions with the target's streams, the last of them the head row of the next step */
+    int k = 0;
+    int64_t m = 0;
+    for (int i = 0; i < n; i++) {
+        const eng_seg *g = &s->segs[i];
+        eng_seq *q = &e->seqs[rq[i].seq];
+        if (!rq[i].mtp) {
+            eng_mtp_catch_up(e, g, &k, &m);
+            continue;
+        }
+        const int a = rq[i].accepted;
+        eng_mtp_add(e, &k, &m, g, g->start, a + 1, rq[i].out);
+        memcpy(q->pending + q->pend * rs, s->X + (g->row + a) * rs, (size_t)rs * 2);
+        q->mtp_len = g->start + a + 1;
+        q->head_tok = rq[i].out[a];
+    }
+    if (!k) return DSV4_OK;
+    DSV4_TRY(eng_mtp_rows(e, s->msegs, k, s->mtok));
+    int64_t nh = 0;
+    for (int r = 0; r < k; r++)
+        if (rq[s->msegs[r].src].mtp) s->cslots[nh++] = s->msegs[r].row + s->msegs[r].T - 1;
+    const eng_layer *M = &e->layers[e->cfg->n_layers];
+    DSV4_TRY(eng_logits_rows(e, M, s->X, s->cslots, nh, s->qlogits));
+    for (int r = 0, h = 0; r < k; r++) {
+        const eng_seg *g = &s->msegs[r];
+        if (!rq[g->src].mtp) continue;
+        eng_seq *q = &e->seqs[g->sq];
+        memcpy(q->head_logits, s->qlogits + h++ * V, (size_t)V * 4);
+        memcpy(q->head_streams, s->X + (g->row + g->T - 1) * rs, (size_t)rs * 2);
+    }
     return DSV4_OK;
 }
 
+static dsv4_status check_sampling(const char *op, int i, const dsv4_sampling *s)
+{
+    if (s->temperature >= 0.0f && isfinite(s->temperature) && s->top_p > 0.0f) return DSV4_OK;
+    return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: request %d: need temperature >= 0 and top_p > 0", op, i);
+}
+
+dsv4_status dsv4_engine_step(dsv4_engine *e, dsv4_step_request *rq, int n)
+{
+    const char *op = "engine_step";
+    DSV4_CHECK_ARG(e, "%s: null engine", op);
+    DSV4_CHECK_ARG(rq && n >= 1, "%s: need at least one request", op);
+    dsv4_status st = DSV4_OK;
+    int64_t rows = 0;
+    int i = 0;
+    for (; i < n && st == DSV4_OK; i++) {
+        dsv4_step_request *r = &rq[i];
+        st = eng_check_rows(e, op, i, r->seq, r->tokens, r->n_tokens, r->mtp > 0 ? r->mtp : 0);
+        if (st != DSV4_OK) break;
+        if (r->mtp < 0 || r->mtp > e->opt.max_mtp)
+            st = dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: request %d: mtp %d not in [0, %d] (the engine's max_mtp)", op, i, r->mtp,
+                           e->opt.max_mtp);
+        else if (r->mtp && (r->n_tokens != 1 || !r->sample || e->seqs[r->seq].len == 0))
+            st = dsv4_fail(DSV4_ERR_INVALID_ARG,
+                           "%s: request %d: drafts follow one token of a non-empty sequence, and are sampled", op, i);
+        else if (r->sample && (!r->out || !r->rng))
+            st = dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: request %d: sampling needs an output buffer and a generator", op, i);
+        else if (r->sample)
+            st = check_sampling(op, i, &r->sampling);
+        rows += r->n_tokens + r->mtp;
+    }
+    eng_clear_marks(e, &rq[0].seq, i < n ? i + 1 : n, sizeof *rq);
+    DSV4_TRY(st);
+    if (rows > e->opt.max_batch)
+        return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld rows (tokens and drafts) exceed max_batch %d", op, (long long)rows,
+                         e->opt.max_batch);
+    /* everything that can be checked is; what fails from here on fails the step's sequences */
+    if (e->opt.max_mtp)
+        for (i = 0; i < n; i++)
+            if (!rq[i].mtp) e->seqs[rq[i].seq].mtp_len = eng_mtp_first(e, rq[i].seq, rq[i].tokens[0]);
+    st = run_step(e, rq, n);
+    return st == DSV4_OK ? st : eng_seqs_failed(e, &rq[0].seq, n, sizeof *rq, st, op);
+}
+
+/* ---- generation ------------------------------------------------------------------------------ */
 dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt, int64_t n_prompt,
                                  const dsv4_generate_options *o, int32_t *out_tokens, int64_t cap, int64_t *n_out,
                                  dsv4_generate_stats *stats)
@@ -207,17 +319,15 @@ dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt,
         if (prompt[i] < 0 || prompt[i] >= e->V)
             return dsv4_fail(DSV4_ERR_RANGE, "%s: prompt token %lld = %d is outside the vocabulary [0, %lld)", op,
                              (long long)i, prompt[i], (long long)e->V);
-    DSV4_CHECK_ARG(e->seqs[seq].len == 0, "%s: sequence %d is not empty (length %lld)", op, seq,
-                   (long long)e->seqs[seq].len);
     DSV4_CHECK_ARG(o->max_tokens >= 1 && cap >= 0 && (!cap || out_tokens), "%s: need max_tokens >= 1 and an output buffer", op);
     DSV4_CHECK_ARG(o->mtp >= 0 && o->mtp <= e->opt.max_mtp,
                    "%s: mtp %d not in [0, %d] (the engine's max_mtp; 0 when the checkpoint has no MTP block)", op, o->mtp,
                    e->opt.max_mtp);
-    DSV4_CHECK_ARG(o->sampling.temperature >= 0.0f && isfinite(o->sampling.temperature) && o->sampling.top_p > 0.0f,
-                   "%s: need temperature >= 0 and top_p > 0", op);
-    if (n_prompt > e->opt.max_context || o->max_tokens - 1 > e->opt.max_context - n_prompt)
-        return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld prompt + %lld new tokens exceed max_context %lld", op,
-                         (long long)n_prompt, (long long)o->max_tokens, (long long)e->opt.max_context);
+    DSV4_TRY(check_sampling(op, 0, &o->sampling));
+    const int64_t len0 = e->seqs[seq].len, room0 = e->opt.max_context - len0;
+    if (n_prompt > room0 || o->max_tokens - 1 > room0 - n_prompt)
+        return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld held + %lld prompt + %lld new tokens exceed max_context %lld", op,
+                         (long long)len0, (long long)n_prompt, (long long)o->max_tokens, (long long)e->opt.max_context);
     gen g = {.e = e, .sq = seq, .o = o, .out = out_tokens, .cap = cap, .max = o->max_tokens};
     dsv4_rng_seed(o->sampling.seed, g.rng);
     g.st.prompt_tokens = n_prompt;
@@ -225,15 +335,21 @@ dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt,
     dsv4_status st = prefill(&g, prompt, n_prompt);
     int32_t x = g.last;
     double t0 = now_s();
-    int have_head = 0;
-    int64_t head_row = 0, step = 1;
+    int64_t step = 1;
     while (!g.stop && st == DSV4_OK) {
-        int64_t left = g.max - g.n_out, room = e->opt.max_context - e->seqs[seq].len - 1;
+        double ts = now_s();
+        const int64_t n = e->seqs[seq].len, left = g.max - g.n_out, room = e->opt.max_context - n - 1;
         int k = o->mtp;
         if (k > left - 1) k = (int)(left - 1);
         if (k > room) k = (int)room;
-        if (k >= 1) st = spec_step(&g, step, &x, k, &have_head, &head_row);
-        else st = plain_step(&g, step, &x, &have_head);
+        int32_t toks[65];
+        dsv4_step_request r = {seq, &x, 1, k > 0 ? k : 0, 1, o->sampling, g.rng, toks, 0, 0, 0};
+        st = dsv4_engine_step(e, &r, 1);
+        if (st != DSV4_OK) break;
+        g.st.drafted += r.drafted;
+        g.st.accepted += r.accepted;
+        emit(&g, step, toks, r.n_out, r.drafted, r.accepted, ts, e->s.logits, r.n_out, n);
+        x = toks[r.n_out - 1];
         step++;
     }
     if (st != DSV4_OK) return e->seqs[seq].failed ? st : eng_seq_failed(e, seq, st, op);

@@ -34,8 +34,9 @@ typedef struct eng_layer {
     uint8_t *index_cache;               /* CSA: [max_seqs][index_entries][index_entry_bytes] */
     float *state;                       /* [max_seqs][state_floats]: main kv, score; indexer kv, score */
     int64_t state_floats;               /* per sequence */
-    float *snapshot;                    /* compressed layers: state of one sequence before a verification */
-    float *saved_proj;                  /* the compressor inputs of the verified tokens, rows of proj_ld: */
+    float *snapshot;                    /* compressed layers: [max_seqs][state_floats], the states before a
+                                           verification */
+    float *saved_proj;                  /* [max_batch] rows of proj_ld: the compressor inputs of a call's rows, */
     int64_t proj_ld;                    /* main kv | main gate [| indexer kv | indexer gate] */
 } eng_layer;
 
@@ -49,7 +50,27 @@ typedef struct eng_seq {
     uint16_t *pending; /* [2][hc, D]: half `pend` holds the streams of position len-1 while its MTP row
                           waits for the next token (the other half takes the next call's) */
     int pend;
+    int32_t *hist;     /* [max_context] the tokens of positions 0..len-1 */
+    /* The MTP head: when mtp_len == len, the MTP row of position len-1 was run with next token
+     * head_tok (by a speculative step); its logits and output streams wait for the next draft. */
+    int32_t head_tok;
+    float *head_logits;     /* [vocab] */
+    uint16_t *head_streams; /* [hc, D] */
 } eng_seq;
+
+/* One sequence's rows in a forward call: rows row .. row+T-1 at positions start .. start+T-1. */
+typedef struct eng_seg {
+    int sq;
+    int save;      /* snapshot the compressor states first (a verification that may be rolled back) */
+    int64_t start, T, row;
+    int src;       /* the caller's entry or request */
+    int64_t off;   /* tokens of that entry before this segment */
+} eng_seg;
+
+enum {
+    ENG_REPLAY = 1 /* recompute rows whose compressed entries are in the caches already: the
+                      compressors update their states, their entries are dropped */
+};
 
 /* Scratch of one forward call of up to max_batch tokens (engine.c plans the sizes). */
 typedef struct eng_scratch {
@@ -61,18 +82,24 @@ typedef struct eng_scratch {
     uint16_t *cout;             /* [T, 512] compressed entries of one call */
     int64_t *cslots, *positions; /* [T] */
     int32_t *tokens;            /* [T] */
+    int32_t *mtok;              /* [T] next tokens of the MTP rows */
+    int32_t *vtok;              /* [T] a step's tokens and drafts by row */
+    int64_t *qrow, *xrow;       /* [max_segs] a step's first draft-logits row and last MTP output row */
+    eng_seg *segs, *msegs;      /* [max_segs] of a call; of its MTP rows */
+    uint8_t *mark;              /* [max_seqs] duplicate check */
     uint16_t *qi, *wp;          /* [T, nI*dI], [T, nI] */
     uint8_t *qpk, *qsc;         /* [T, nI, dI/2], [T, nI, dI/32] */
     float *wts, *ikv, *igate;   /* [T, nI], [T, 2*dI] x2 */
     int64_t *rslots;            /* [T] ring slots of the call's positions (every block's ring) */
     int32_t *sidx, *slen;       /* [T, window] SWA scope (every block's) */
     int32_t *cidx, *clen;       /* [T, topk] CSA scope (one layer's) */
-    int32_t *hidx[ENG_MAX_RATIOS]; /* HCA pools: one row [max_context/ratio] of entry slots */
+    int32_t *hidx[ENG_MAX_RATIOS]; /* HCA pools: a row [hrow] of entry slots per segment */
     int32_t *hlen[ENG_MAX_RATIOS]; /* [T] visible entries per query */
     int32_t *ids;               /* [T, topk] */
     float *rw;                  /* [T, topk] */
     float *logits;              /* [logits_rows, vocab] target-model logits */
-    float *qlogits;             /* [max_mtp, vocab] draft logits */
+    float *qlogits;             /* [step_rows, vocab] draft logits */
+    int64_t *lrow;              /* [max_segs] first logits row of each request of a step */
     float *probs, *probs2;      /* [vocab] sampling */
     int32_t *order;             /* [vocab] */
     void *ws;                   /* one workspace for every op */
@@ -88,6 +115,9 @@ struct dsv4_engine {
     int64_t D, H, hc, V, W, R;   /* dims; window; ring capacity */
     int64_t cwidth;              /* columns of the compressed scope */
     int64_t index_entry_bytes, index_entries;
+    int max_segs;                /* segments in one call: min(max_seqs, max_batch) */
+    int64_t hrow[ENG_MAX_RATIOS]; /* HCA pools: entries of one scope row (max_context/ratio + 1) */
+    int64_t restart_lcm, restart_overlap; /* truncation restart points: lcm of the ratios, overlap window */
     int n_blocks;                /* n_layers + (MTP planned ? 1 : 0) */
     eng_layer *layers;
     dsv4_hc_site hc_head;
@@ -104,25 +134,49 @@ struct dsv4_engine {
 };
 
 /* ---- forward.c ----
- * The caller has checked the tokens (ids in [0, vocab)), T in [1, max_batch] and the capacity
- * (positions < max_context); the workspace is planned for every T and scope width. A failure
- * returned by these functions can still leave the sequence's caches partly advanced: the public
- * entry points then mark the sequence failed (eng_seq_failed). */
-/* Main model over T <= max_batch tokens of sequence `sq` at positions len..len+T-1 (advances len).
- * Leaves the final streams in s.X. With save_proj the CSA compressor inputs are kept for a
- * rollback (T <= 1 + max_mtp). */
-dsv4_status eng_main_forward(dsv4_engine *e, int sq, const int32_t *tokens, int64_t T, int save_proj);
-/* Logits of rows first..first+n-1 of the streams X [*, hc, D] through hc_head, norm and the head
- * (L = NULL: the main model's; else MTP block L's). */
+ * The callers have checked the tokens (ids in [0, vocab)), the rows (at most max_batch, at most
+ * max_segs segments, each sequence once) and the capacity; the workspace is planned for every
+ * call size and scope width. A failure returned by these functions can still leave the
+ * sequences' caches partly advanced: the public entry points then mark them failed. */
+/* The main model over the segments' rows (tokens [T] in row order): advances every len, records
+ * the tokens. Leaves the final streams in s.X. `flags`: ENG_REPLAY. The compressor inputs of
+ * every row are kept in the layers' saved_proj (for eng_rollback). */
+dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens, int flags);
+/* Logits of the streams X [n, hc, D] through hc_head, norm and the head (L = NULL: the main
+ * model's; else MTP block L's). */
 dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, int64_t n, float *logits);
-/* MTP rows at positions pos..pos+T-1: input streams [T, hc, D] = row 0 at `head`, rows 1..T-1
- * at `rest` (contiguous; may be s.X itself, read before it is written), next tokens `tokens`
- * [T]; output streams in s.X (s.Xm is scratch). Writes the MTP block's ring. */
-dsv4_status eng_mtp_rows(dsv4_engine *e, int sq, int64_t pos, const int32_t *tokens, int64_t T, const uint16_t *head,
-                         const uint16_t *rest);
-/* Roll the CSA compressor states of `sq` back to the snapshot taken by eng_main_forward(save_proj)
- * and replay its first `keep` tokens. */
-dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep);
+/* MTP rows: segment i holds rows at positions start.. of sequence sq; input streams [T, hc, D] in
+ * s.Xm (gathered by the caller), next tokens [T]; output streams in s.X. Writes the MTP ring. */
+dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens);
+/* Roll the compressor states of `sq` back to the snapshot taken by eng_main_forward (segment with
+ * save) and replay its first `keep` tokens, whose inputs are saved_proj rows row.. . */
+dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep, int64_t row);
+/* One row of streams (hc * D BF16) into s.Xm row `row`. */
+void eng_gather_streams(dsv4_engine *e, int64_t row, const uint16_t *src);
+
+/* ---- engine_batch.c ---- */
+/* Checks of one entry of a call: the sequence usable and not named before in the call (marks in
+ * s.mark, cleared by eng_clear_marks over the entries' `seq` fields), tokens in the vocabulary,
+ * len + n + extra <= max_context. */
+dsv4_status eng_check_rows(dsv4_engine *e, const char *op, int i, int seq, const int32_t *tokens, int64_t n, int64_t extra);
+void eng_clear_marks(dsv4_engine *e, const int *seqs, int n, size_t stride);
+/* Where the MTP rows of a call appending `next` first start (mtp_len, or len-1 when the waiting
+ * head row was run for another token). */
+int64_t eng_mtp_first(const dsv4_engine *e, int seq, int32_t next);
+/* MTP rows first .. first+n-1 of the sequence of main segment `main` (just run: its streams in
+ * s.X; position start-1 in the pending streams), next tokens `next`: their input streams
+ * gathered into s.Xm rows *m.., tokens into s.mtok, a segment appended to s.msegs[*k] (`off`
+ * there is the entry's first position). */
+void eng_mtp_add(dsv4_engine *e, int *k, int64_t *m, const eng_seg *main, int64_t first, int64_t n, const int32_t *next);
+/* After eng_main_forward (tokens in s.tokens, streams in s.X), for main segment g: the MTP rows of
+ * every position whose next token is now known (eng_mtp_add); advances mtp_len and the pending
+ * streams. The caller runs the rows (eng_mtp_rows over s.msegs). */
+void eng_mtp_catch_up(dsv4_engine *e, const eng_seg *g, int *k, int64_t *m);
+/* Logits of streams rows[0..n-1] of X [*, hc, D] into out [n, vocab] (one pass of the head). */
+dsv4_status eng_logits_rows(dsv4_engine *e, const eng_layer *L, const uint16_t *X, const int64_t *rows, int64_t n,
+                            float *out);
+/* Mark every sequence of a call failed after `st` (returned, message prefixed once). */
+dsv4_status eng_seqs_failed(dsv4_engine *e, const int *seqs, int n, size_t stride, dsv4_status st, const char *op);
 
 /* ---- engine.c ---- */
 /* The sequence exists (eng_check_seq), and is usable (not failed) for eng_check_usable. */

@@ -1,4 +1,4 @@
-/* The DeepSeek-V4 forward pass (architecture.md §3-§8, §12) over T tokens of one sequence, as a
+/* The DeepSeek-V4 forward pass (architecture.md §3-§8, §12) over the rows of one call, as a
  * composition of the public ops, top to bottom:
  *
  *   X = 4 copies of embed[tok]                         streams [T, hc, D] BF16
@@ -6,9 +6,13 @@
  *                   x = ffn_norm(hc_pre(X));  X = hc_post(moe(x), X)
  *   logits = head · norm(hc_head(X))
  *
- * Every step is batched over the T tokens (T = 1 is a decode step, T > 1 a prefill chunk or the
- * verification of MTP drafts); what a token sees (its SWA window, its causal compressed entries)
- * is exactly what token-by-token decoding shows it, so the caches end in the same state. */
+ * The rows belong to one or more sequences (segments of consecutive positions). Every product,
+ * norm and the MoE run once over all rows, so the weights are read once per call; what depends
+ * on a sequence (its ring and compressed caches, its compressor states, its indexer keys) is
+ * addressed per segment through the index tables built here. What a row sees (its SWA window, its
+ * causal compressed entries) is exactly what token-by-token decoding of its sequence shows it,
+ * and every op's result for a row is independent of the other rows, so each sequence ends as if
+ * it had run alone. */
 #include "model/engine_internal.h"
 
 #include "core/error.h"
@@ -23,15 +27,16 @@
 typedef struct fwd {
     dsv4_engine *e;
     eng_scratch *s;
-    eng_seq *seq;
-    int sq;
-    int64_t T, start;  /* tokens, position of the first */
+    const eng_seg *seg;
+    int n_seg;
+    int64_t T;         /* rows */
     dsv4_tensor pos;   /* I64 [T] */
     dsv4_tensor tok;   /* I32 [T] */
-    int save_proj;     /* keep the CSA compressor inputs for a rollback */
-    int has_extra;     /* the attention has a compressed scope this call */
+    int replay;        /* ENG_REPLAY: compressed entries are dropped */
+    int save;          /* some segment snapshots its states: the compressor inputs are kept */
+    int has_extra;     /* a CSA layer's indexer found entries for some row this call */
     int have_window;   /* s->rslots, sidx, slen hold this call's ring slots and SWA scope */
-    int64_t hca_width[ENG_MAX_RATIOS]; /* HCA pools: width of the scope row built this call (-1: none) */
+    int64_t hca_width[ENG_MAX_RATIOS]; /* HCA pools: widest scope row built this call (-1: none) */
 } fwd;
 
 /* ---- op wrappers ---------------------------------------------------------------------------- */
@@ -62,6 +67,8 @@ static dsv4_tensor rows_view(const void *p, dsv4_dtype dt, int64_t rows, int64_t
 
 static dsv4_tensor workspace(const dsv4_engine *e) { return eng_t1(e->s.ws, DSV4_U8, (int64_t)e->s.ws_bytes); }
 
+static eng_seq *seq_of(const fwd *f, int i) { return &f->e->seqs[f->seg[i].sq]; }
+
 /* embed rows of `tok` -> out [T, D] BF16 (the table is BF16, converted at load if need be) */
 static void embed(const dsv4_engine *e, const int32_t *tok, int64_t T, uint16_t *out)
 {
@@ -69,48 +76,68 @@ static void embed(const dsv4_engine *e, const int32_t *tok, int64_t T, uint16_t 
     for (int64_t t = 0; t < T; t++) memcpy(out + t * D, e->embed + (int64_t)tok[t] * D, (size_t)D * 2);
 }
 
+void eng_gather_streams(dsv4_engine *e, int64_t row, const uint16_t *src)
+{
+    const int64_t n = e->hc * e->D;
+    uint16_t *dst = e->s.Xm + row * n;
+    if (dst != src) memcpy(dst, src, (size_t)n * 2);
+}
+
 /* ---- attention (§5) ------------------------------------------------------------------------- */
-/* What every block's ring needs, built once per call (all rings share the sequence's block
- * table): the slots of the call's positions p (ring entry p mod R), and the SWA scope: query t
- * sees positions max(0, p-W+1) .. p. */
+/* What every block's ring needs, built once per call (all rings of a sequence share its block
+ * table): the slots of the rows' positions p (ring entry p mod R), and the SWA scope: row t sees
+ * positions max(0, p-W+1) .. p. */
 static dsv4_status window_scope(fwd *f)
 {
     if (f->have_window) return DSV4_OK;
     const dsv4_engine *e = f->e;
     eng_scratch *s = f->s;
-    for (int64_t t = 0; t < f->T; t++) s->rslots[t] = (f->start + t) % e->R;
-    TRY(dsv4_kv_seq_slots(f->seq->ring, s->rslots, f->T, s->rslots));
-    int32_t *idx = s->sidx;
-    for (int64_t t = 0; t < f->T; t++) {
-        int64_t p = f->start + t, lo = p - e->W + 1 < 0 ? 0 : p - e->W + 1;
-        for (int64_t j = 0; j < e->W; j++) idx[t * e->W + j] = lo + j <= p ? (int32_t)((lo + j) % e->R) : -1;
-        s->slen[t] = (int32_t)(p - lo + 1);
+    for (int i = 0; i < f->n_seg; i++) {
+        const eng_seg *g = &f->seg[i];
+        int64_t *slots = s->rslots + g->row;
+        int32_t *idx = s->sidx + g->row * e->W;
+        for (int64_t t = 0; t < g->T; t++) {
+            int64_t p = g->start + t, lo = p - e->W + 1 < 0 ? 0 : p - e->W + 1;
+            slots[t] = p % e->R;
+            for (int64_t j = 0; j < e->W; j++) idx[t * e->W + j] = lo + j <= p ? (int32_t)((lo + j) % e->R) : -1;
+            s->slen[g->row + t] = (int32_t)(p - lo + 1);
+        }
+        TRY(dsv4_kv_seq_slots(seq_of(f, i)->ring, slots, g->T, slots));
+        TRY(dsv4_kv_seq_indices(seq_of(f, i)->ring, idx, g->T * e->W, idx));
     }
-    TRY(dsv4_kv_seq_indices(f->seq->ring, idx, f->T * e->W, idx));
     f->have_window = 1;
     return DSV4_OK;
 }
 
-/* The HCA scope of a pool, built once per call for all its layers: one row of the slots of entries
- * 0 .. wmax-1 (wmax = (start+T)/r), which every query views (row stride 0) up to its own count
- * (p+1)/r. */
+/* The HCA scope of a pool, built once per call for all its layers: per segment one row of the
+ * slots of entries 0 .. w-1 (w = (start+T)/r), which each of its rows views (row stride 0) up to
+ * its own count (p+1)/r. */
 static dsv4_status hca_scope(fwd *f, const eng_layer *L, int64_t *width)
 {
+    const dsv4_engine *e = f->e;
     eng_scratch *s = f->s;
     const int p = L->pool;
-    const int64_t r = L->ratio, wmax = (f->start + f->T) / r;
-    *width = wmax;
-    if (!wmax || f->hca_width[p] == wmax) return DSV4_OK;
-    int32_t *row = s->hidx[p];
-    for (int64_t c = 0; c < wmax; c++) row[c] = (int32_t)c;
-    for (int64_t t = 0; t < f->T; t++) s->hlen[p][t] = (int32_t)((f->start + t + 1) / r);
-    TRY(dsv4_kv_seq_indices(f->seq->comp[p], row, wmax, row));
-    f->hca_width[p] = wmax;
+    const int64_t r = L->ratio;
+    if (f->hca_width[p] < 0) {
+        int64_t wmax = 0;
+        for (int i = 0; i < f->n_seg; i++) {
+            const eng_seg *g = &f->seg[i];
+            int64_t w = (g->start + g->T) / r;
+            int32_t *row = s->hidx[p] + i * e->hrow[p];
+            for (int64_t c = 0; c < w; c++) row[c] = (int32_t)c;
+            for (int64_t t = 0; t < g->T; t++) s->hlen[p][g->row + t] = (int32_t)((g->start + t + 1) / r);
+            TRY(dsv4_kv_seq_indices(seq_of(f, i)->comp[p], row, w, row));
+            if (w > wmax) wmax = w;
+        }
+        f->hca_width[p] = wmax;
+    }
+    *width = f->hca_width[p];
     return DSV4_OK;
 }
 
-/* Lightning indexer (§5.6): the indexer compressor appends its entries, then every query keeps
- * the top-k of its visible entries. Leaves entry numbers in cidx [T, topk], lengths in clen. */
+/* Lightning indexer (§5.6): the indexer compressor appends each sequence's entries to its cache,
+ * then every row keeps the top-k of its sequence's visible entries. Leaves slots in cidx [T, topk],
+ * lengths in clen. */
 static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, const dsv4_tensor *qr, float *saved)
 {
     const dsv4_engine *e = f->e;
@@ -135,31 +162,44 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
             memcpy(saved + t * L->proj_ld + 4 * 512, s->ikv + t * 2 * dI, (size_t)(2 * dI) * 4);
             memcpy(saved + t * L->proj_ld + 4 * 512 + 2 * dI, s->igate + t * 2 * dI, (size_t)(2 * dI) * 4);
         }
-    float *st = eng_state(e, L, f->sq) + 2 * (8 * 1024);
-    dsv4_tensor skv = eng_t2(st, DSV4_F32, 8, 2 * dI), ssc = eng_t2(st + 8 * 2 * dI, DSV4_F32, 8, 2 * dI);
-    uint8_t *cache = L->index_cache + (size_t)(f->sq * e->index_entries * eb);
-    int64_t m = dsv4_compressor_emit_count(4, f->start, T), c0 = f->start / 4;
-    dsv4_tensor oc = rows_view(cache + c0 * eb, DSV4_U8, m, dI / 2, eb);
-    dsv4_tensor os = rows_view(cache + c0 * eb + dI / 2, DSV4_U8, m, dI / 32, eb);
     dsv4_compressor_desc desc = {DSV4_COMPRESSOR_INDEXER, 4, (int)dI, (float)e->cfg->norm_eps, 0};
-    TRY(dsv4_compressor_forward(e->ctx, &desc, f->start, &ikv, &ig, &L->index_ape, &w->index_compressor.norm,
-                                &e->rope_compress, &skv, &ssc, m ? &oc : NULL, m ? &os : NULL));
-    /* scores over the visible entries and the streaming top-k */
-    int64_t N = (f->start + T) / 4;
-    dsv4_tensor idx = eng_t2(s->cidx, DSV4_I32, T, topk), len = eng_t1(s->clen, DSV4_I32, T);
-    if (N == 0) {
-        f->has_extra = 0;
-        return DSV4_OK;
+    f->has_extra = 0;
+    for (int i = 0; i < f->n_seg; i++) {
+        const eng_seg *g = &f->seg[i];
+        float *st = eng_state(e, L, g->sq) + 2 * (8 * 1024);
+        dsv4_tensor skv = eng_t2(st, DSV4_F32, 8, 2 * dI), ssc = eng_t2(st + 8 * 2 * dI, DSV4_F32, 8, 2 * dI);
+        dsv4_tensor gkv = eng_t2(s->ikv + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
+        dsv4_tensor gg = eng_t2(s->igate + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
+        uint8_t *cache = L->index_cache + (size_t)(g->sq * e->index_entries * eb);
+        int64_t m = dsv4_compressor_emit_count(4, g->start, g->T), c0 = g->start / 4;
+        /* a replay's entries are in the cache already: they go to scratch (s->qi is free again) */
+        dsv4_tensor oc = f->replay ? eng_t2(s->qi, DSV4_BF16, m, dI) : rows_view(cache + c0 * eb, DSV4_U8, m, dI / 2, eb);
+        dsv4_tensor os = rows_view(cache + c0 * eb + dI / 2, DSV4_U8, m, dI / 32, eb);
+        TRY(dsv4_compressor_forward(e->ctx, &desc, g->start, &gkv, &gg, &L->index_ape, &w->index_compressor.norm,
+                                    &e->rope_compress, &skv, &ssc, m ? &oc : NULL, m && !f->replay ? &os : NULL));
+        /* scores over the sequence's visible entries and the streaming top-k */
+        int64_t N = (g->start + g->T) / 4;
+        int32_t *gidx = s->cidx + g->row * topk, *glen = s->clen + g->row;
+        if (N == 0) {
+            for (int64_t j = 0; j < g->T * topk; j++) gidx[j] = -1;
+            for (int64_t t = 0; t < g->T; t++) glen[t] = 0;
+            continue;
+        }
+        dsv4_tensor gq = eng_t3(s->qpk + g->row * nI * dI / 2, DSV4_U8, g->T, nI, dI / 2);
+        dsv4_tensor gqs = eng_t3(s->qsc + g->row * nI * dI / 32, DSV4_U8, g->T, nI, dI / 32);
+        dsv4_tensor gw = eng_t2(s->wts + g->row * nI, DSV4_F32, g->T, nI), gp = eng_t1(s->positions + g->row, DSV4_I64, g->T);
+        dsv4_tensor k = rows_view(cache, DSV4_U8, N, dI / 2, eb), ks = rows_view(cache + dI / 2, DSV4_U8, N, dI / 32, eb);
+        dsv4_tensor idx = eng_t2(gidx, DSV4_I32, g->T, topk), len = eng_t1(glen, DSV4_I32, g->T);
+        dsv4_indexer_args args = {&gq, &gqs, &gw, &k, &ks, &gp, 4};
+        TRY(dsv4_indexer_select(e->ctx, &args, topk, &idx, &len, s->ws, s->ws_bytes));
+        TRY(dsv4_kv_seq_indices(seq_of(f, i)->comp[L->pool], gidx, g->T * topk, gidx));
+        f->has_extra = 1;
     }
-    dsv4_tensor k = rows_view(cache, DSV4_U8, N, dI / 2, eb), ks = rows_view(cache + dI / 2, DSV4_U8, N, dI / 32, eb);
-    dsv4_indexer_args args = {&qpk, &qsc, &wts, &k, &ks, &f->pos, 4};
-    TRY(dsv4_indexer_select(e->ctx, &args, topk, &idx, &len, s->ws, s->ws_bytes));
-    f->has_extra = 1;
-    return dsv4_kv_seq_indices(f->seq->comp[L->pool], s->cidx, T * topk, s->cidx);
+    return DSV4_OK;
 }
 
 /* Main compressor (§5.5) and the compressed scope: CSA through the indexer, HCA all entries
- * c < (p+1)/r. Returns the scope's width in *width (0: no entry visible to any query). */
+ * c < (p+1)/r. Returns the scope's width in *width (0: no entry visible to any row). */
 static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tensor *x, const dsv4_tensor *qr, int64_t *width)
 {
     const dsv4_engine *e = f->e;
@@ -169,24 +209,32 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
     dsv4_tensor ckv = eng_t2(s->ckv, DSV4_F32, T, coff * d), cg = eng_t2(s->cgate, DSV4_F32, T, coff * d);
     TRY(linear_t(e, &w->compressor.wkv, x, &ckv));
     TRY(linear_t(e, &w->compressor.wgate, x, &cg));
-    float *saved = f->save_proj && L->saved_proj ? L->saved_proj : NULL;
+    float *saved = f->save ? L->saved_proj : NULL;
     if (saved)
         for (int64_t t = 0; t < T; t++) {
             memcpy(saved + t * L->proj_ld, s->ckv + t * coff * d, (size_t)(coff * d) * 4);
             memcpy(saved + t * L->proj_ld + coff * d, s->cgate + t * coff * d, (size_t)(coff * d) * 4);
         }
-    float *st = eng_state(e, L, f->sq);
     const int64_t rows = coff * r, cols = coff * d;
-    dsv4_tensor skv = eng_t2(st, DSV4_F32, rows, cols), ssc = eng_t2(st + rows * cols, DSV4_F32, rows, cols);
-    int64_t m = dsv4_compressor_emit_count((int)r, f->start, T);
-    dsv4_tensor out = eng_t2(s->cout, DSV4_BF16, m, d);
     dsv4_compressor_desc desc = {DSV4_COMPRESSOR_MAIN, (int)r, (int)d, (float)e->cfg->norm_eps, 0};
-    TRY(dsv4_compressor_forward(e->ctx, &desc, f->start, &ckv, &cg, &L->ape, &w->compressor.norm, &e->rope_compress, &skv,
-                                &ssc, m ? &out : NULL, NULL));
-    if (m) { /* new entries into the FP8 cache (the insert quantizes the nope dims, rule kv64) */
-        for (int64_t i = 0; i < m; i++) s->cslots[i] = f->start / r + i;
-        TRY(dsv4_kv_seq_slots(f->seq->comp[L->pool], s->cslots, m, s->cslots));
-        dsv4_tensor slots = eng_t1(s->cslots, DSV4_I64, m);
+    int64_t mo = 0; /* entries emitted by the segments so far: rows of s->cout */
+    for (int i = 0; i < f->n_seg; i++) {
+        const eng_seg *g = &f->seg[i];
+        float *st = eng_state(e, L, g->sq);
+        dsv4_tensor skv = eng_t2(st, DSV4_F32, rows, cols), ssc = eng_t2(st + rows * cols, DSV4_F32, rows, cols);
+        dsv4_tensor gkv = eng_t2(s->ckv + g->row * cols, DSV4_F32, g->T, cols);
+        dsv4_tensor gg = eng_t2(s->cgate + g->row * cols, DSV4_F32, g->T, cols);
+        int64_t m = dsv4_compressor_emit_count((int)r, g->start, g->T);
+        dsv4_tensor out = eng_t2(s->cout + mo * d, DSV4_BF16, m, d);
+        TRY(dsv4_compressor_forward(e->ctx, &desc, g->start, &gkv, &gg, &L->ape, &w->compressor.norm, &e->rope_compress,
+                                    &skv, &ssc, m ? &out : NULL, NULL));
+        if (!m || f->replay) continue; /* a replay's entries are in the cache already */
+        for (int64_t j = 0; j < m; j++) s->cslots[mo + j] = g->start / r + j;
+        TRY(dsv4_kv_seq_slots(seq_of(f, i)->comp[L->pool], s->cslots + mo, m, s->cslots + mo));
+        mo += m;
+    }
+    if (mo) { /* new entries into the FP8 cache (the insert quantizes the nope dims, rule kv64) */
+        dsv4_tensor out = eng_t2(s->cout, DSV4_BF16, mo, d), slots = eng_t1(s->cslots, DSV4_I64, mo);
         TRY(dsv4_kv_insert(e->ctx, &out, &L->comp, &slots, NULL, NULL));
     }
     if (L->kind == DSV4_ATTN_CSA) {
@@ -195,6 +243,23 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
         return DSV4_OK;
     }
     return hca_scope(f, L, width);
+}
+
+/* Sparse attention with sink over rows r0 .. r0+n-1 (one call for every row, or per segment for
+ * the HCA scope rows), then inverse RoPE at the query position (§5.7, §5.8). */
+static dsv4_status sparse_attention(fwd *f, const eng_layer *L, int64_t r0, int64_t n, const dsv4_tensor *cidx,
+                                    const dsv4_tensor *clen)
+{
+    const dsv4_engine *e = f->e;
+    eng_scratch *s = f->s;
+    const int64_t H = e->H;
+    dsv4_tensor q = eng_t3(s->q + r0 * H * 512, DSV4_BF16, n, H, 512), o = eng_t3(s->o + r0 * H * 512, DSV4_BF16, n, H, 512);
+    dsv4_tensor sidx = eng_t2(s->sidx + r0 * e->W, DSV4_I32, n, e->W), slen = eng_t1(s->slen + r0, DSV4_I32, n);
+    dsv4_sparse_scope swa = {&L->ring, &sidx, &slen}, extra = {&L->comp, cidx, clen};
+    dsv4_tensor ws = workspace(e), pos = eng_t1(s->positions + r0, DSV4_I64, n);
+    TRY(dsv4_sparse_mla_decode(e->ctx, &q, &swa, cidx ? &extra : NULL, &L->sink, (float)(1.0 / sqrt(512.0)), &o, NULL,
+                               e->s.ws_bytes ? &ws : NULL));
+    return dsv4_inv_rope(e->ctx, &o, &pos, L->rope);
 }
 
 /* x = s->x [T, D] (the attention input after attn_norm) -> s->a [T, D]. */
@@ -223,16 +288,18 @@ static dsv4_status attention(fwd *f, const eng_layer *L)
     /* what each query attends to (§5.7): its window, and the compressed entries */
     int64_t cw = 0;
     if (L->ratio) TRY(compressed_scope(f, L, &x, &qr, &cw));
-    dsv4_tensor sidx = eng_t2(s->sidx, DSV4_I32, T, e->W), slen = eng_t1(s->slen, DSV4_I32, T);
-    const int hca = L->kind == DSV4_ATTN_HCA;
-    dsv4_tensor cidx = hca ? rows_view(s->hidx[L->pool], DSV4_I32, T, cw, 0) : eng_t2(s->cidx, DSV4_I32, T, cw);
-    dsv4_tensor clen = eng_t1(hca ? s->hlen[L->pool] : s->clen, DSV4_I32, T);
-    dsv4_sparse_scope swa = {&L->ring, &sidx, &slen}, extra = {&L->comp, &cidx, &clen};
-    /* sparse attention with sink, inverse RoPE at the query position (§5.7, §5.8) */
-    dsv4_tensor o = eng_t3(s->o, DSV4_BF16, T, H, 512), ws = workspace(e);
-    TRY(dsv4_sparse_mla_decode(e->ctx, &q, &swa, cw ? &extra : NULL, &L->sink, (float)(1.0 / sqrt(512.0)), &o, NULL,
-                               e->s.ws_bytes ? &ws : NULL));
-    TRY(dsv4_inv_rope(e->ctx, &o, &f->pos, L->rope));
+    if (L->kind == DSV4_ATTN_HCA && cw) { /* each segment views its own scope row */
+        for (int i = 0; i < f->n_seg; i++) {
+            const eng_seg *g = &f->seg[i];
+            int64_t gw = (g->start + g->T) / L->ratio;
+            dsv4_tensor cidx = rows_view(s->hidx[L->pool] + i * e->hrow[L->pool], DSV4_I32, g->T, gw, 0);
+            dsv4_tensor clen = eng_t1(s->hlen[L->pool] + g->row, DSV4_I32, g->T);
+            TRY(sparse_attention(f, L, g->row, g->T, gw ? &cidx : NULL, gw ? &clen : NULL));
+        }
+    } else {
+        dsv4_tensor cidx = eng_t2(s->cidx, DSV4_I32, T, cw), clen = eng_t1(s->clen, DSV4_I32, T);
+        TRY(sparse_attention(f, L, 0, T, cw ? &cidx : NULL, cw ? &clen : NULL));
+    }
     /* grouped wo_a over G groups of consecutive heads, then wo_b */
     dsv4_tensor og = eng_t3(s->o, DSV4_BF16, T, G, H * 512 / G), z = eng_t3(s->z, DSV4_BF16, T, G, c->o_lora_rank);
     TRY(dsv4_grouped_linear(e->ctx, eng_tfmt(&L->wo_a), &og, &L->wo_a, NULL, &z, e->s.ws, e->s.ws_bytes));
@@ -277,22 +344,23 @@ static dsv4_status block(fwd *f, const eng_layer *L, const dsv4_hc_site *next)
     return dsv4_hc_post(e->ctx, &a, &X, &post, &comb, &X);
 }
 
-static void begin(fwd *f, dsv4_engine *e, int sq, int64_t start, const int32_t *tokens, int64_t T)
+static void begin(fwd *f, dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens)
 {
     memset(f, 0, sizeof *f);
     f->e = e;
     f->s = &e->s;
-    f->sq = sq;
-    f->seq = &e->seqs[sq];
-    f->T = T;
-    f->start = start;
+    f->seg = segs;
+    f->n_seg = n_seg;
     for (int p = 0; p < ENG_MAX_RATIOS; p++) f->hca_width[p] = -1;
-    for (int64_t t = 0; t < T; t++) {
-        e->s.positions[t] = start + t;
-        e->s.tokens[t] = tokens[t];
+    for (int i = 0; i < n_seg; i++) {
+        const eng_seg *g = &segs[i];
+        for (int64_t t = 0; t < g->T; t++) e->s.positions[g->row + t] = g->start + t;
+        f->T += g->T;
+        f->save |= g->save;
     }
-    f->pos = eng_t1(e->s.positions, DSV4_I64, T);
-    f->tok = eng_t1(e->s.tokens, DSV4_I32, T);
+    if (tokens != e->s.tokens) memcpy(e->s.tokens, tokens, (size_t)f->T * sizeof *tokens);
+    f->pos = eng_t1(e->s.positions, DSV4_I64, f->T);
+    f->tok = eng_t1(e->s.tokens, DSV4_I32, f->T);
 }
 
 /* hc_pre of the first site over the streams s->X [T, hc, D] */
@@ -305,25 +373,34 @@ static dsv4_status first_hc_pre(fwd *f, const dsv4_hc_site *site)
     return dsv4_hc_pre(f->e->ctx, site, &X, &xin, &post, &comb);
 }
 
-dsv4_status eng_main_forward(dsv4_engine *e, int sq, const int32_t *tokens, int64_t T, int save_proj)
+dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens, int flags)
 {
     fwd f;
-    begin(&f, e, sq, e->seqs[sq].len, tokens, T);
-    f.save_proj = save_proj;
+    begin(&f, e, segs, n_seg, tokens);
+    f.replay = (flags & ENG_REPLAY) != 0;
     eng_scratch *s = &e->s;
-    const int64_t D = e->D, hc = e->hc, nl = e->cfg->n_layers;
+    const int64_t D = e->D, hc = e->hc, nl = e->cfg->n_layers, T = f.T;
     /* the streams start as hc copies of the embedding */
-    embed(e, tokens, T, s->xin);
+    embed(e, s->tokens, T, s->xin);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < hc; j++) memcpy(s->X + (t * hc + j) * D, s->xin + t * D, (size_t)D * 2);
-    if (save_proj)
-        for (int b = 0; b < nl; b++)
-            if (e->layers[b].snapshot)
-                memcpy(e->layers[b].snapshot, eng_state(e, &e->layers[b], sq), (size_t)e->layers[b].state_floats * 4);
+    for (int i = 0; i < n_seg; i++) {
+        if (!segs[i].save) continue;
+        for (int b = 0; b < nl; b++) {
+            const eng_layer *L = &e->layers[b];
+            if (L->snapshot)
+                memcpy(L->snapshot + (size_t)segs[i].sq * (size_t)L->state_floats, eng_state(e, L, segs[i].sq),
+                       (size_t)L->state_floats * 4);
+        }
+    }
     TRY(eng_wrap(first_hc_pre(&f, &e->layers[0].hc_attn), "block", 0));
     for (int64_t l = 0; l < nl; l++)
         TRY(eng_wrap(block(&f, &e->layers[l], l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL), "block", (int)l));
-    e->seqs[sq].len += T;
+    for (int i = 0; i < n_seg; i++) {
+        eng_seq *q = &e->seqs[segs[i].sq];
+        memcpy(q->hist + segs[i].start, s->tokens + segs[i].row, (size_t)segs[i].T * sizeof *q->hist);
+        q->len = segs[i].start + segs[i].T;
+    }
     return DSV4_OK;
 }
 
@@ -338,29 +415,20 @@ dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, in
 }
 
 /* ---- MTP (§8) ------------------------------------------------------------------------------- */
-dsv4_status eng_mtp_rows(dsv4_engine *e, int sq, int64_t pos, const int32_t *tokens, int64_t T, const uint16_t *head,
-                         const uint16_t *rest)
+dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens)
 {
     const eng_layer *L = &e->layers[e->cfg->n_layers];
     const dsv4_layer_weights *w = L->w;
     eng_scratch *s = &e->s;
     const int64_t D = e->D, hc = e->hc;
     fwd f;
-    begin(&f, e, sq, pos, tokens, T);
-    /* X[t][j] = bf16(e_proj·enorm(embed[tok]) + h_proj·hnorm(streams[t][j])): hnorm reads the
-     * input streams (out of place, into Xm) before h_proj writes X */
+    begin(&f, e, segs, n_seg, tokens);
+    const int64_t T = f.T;
+    /* X[t][j] = bf16(e_proj·enorm(embed[tok]) + h_proj·hnorm(streams[t][j])) */
     dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, D), ep = eng_t2(s->a, DSV4_BF16, T, D);
     dsv4_tensor hh = eng_t2(s->Xm, DSV4_BF16, T * hc, D), hp = eng_t2(s->X, DSV4_BF16, T * hc, D);
-    if (rest == head + hc * D || T == 1) {
-        dsv4_tensor in = eng_t2(head, DSV4_BF16, T * hc, D);
-        TRY(rmsnorm(e, &in, &w->hnorm, &hh));
-    } else {
-        dsv4_tensor in0 = eng_t2(head, DSV4_BF16, hc, D), in1 = eng_t2(rest, DSV4_BF16, (T - 1) * hc, D);
-        dsv4_tensor out0 = eng_t2(s->Xm, DSV4_BF16, hc, D), out1 = eng_t2(s->Xm + hc * D, DSV4_BF16, (T - 1) * hc, D);
-        TRY(rmsnorm(e, &in0, &w->hnorm, &out0));
-        TRY(rmsnorm(e, &in1, &w->hnorm, &out1));
-    }
-    embed(e, tokens, T, s->x);
+    TRY(rmsnorm(e, &hh, &w->hnorm, &hh));
+    embed(e, s->tokens, T, s->x);
     TRY(rmsnorm(e, &x, &w->enorm, &x));
     TRY(linear(e, &w->e_proj, &x, &ep));
     TRY(linear(e, &w->h_proj, &hh, &hp));
@@ -376,16 +444,18 @@ dsv4_status eng_mtp_rows(dsv4_engine *e, int sq, int64_t pos, const int32_t *tok
 
 /* ---- rollback after rejected drafts ---------------------------------------------------------- */
 /* Replay `keep` tokens from start through one compressor whose inputs are columns col.. of the
- * saved rows; the entries it emits are in the caches already, so they go to scratch. */
-static dsv4_status replay(dsv4_engine *e, const eng_layer *L, int kind, int64_t start, int64_t keep, float *state)
+ * saved rows from `row`; the entries it emits are in the caches already, so they go to scratch. */
+static dsv4_status replay(dsv4_engine *e, const eng_layer *L, int kind, int64_t start, int64_t keep, int64_t row,
+                          float *state)
 {
     eng_scratch *s = &e->s;
     const int64_t dI = e->cfg->index_head_dim, d = kind == DSV4_COMPRESSOR_MAIN ? 512 : dI;
     const int r = kind == DSV4_COMPRESSOR_MAIN ? L->ratio : 4, coff = r == 4 ? 2 : 1;
     const int64_t w = coff * d, rows = coff * r, col = kind == DSV4_COMPRESSOR_MAIN ? 0 : 4 * 512;
     const dsv4_compressor_weights *cw = kind == DSV4_COMPRESSOR_MAIN ? &L->w->compressor : &L->w->index_compressor;
-    dsv4_tensor kv = rows_view(L->saved_proj + col, DSV4_F32, keep, w, L->proj_ld);
-    dsv4_tensor g = rows_view(L->saved_proj + col + w, DSV4_F32, keep, w, L->proj_ld);
+    const float *saved = L->saved_proj + row * L->proj_ld;
+    dsv4_tensor kv = rows_view(saved + col, DSV4_F32, keep, w, L->proj_ld);
+    dsv4_tensor g = rows_view(saved + col + w, DSV4_F32, keep, w, L->proj_ld);
     dsv4_tensor skv = eng_t2(state, DSV4_F32, rows, w), ssc = eng_t2(state + rows * w, DSV4_F32, rows, w);
     int64_t m = dsv4_compressor_emit_count(r, start, keep);
     dsv4_tensor out = eng_t2(kind == DSV4_COMPRESSOR_MAIN ? s->cout : s->qi, DSV4_BF16, m, d);
@@ -394,88 +464,18 @@ static dsv4_status replay(dsv4_engine *e, const eng_layer *L, int kind, int64_t 
                                    &cw->norm, &e->rope_compress, &skv, &ssc, m ? &out : NULL, NULL);
 }
 
-dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep)
+dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep, int64_t row)
 {
     for (int64_t b = 0; b < e->cfg->n_layers; b++) {
         const eng_layer *L = &e->layers[b];
         if (!L->snapshot) continue;
         float *st = eng_state(e, L, sq);
-        memcpy(st, L->snapshot, (size_t)L->state_floats * 4);
+        memcpy(st, L->snapshot + (size_t)sq * (size_t)L->state_floats, (size_t)L->state_floats * 4);
         if (!keep) continue;
-        TRY(replay(e, L, DSV4_COMPRESSOR_MAIN, start, keep, st));
+        TRY(replay(e, L, DSV4_COMPRESSOR_MAIN, start, keep, row, st));
         if (L->kind == DSV4_ATTN_CSA)
-            TRY(replay(e, L, DSV4_COMPRESSOR_INDEXER, start, keep, st + 2 * (8 * 1024)));
+            TRY(replay(e, L, DSV4_COMPRESSOR_INDEXER, start, keep, row, st + 2 * (8 * 1024)));
     }
     e->seqs[sq].len = start + keep;
     return DSV4_OK;
-}
-
-/* ---- the public forward ---------------------------------------------------------------------- */
-/* MTP rows for every main position whose next token is known after the chunk at `start` of Tc
- * tokens (the main streams of the chunk in s->X); the last position's streams wait in `pending`
- * (the other half: the current one may be this call's first row). Returns the rows run in *rows. */
-static dsv4_status mtp_catch_up(dsv4_engine *e, int sq, int64_t start, const int32_t *chunk, int64_t Tc, int64_t *rows)
-{
-    eng_seq *q = &e->seqs[sq];
-    eng_scratch *s = &e->s;
-    const int64_t row = e->hc * e->D;
-    int64_t first = q->mtp_len, n = start + Tc - 1 - first; /* first >= start - 1 */
-    const uint16_t *head = first < start ? q->pending + q->pend * row : s->X + (first - start) * row;
-    const uint16_t *rest = first < start ? s->X : head + row;
-    memcpy(q->pending + (1 - q->pend) * row, s->X + (Tc - 1) * row, (size_t)row * 2);
-    *rows = n;
-    if (n > 0) TRY(eng_mtp_rows(e, sq, first, chunk + (first + 1 - start), n, head, rest));
-    q->pend = 1 - q->pend;
-    q->mtp_len = first + n;
-    return DSV4_OK;
-}
-
-/* The chunks of a checked call; a failure here may leave the caches partly advanced. */
-static dsv4_status forward_chunks(dsv4_engine *e, int seq, const int32_t *tokens, int64_t n, float *logits,
-                                  int64_t n_logits, float *mtp_logits, int64_t n_mtp_logits, int64_t mtp_rows)
-{
-    eng_seq *q = &e->seqs[seq];
-    const int mtp = e->opt.max_mtp > 0;
-    const int64_t V = e->V, hc_row = e->hc * e->D, first_logit = n - n_logits, first_mtp = mtp_rows - n_mtp_logits;
-    const int64_t mtp_first = q->mtp_len;
-    for (int64_t c0 = 0; c0 < n; c0 += e->opt.max_batch) {
-        int64_t Tc = n - c0 < e->opt.max_batch ? n - c0 : e->opt.max_batch, start = q->len;
-        TRY(eng_main_forward(e, seq, tokens + c0, Tc, 0));
-        int64_t lo = c0 > first_logit ? c0 : first_logit;
-        if (lo < c0 + Tc) TRY(eng_logits(e, NULL, e->s.X + (lo - c0) * hc_row, c0 + Tc - lo, logits + (lo - first_logit) * V));
-        if (!mtp) continue;
-        int64_t done = q->mtp_len - mtp_first, rows;
-        TRY(mtp_catch_up(e, seq, start, tokens + c0, Tc, &rows));
-        int64_t mlo = done > first_mtp ? done : first_mtp;
-        if (mlo < done + rows)
-            TRY(eng_logits(e, &e->layers[e->cfg->n_layers], e->s.X + (mlo - done) * hc_row, done + rows - mlo,
-                           mtp_logits + (mlo - first_mtp) * V));
-    }
-    return DSV4_OK;
-}
-
-dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t *tokens, int64_t n, float *logits, int64_t n_logits,
-                                float *mtp_logits, int64_t n_mtp_logits)
-{
-    const char *op = "engine_forward";
-    TRY(eng_check_usable(e, seq, op));
-    eng_seq *q = &e->seqs[seq];
-    DSV4_CHECK_ARG(tokens && n >= 1, "%s: need n >= 1 tokens (got %lld)", op, (long long)n);
-    DSV4_CHECK_ARG(n_logits >= 0 && n_logits <= n && (!n_logits || logits),
-                   "%s: n_logits %lld must be in [0, n = %lld] with a buffer", op, (long long)n_logits, (long long)n);
-    const int mtp = e->opt.max_mtp > 0;
-    const int64_t mtp_rows = mtp ? q->len + n - 1 - q->mtp_len : 0;
-    DSV4_CHECK_ARG(n_mtp_logits >= 0 && n_mtp_logits <= mtp_rows && (!n_mtp_logits || mtp_logits),
-                   "%s: n_mtp_logits %lld must be in [0, %lld] (the MTP rows this call runs) with a buffer", op,
-                   (long long)n_mtp_logits, (long long)mtp_rows);
-    for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= e->V)
-            return dsv4_fail(DSV4_ERR_RANGE, "%s: token %lld = %d is outside the vocabulary [0, %lld)", op, (long long)i,
-                             tokens[i], (long long)e->V);
-    if (n > e->opt.max_context - q->len)
-        return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld + %lld tokens exceed max_context %lld", op, (long long)q->len,
-                         (long long)n, (long long)e->opt.max_context);
-    /* everything that can be checked is; what fails from here on fails the sequence */
-    return eng_seq_failed(e, seq, forward_chunks(e, seq, tokens, n, logits, n_logits, mtp_logits, n_mtp_logits, mtp_rows),
-                          op);
 }
