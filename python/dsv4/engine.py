@@ -26,6 +26,17 @@ class Sampling(ctypes.Structure):
     _fields_ = [("temperature", ctypes.c_float), ("top_p", ctypes.c_float), ("seed", ctypes.c_uint64)]
 
 
+class BatchEntry(ctypes.Structure):
+    _fields_ = [("seq", ctypes.c_int), ("tokens", _P), ("n_tokens", ctypes.c_int64), ("n_logits", ctypes.c_int64),
+                ("n_mtp_logits", ctypes.c_int64)]
+
+
+class StepRequest(ctypes.Structure):
+    _fields_ = [("seq", ctypes.c_int), ("tokens", _P), ("n_tokens", ctypes.c_int64), ("mtp", ctypes.c_int),
+                ("sample", ctypes.c_int), ("sampling", Sampling), ("rng", _P), ("out", _P), ("n_out", ctypes.c_int),
+                ("drafted", ctypes.c_int), ("accepted", ctypes.c_int)]
+
+
 class GenStep(ctypes.Structure):
     _fields_ = [("step", ctypes.c_int64), ("tokens", ctypes.POINTER(ctypes.c_int32)), ("n_tokens", ctypes.c_int64),
                 ("drafted", ctypes.c_int), ("accepted", ctypes.c_int), ("seconds", ctypes.c_double),
@@ -61,6 +72,11 @@ lib.dsv4_engine_seq_reset.argtypes = [_P, ctypes.c_int]
 lib.dsv4_engine_seq_length.argtypes = [_P, ctypes.c_int]
 lib.dsv4_engine_seq_length.restype = ctypes.c_int64
 lib.dsv4_engine_forward.argtypes = [_P, ctypes.c_int, _P, ctypes.c_int64, _P, ctypes.c_int64, _P, ctypes.c_int64]
+lib.dsv4_engine_forward_batch.argtypes = [_P, ctypes.POINTER(BatchEntry), ctypes.c_int, _P, _P]
+lib.dsv4_engine_step.argtypes = [_P, ctypes.POINTER(StepRequest), ctypes.c_int]
+lib.dsv4_engine_seq_copy.argtypes = [_P, ctypes.c_int, ctypes.c_int]
+lib.dsv4_engine_seq_truncate.argtypes = [_P, ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+lib.dsv4_engine_seq_tokens.argtypes = [_P, ctypes.c_int, _P, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
 lib.dsv4_engine_seq_export.argtypes = [_P, ctypes.c_int, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
 lib.dsv4_engine_sample.argtypes = [_P, _P, ctypes.POINTER(Sampling), _P, ctypes.POINTER(ctypes.c_int32)]
 lib.dsv4_rng_seed.argtypes = [ctypes.c_uint64, _P]
@@ -120,6 +136,25 @@ class Engine:
     def seq_length(self, seq):
         return lib.dsv4_engine_seq_length(self._h, int(seq))
 
+    def seq_copy(self, src, dst):
+        """dst (an existing sequence) becomes an exact copy of src."""
+        check(lib.dsv4_engine_seq_copy(self._h, int(src), int(dst)))
+
+    def seq_truncate(self, seq, length):
+        """Keep the first `length` tokens, exactly; returns how many tokens were recomputed."""
+        n = ctypes.c_int64()
+        check(lib.dsv4_engine_seq_truncate(self._h, int(seq), int(length), ctypes.byref(n)))
+        return n.value
+
+    def seq_tokens(self, seq):
+        """The token ids the sequence holds (int32)."""
+        n = ctypes.c_int64()
+        check(lib.dsv4_engine_seq_tokens(self._h, int(seq), None, 0, ctypes.byref(n)))
+        out = np.zeros(n.value, np.int32)
+        check(lib.dsv4_engine_seq_tokens(self._h, int(seq), out.ctypes.data if n.value else None, n.value,
+                                         ctypes.byref(n)))
+        return out
+
     def memory(self):
         m = EngineMemory()
         check(lib.dsv4_engine_memory_info(self._h, ctypes.byref(m)))
@@ -148,6 +183,51 @@ class Engine:
                                       ml.ctypes.data if ml.size else None, int(n_mtp_logits)))
         return lg, ml
 
+    def forward_batch(self, entries):
+        """Several sequences in one pass. entries: list of (seq, tokens[, n_logits[, n_mtp_logits]]) (n_logits
+        None or missing = every position). Returns a list of (logits, mtp_logits) per entry, as forward does."""
+        ids, arr = [], (BatchEntry * len(entries))()
+        nl_total = nm_total = 0
+        for i, ent in enumerate(entries):
+            seq, toks = ent[0], _ids(ent[1])
+            nl = len(toks) if len(ent) < 3 or ent[2] is None else int(ent[2])
+            nm = int(ent[3]) if len(ent) > 3 else 0
+            ids.append(toks)
+            arr[i] = BatchEntry(int(seq), toks.ctypes.data if len(toks) else None, len(toks), nl, nm)
+            nl_total += max(nl, 0)
+            nm_total += max(nm, 0)
+        lg = np.full((nl_total, self.vocab), np.nan, np.float32)
+        ml = np.full((nm_total, self.vocab), np.nan, np.float32)
+        check(lib.dsv4_engine_forward_batch(self._h, arr, len(entries), lg.ctypes.data if lg.size else None,
+                                            ml.ctypes.data if ml.size else None))
+        out, a, b = [], 0, 0
+        for ent in arr:
+            out.append((lg[a:a + ent.n_logits], ml[b:b + ent.n_mtp_logits]))
+            a += ent.n_logits
+            b += ent.n_mtp_logits
+        return out
+
+    def step(self, requests):
+        """One decode step of several sequences. requests: list of dicts with seq, tokens, and optionally
+        mtp (drafts), sample (default True), temperature, top_p, rng (uint64[4], advanced in place; default
+        rng_seed(seed)). Returns a list of (tokens int32, drafted, accepted)."""
+        arr = (StepRequest * len(requests))()
+        keep = []
+        for i, r in enumerate(requests):
+            toks = _ids(r["tokens"])
+            k = int(r.get("mtp", 0))
+            rng = r.get("rng")
+            if rng is None:
+                rng = rng_seed(r.get("seed", 0))
+            out = np.zeros(1 + max(k, 0), np.int32)
+            keep.append((toks, rng, out))
+            arr[i] = StepRequest(int(r["seq"]), toks.ctypes.data if len(toks) else None, len(toks), k,
+                                 int(bool(r.get("sample", True))),
+                                 Sampling(float(r.get("temperature", 0.0)), float(r.get("top_p", 1.0)), 0),
+                                 rng.ctypes.data, out.ctypes.data, 0, 0, 0)
+        check(lib.dsv4_engine_step(self._h, arr, len(requests)))
+        return [(keep[i][2][:a.n_out].copy(), a.drafted, a.accepted) for i, a in enumerate(arr)]
+
     # ---- sampling and generation ----
     def sample(self, logits, temperature=0.0, top_p=1.0, seed=0, rng=None):
         """One token from a row of logits; `rng` (uint64[4], from rng_seed) is advanced in place."""
@@ -163,7 +243,7 @@ class Engine:
 
     def generate(self, prompt, max_tokens, mtp=0, temperature=0.0, top_p=1.0, seed=0, stop_at_eos=False,
                  prompt_logits=False, keep_logits=False, seq=None, on_step=None):
-        """Generate on a fresh sequence (or `seq`, which must be empty). Returns (tokens int32, stats dict,
+        """Generate on a fresh sequence (or `seq`, whose tokens the prompt continues). Returns (tokens int32, stats dict,
         steps list); each step is a dict with its tokens, drafted/accepted counts and seconds, plus the
         target logits of the positions it ran when keep_logits. on_step(step dict) returning True stops
         the generation after that step (during the prefill: after that chunk, with no token generated)."""

@@ -806,8 +806,9 @@ dsv4_status dsv4_engine_seq_copy(dsv4_engine *e, int src, int dst)
     return DSV4_OK;
 }
 
-/* Whether the ring still holds the SWA window that recomputing from `restart` reads: positions
- * max(0, restart-W+1) .. restart-1, written by the first `len` tokens (the ring keeps the last R). */
+/* Whether the rings still hold the SWA window that recomputing from `restart` reads: positions
+ * max(0, restart-W+1) .. restart-1, written by the first `len` tokens (a ring keeps the last R;
+ * the MTP block's ring, which runs behind the main model, holds no less). */
 static int ring_holds(const dsv4_engine *e, int64_t len, int64_t restart)
 {
     int64_t lo = restart - e->W + 1 < 0 ? 0 : restart - e->W + 1;
@@ -838,20 +839,21 @@ dsv4_status dsv4_engine_seq_truncate(dsv4_engine *e, int seq, int64_t length, in
             break;
         }
     }
-    if (restart == 0) DSV4_TRY(seq_clear(e, seq)); /* fresh states; the caches are rewritten */
     const int64_t n = length - restart;
-    q->len = restart;
-    if (e->opt.max_mtp && q->mtp_len > length - 1) q->mtp_len = length - 1;
+    if (restart == 0) DSV4_TRY(seq_clear(e, seq)); /* fresh states; the caches are rewritten */
+    q->len = q->mtp_len = restart; /* the MTP rows of the recomputed positions run again too */
     dsv4_status st = DSV4_OK;
     for (int64_t c0 = 0; c0 < n && st == DSV4_OK; c0 += e->opt.max_batch) {
-        int64_t T = n - c0 < e->opt.max_batch ? n - c0 : e->opt.max_batch;
-        e->s.segs[0] = (eng_seg){seq, 0, q->len, T, 0, 0, 0};
-        st = eng_main_forward(e, e->s.segs, 1, q->hist + restart + c0, ENG_REPLAY);
+        int64_t T = n - c0 < e->opt.max_batch ? n - c0 : e->opt.max_batch, m = 0;
+        eng_seg *g = &e->s.segs[0];
+        *g = (eng_seg){seq, 0, q->len, T, 0, 0, 0};
+        st = eng_main_forward(e, g, 1, q->hist + restart + c0, ENG_REPLAY);
+        if (st != DSV4_OK || !e->opt.max_mtp) continue;
+        int k = 0;
+        eng_mtp_catch_up(e, g, &k, &m);
+        if (k) st = eng_mtp_rows(e, e->s.msegs, k, e->s.mtok);
     }
     if (st != DSV4_OK) return eng_seqs_failed(e, &seq, 1, sizeof seq, st, op);
-    if (e->opt.max_mtp && n) /* the streams of the new last position wait for its next token */
-        memcpy(q->pending + q->pend * e->hc * e->D, e->s.X + ((n - 1) % e->opt.max_batch) * e->hc * e->D,
-               (size_t)(e->hc * e->D) * 2);
     if (recomputed) *recomputed = n;
     return DSV4_OK;
 }
