@@ -3,7 +3,7 @@
  *       1024 entries, batch 64..256) in TFLOP/s (FLOP = 2*T*H*entries*1024);
  *   (2) V4-Flash decode shapes (H 64, T 1..128, SWA 128 + K 0/512): time per call and GB/s next
  *       to a device-to-device copy measured here;
- *   (3) the seed's two-pass design built from this project's kernels (dequant_gather of every
+ *   (3) the two-pass design (docs/kernels.md §3.4) built from this project's kernels (dequant_gather of every
  *       index into a BF16 workspace, then sparse_attn_bf16 over it), timed the same way.
  * Every timing replays a CUDA graph of NSETS calls over different random index sets drawn from a
  * 600 MB cache pool (so the entries come from HBM, not L2), median of 5 replays.
