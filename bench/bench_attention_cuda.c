@@ -76,7 +76,8 @@ static void fused_call(bctx *b, const bshape *s, int set)
     if (dsv4_sparse_mla_decode(b->ctx, &q, &s0, s->k ? &s1 : NULL, &sk, 0.044194173824159216f, &o, &l, &w)) die("decode");
 }
 
-/* The seed's two passes: gather all t*(w+k) indices of the set into BF16 rows, attend over them. */
+/* The two passes of the two-pass design (docs/kernels.md §3.4): gather all t*(w+k) indices of the set
+ * into BF16 rows, attend over them. */
 static void two_pass_call(bctx *b, const bshape *s, int set)
 {
     int64_t e = s->w + s->k, n = (int64_t)s->t * e;
