@@ -1,6 +1,7 @@
 /* The portable decode unit (see dsv4_attn_unit in cpu_attention.h), written with 16-lane
  * partial sums so a compiler can vectorize it for whatever ISA the including file is built for
- * (attention_cpu.c: baseline, attention_avx2.c: AVX2). Entries are dequantized to fp32 once and
+ * (only attention_cpu.c includes it now, for the baseline; AVX2 and AVX-512 have their own units in
+ * attention_avx2.c and attention_avx512.c). Entries are dequantized to fp32 once and
  * shared by the unit's heads; everything is fp32. */
 #ifndef DSV4_CPU_ATTENTION_UNIT_H
 #define DSV4_CPU_ATTENTION_UNIT_H
