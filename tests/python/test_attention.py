@@ -500,7 +500,7 @@ def draw_sink(rng, kind, lse):
                               np.where(np.arange(H) % 3 == 1, np.inf, rel)).astype(np.float32)}[kind]
 
 
-# docs/kernels.md §10.5: FlashMLA's grid (h 64/128, topk up to 2048, block sizes 2/64/69/576/61), with
+# docs/kernels.md §10, item 5: FlashMLA's grid (h 64/128, topk up to 2048, block sizes 2/64/69/576/61), with
 # and without the extra scope; s_q = 1 per sequence, a few sequences.
 GRID = [  # T, H, topk, bs, extra topk, extra bs
     (2, 64, 64, 2, 0, 0), (2, 64, 64, 64, 0, 0), (2, 64, 64, 69, 0, 0), (2, 128, 64, 64, 64, 2),

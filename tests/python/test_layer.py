@@ -174,7 +174,7 @@ def test_hc_pre(backend, T, n, D, request):
 
 def test_hc_pre_iterations_and_eps(backend, request):
     """Non-default iteration count and epsilons reach the kernel (1 iteration = softmax + one
-    column normalization; eps 1e-3 as in the XPU tests of docs/kernels.md §10.6)."""
+    column normalization; eps 1e-3 as in the XPU tests of docs/kernels.md §10, item 6)."""
     rng = o.rng(request.node.name)
     x = bf16_randn(rng, (2, 4, 48))
     fn, scale, base = hc_site(rng, 4, 48)
