@@ -583,8 +583,8 @@ def test_sparse_decode_golden_flashmla():
 
 
 def test_two_pass_bf16_matches(request):
-    # the two-pass design (docs/kernels.md §3.4: dequant_gather into a BF16 workspace, then attention over it) gives the
-    # same attention: both against the float64 oracle
+    # the two-pass design (docs/kernels.md §3.4: dequant_gather into a BF16 workspace, then attention
+    # over it) gives the same attention: both against the float64 oracle
     rng = o.rng(request.node.name)
     T, H, W, K = 3, 16, 64, 96
     q, scopes, s, ref = decode_case(rng, T, H, W, 64, K, 2)
