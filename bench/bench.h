@@ -1,5 +1,5 @@
 /* Benchmarks behind `dsv4 bench NAME`. Each prints ratios taken in one run: against this
- * machine's measured roofline (read bandwidth, FMA peak) and against the issue's peer. */
+ * machine's measured roofline (read bandwidth, FMA peak) and against a baseline timed in the same run. */
 #ifndef DSV4_BENCH_H
 #define DSV4_BENCH_H
 

@@ -1,6 +1,6 @@
 /* dsv4 bench attention: the sparse MLA decode at V4-Flash decode shapes (H 64, W 128 SWA
  * entries, K in {0, 512} compressed entries, T in {1, 8, 32}) on the cpu backend, next to this
- * machine's measured FMA peak and read bandwidth, and next to the seed's two-pass design
+ * machine's measured FMA peak and read bandwidth, and next to the two-pass design
  * (dequant_gather of every entry into a BF16 workspace, then attention over the workspace),
  * built from the project's own kernels and timed in the same run.
  *
@@ -192,7 +192,7 @@ int dsv4_bench_attention(int argc, char **argv)
             for (int ti = 0; ti < 3; ti++)
                 bench_shape(ctx, &cache, num_pages, hs_[hi], ts_[ti], ks_[ki], quick, peak, bw);
     printf("\nfused = dsv4_sparse_mla_decode (FP8 pages read directly); 2-pass = dsv4_dequant_gather of every\n"
-           "entry into a BF16 workspace + dsv4_sparse_attn_bf16 over it (the seed's design). speedup = 2-pass / fused.\n"
+           "entry into a BF16 workspace + dsv4_sparse_attn_bf16 over it (the two-pass design). speedup = 2-pass / fused.\n"
            "GB/s counts 584 B per entry + q + o (2-pass: + the workspace written and read back).\n");
     dsv4_ctx_destroy(ctx);
     free(pages);

@@ -3,7 +3,7 @@
  *       1024 entries, batch 64..256) in TFLOP/s (FLOP = 2*T*H*entries*1024);
  *   (2) V4-Flash decode shapes (H 64, T 1..128, SWA 128 + K 0/512): time per call and GB/s next
  *       to a device-to-device copy measured here;
- *   (3) the seed's two-pass design built from this project's kernels (dequant_gather of every
+ *   (3) the two-pass design (docs/kernels.md §3.4) built from this project's kernels (dequant_gather of every
  *       index into a BF16 workspace, then sparse_attn_bf16 over it), timed the same way.
  * Every timing replays a CUDA graph of NSETS calls over different random index sets drawn from a
  * 600 MB cache pool (so the entries come from HBM, not L2), median of 5 replays.
@@ -76,7 +76,8 @@ static void fused_call(bctx *b, const bshape *s, int set)
     if (dsv4_sparse_mla_decode(b->ctx, &q, &s0, s->k ? &s1 : NULL, &sk, 0.044194173824159216f, &o, &l, &w)) die("decode");
 }
 
-/* The seed's two passes: gather all t*(w+k) indices of the set into BF16 rows, attend over them. */
+/* The two passes of the two-pass design (docs/kernels.md §3.4): gather all t*(w+k) indices of the set
+ * into BF16 rows, attend over them. */
 static void two_pass_call(bctx *b, const bshape *s, int set)
 {
     int64_t e = s->w + s->k, n = (int64_t)s->t * e;

@@ -1,4 +1,4 @@
-/* dsv4 bench layer: the layer family at V4-Flash sizes (issue 5), one decode token at a time.
+/* dsv4 bench layer: the layer family at V4-Flash sizes (docs/model.md §4, §7), one decode token at a time.
  *   mHC (n = 4, D = 4096): hc_pre, hc_post, fused post+pre, hc_head per token; bytes touched
  *     (fn + streams) per second next to the read bandwidth, and the cpu-ref time; hc_pre on a
  *     16-token chunk as GFLOP/s next to the FMA peak.
@@ -8,7 +8,7 @@
  *     linear products run alone (the block's own overhead: grouping, staging, SwiGLU, combine).
  * Every call reads weights (fn, gate, experts) that the previous calls did not touch, and the
  * pools exceed the 32 MiB L3, so they come from memory as in a decode step. The indexer part of
- * the issue's benchmark is the indexer family's `dsv4 bench indexer`, run at the end (skip it
+ * the layer benchmarks is the indexer family's `dsv4 bench indexer`, run at the end (skip it
  * with --no-indexer). Options: --threads N, --quick, --only mhc|router|moe (implies no indexer). */
 #include "bench.h"
 #include "dsv4.h"

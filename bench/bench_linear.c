@@ -1,4 +1,4 @@
-/* dsv4 bench linear: quantized linear layers at the V4-Flash shapes (issue 4), M = 1, 2, 4, 8.
+/* dsv4 bench linear: quantized linear layers at the V4-Flash shapes (docs/kernels.md §5), M = 1, 2, 4, 8.
  * Effective weight GB/s (weight + scale bytes of the checkpoint format / time per call) next to
  * the read bandwidth measured in the same run, GFLOP/s next to the FMA peak, and OpenBLAS
  * sgemv (M = 1) / sgemm on the same weights dequantized to F32, timed in the same run. Every call

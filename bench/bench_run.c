@@ -1,4 +1,4 @@
-/* dsv4 bench run: the decode engine end to end (issue 6).
+/* dsv4 bench run: the decode engine end to end (docs/engine.md).
  *   1. the built-in tiny model (make-tiny);
  *   2. a synthetic checkpoint with V4-Flash layer shapes (D 4096, 64 heads, all 256 FP4 experts,
  *      vocabulary 129,280): 3 blocks (SWA + hash routing, CSA, HCA ratio 128) and the MTP block,
@@ -213,7 +213,7 @@ int dsv4_bench_run(int argc, char **argv)
     const char *model = bench_opt_str(argc, argv, "--model", NULL);
     double bw = bench_read_bandwidth((size_t)512 << 20, threads, 3), peak = bench_fma_peak(threads);
     printf("bench run: %d threads, read bandwidth %.1f GB/s, FMA peak %.0f GFLOP/s (measured now)\n", threads, bw, peak);
-    printf("peer (landscape.md): a good CPU result is ~15-20 tok/s per server socket on V4-Flash (llama.cpp 9.7),\n"
+    printf("published CPU results: a good one is ~15-20 tok/s per server socket on V4-Flash (llama.cpp 9.7),\n"
            "i.e. 11.2 GB/token at ~200-250 GB/s: the fraction of the roofline below compares with ~0.8 for those\n");
     if (model) return bench_model(model, model, threads, 64, 32, bw, peak);
     char tiny[] = "/tmp/dsv4-bench-tiny-XXXXXX", flash[] = "/tmp/dsv4-bench-flash-XXXXXX";

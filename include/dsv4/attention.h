@@ -1,7 +1,7 @@
-/* Attention decode path (issue 3): the paged FP8 KV cache, RoPE tables, fused q-norm + RoPE + KV
+/* Attention decode path (docs/kernels.md §1-§4): the paged FP8 KV cache, RoPE tables, fused q-norm + RoPE + KV
  * insert, dequant-gather, sparse MLA decode with sink (FlashMLA semantics) and inverse RoPE.
  *
- * KV cache entry (spec/README.md contract 5, FlashMLA "MODEL1"): the 512-vector of one token is
+ * KV cache entry (docs/contracts.md §5, FlashMLA "MODEL1"): the 512-vector of one token is
  * 448 E4M3 codes (dims 0..447, one UE8M0 scale per 64 dims) + 64 BF16 (dims 448..511, already
  * rotated) = 576 data bytes, plus 8 scale bytes (7 UE8M0 + a zero pad byte) = 584 bytes.
  * A page of `block_size` entries holds all data rows first (row r at r*576), then all scale rows
@@ -81,7 +81,7 @@ DSV4_API dsv4_status dsv4_kv_seq_indices(const dsv4_kv_seq *seq, const int32_t *
 /* Frequencies of the 32 rotated pairs: f_i = theta^(-2i/64); with YaRN (factor > 1)
  * low = floor(64 ln(orig/(beta_fast 2 pi)) / (2 ln theta)), high = ceil(64 ln(orig/(beta_slow 2 pi))
  * / (2 ln theta)) clamped to [0, 63], ramp_i = clamp((i - low)/(high - low), 0, 1),
- * f_i = f_i (1 - ramp_i) + f_i/factor ramp_i (architecture.md 5.4; no mscale). */
+ * f_i = f_i (1 - ramp_i) + f_i/factor ramp_i (docs/model.md §5.4; no mscale). */
 typedef struct dsv4_rope_params {
     double theta;            /* base */
     double factor;           /* YaRN factor; <= 1 means no YaRN */
@@ -124,7 +124,7 @@ DSV4_API dsv4_status dsv4_kv_insert(dsv4_ctx *ctx, const dsv4_tensor *kv, const 
 DSV4_API dsv4_status dsv4_dequant_gather(dsv4_ctx *ctx, const dsv4_kv_cache *cache, const dsv4_tensor *slots,
                                          dsv4_tensor *out);
 
-/* ---- sparse MLA decode (contract 6) -------------------------------------------------------- */
+/* ---- sparse MLA decode (docs/contracts.md §6) ---------------------------------------------- */
 /* One scope: query t attends to the first lengths[t] entries of indices[t, :] (I32 [T, width];
  * lengths I32 [T], or NULL for all of them); inside that prefix an index < 0 or >= the cache's
  * slot count is masked; what lies beyond the prefix is never read. */
@@ -147,7 +147,7 @@ DSV4_API dsv4_status dsv4_sparse_mla_decode_workspace(dsv4_ctx *ctx, int64_t t, 
 DSV4_API dsv4_status dsv4_sparse_mla_decode(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_sparse_scope *swa,
                                             const dsv4_sparse_scope *extra, const dsv4_tensor *sink, float scale,
                                             dsv4_tensor *out, dsv4_tensor *lse, dsv4_tensor *workspace);
-/* The seed's second pass, for comparison: the same attention over BF16 rows kv BF16 [R, 512]
+/* The two-pass design's second pass, for comparison (docs/kernels.md §3.4): the same attention over BF16 rows kv BF16 [R, 512]
  * (e.g. from dsv4_dequant_gather) addressed by indices I32 [T, P] (masked when < 0 or >= R)
  * with lengths I32 [T] or NULL. */
 DSV4_API dsv4_status dsv4_sparse_attn_bf16(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tensor *kv,

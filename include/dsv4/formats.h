@@ -1,4 +1,4 @@
-/* Number formats of DeepSeek-V4, defined to the bit (spec/README.md contracts 2-4).
+/* Number formats of DeepSeek-V4, defined to the bit (docs/formats.md; docs/contracts.md §2-§4).
  *
  *   E4M3   OCP E4M3FN: bias 7, max +-448, no infinities, NaN = 0x7F/0xFF. Encoding rounds to
  *          nearest-even and saturates: |x| >= 448 (and +-Inf) -> +-448, NaN -> NaN (sign kept).

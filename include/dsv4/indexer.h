@@ -1,4 +1,4 @@
-/* Compressor and lightning indexer of the DeepSeek-V4 attention (architecture.md §5.5, §5.6, §6.3).
+/* Compressor and lightning indexer of the DeepSeek-V4 attention (docs/model.md §5.5, §5.6; docs/formats.md §5).
  *
  * Compressor. One instance per (layer, kind): the main compressor of a CSA/HCA layer (d = 512:
  * its entries become KV entries of the attention, through the attention family's KV-only insert)
@@ -24,7 +24,7 @@
  * residue (kv row, gate + ape row); with overlap, rows 0..ratio−1 hold the last complete block
  * (copied when it was emitted). dsv4_compressor_state_init() sets the fresh state (0 / −inf).
  *
- * Indexer cache format (§6.3, 68 B per entry for d = 128): codes FP4X2 [N, d/2] (two E2M1 codes
+ * Indexer cache format (docs/formats.md §5, 68 B per entry for d = 128): codes FP4X2 [N, d/2] (two E2M1 codes
  * per byte, low nibble = even element) + scales E8M0 [N, d/32] (one UE8M0 byte per 32 elements).
  * The two views may have any row stride, so the 64 + 4 bytes of one entry can be adjacent (row
  * stride 68 for both views) or in separate arrays. Values are code · 2^(byte − 127), exactly the
@@ -40,7 +40,7 @@
  *              dsv4_indexer_scores), so the scores do not depend on the backend's ISA or threads.
  *   top-k      the min(topk, n_t) candidates with the largest scores. Ties are broken by the
  *              lower entry index, NaN counts as −inf. Output = the compressed scope of the sparse
- *              decode (contract 6): indices I32 [T, topk] in decreasing score order (equal scores:
+ *              decode (docs/contracts.md §6): indices I32 [T, topk] in decreasing score order (equal scores:
  *              increasing index), −1 after the first `lengths[t]` = min(topk, n_t) ones.
  *              Indices are entry numbers c of the compressed caches (the caller maps them to
  *              slots when its caches are paged). The selection streams through the candidates

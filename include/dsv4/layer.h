@@ -1,4 +1,4 @@
-/* The rest of a DeepSeek-V4 block around attention (architecture.md §3, §4, §7, §11):
+/* The rest of a DeepSeek-V4 block around attention (docs/model.md §3, §4, §7, §11):
  * RMSNorm, the manifold-constrained hyper-connections (mHC), the MoE router and the MoE block.
  *
  * Conventions: BF16 tensors hold uint16 bit patterns; every view has a unit inner stride unless a
@@ -23,7 +23,7 @@ extern "C" {
 DSV4_API dsv4_status dsv4_rms_norm(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *weight, float eps,
                                    dsv4_tensor *y);
 
-/* ---- mHC (architecture.md §4; n = hc_mult = 4 in V4, any 1 <= n <= DSV4_HC_MAX here) --------
+/* ---- mHC (docs/model.md §4; n = hc_mult = 4 in V4, any 1 <= n <= DSV4_HC_MAX here) ----------
  * One mHC site's parameters, all F32 and contiguous:
  *   hc_pre / fused:  fn [(2+n)·n, n·D] (row stride free), scale [3], base [(2+n)·n]
  *   hc_head:         fn [n, n·D],                          scale [1], base [n]
@@ -63,7 +63,7 @@ DSV4_API dsv4_status dsv4_hc_post_pre(dsv4_ctx *ctx, const dsv4_tensor *x, const
 /* hc_head before the final norm: x BF16 [T, n, D] -> y BF16 [T, D] with pre[j] as in hc_pre. */
 DSV4_API dsv4_status dsv4_hc_head(dsv4_ctx *ctx, const dsv4_hc_site *site, const dsv4_tensor *x, dsv4_tensor *y);
 
-/* ---- router (architecture.md §7.1) --------------------------------------------------------
+/* ---- router (docs/model.md §7.1) ----------------------------------------------------------
  * logit[e] = Σ_k W[e][k]·x[k] (fp32), score[e] = sqrt(softplus(logit[e])) with softplus(z) = z for
  * z > 20, else log1p(exp(z)).
  * Selection: with tid2eid (hash layers), ids[t] = tid2eid[token_ids[t]] and bias must be NULL;
@@ -86,14 +86,14 @@ DSV4_API dsv4_status dsv4_route(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_
                                 const dsv4_tensor *bias, const dsv4_tensor *tid2eid, const dsv4_tensor *token_ids,
                                 float route_scale, dsv4_tensor *ids, dsv4_tensor *weights);
 
-/* ---- SwiGLU with the V4 clamp (architecture.md §7.2) ---------------------------------------
+/* ---- SwiGLU with the V4 clamp (docs/model.md §7.2) -----------------------------------------
  * h[r, i] = bf16(silu(min(g, L)) · clamp(u, −L, L) · w[r])  in fp32, silu(z) = z / (1 + e^−z),
  * L = limit (> 0; +Inf: no clamp). g, u: BF16 [rows, I] (the gate / up products); row_weights:
  * F32 [rows] or NULL (all 1); h: BF16 [rows, I], may be g itself (in place). */
 DSV4_API dsv4_status dsv4_swiglu(dsv4_ctx *ctx, const dsv4_tensor *g, const dsv4_tensor *u,
                                  const dsv4_tensor *row_weights, float limit, dsv4_tensor *h);
 
-/* ---- MoE block (architecture.md §7.2-7.3) --------------------------------------------------
+/* ---- MoE block (docs/model.md §7.2-§7.3) ---------------------------------------------------
  * One SwiGLU expert in a weight format of dsv4/linear.h: w1 (gate) and w3 (up) [I, D], w2 (down)
  * [D, I] (FP4: the packed [., K/2] tensors), each with its scale tensor (NULL for BF16 / F32). */
 typedef struct dsv4_ffn_weights {
@@ -106,7 +106,7 @@ typedef struct dsv4_ffn_weights {
 /* y[t] = bf16( Σ_s expert_{ids[t,s]}(x[t], weights[t,s]) + shared(x[t]) ), the sum in fp32 over
  * the token's experts in ascending expert index (then slot), the shared expert last, where
  *   expert(x, w) = w2 · swiglu(w1·x, w3·x, w, limit)      (each product a dsv4_linear with BF16
- * output: FP8/FP4 formats quantize their input per 1x128, architecture.md §2.3).
+ * output: FP8/FP4 formats quantize their input per 1x128, docs/model.md §2.2).
  * The (token, slot) pairs are grouped by expert with a counting sort; each expert's rows are
  * gathered once and shared by its w1 and w3 products, so every expert runs as one product of all
  * its tokens. x: BF16 [T, D]; ids: I32 [T, topk] in [0, n_experts); weights: F32 [T, topk];

@@ -1,5 +1,5 @@
-/* Linear layers on quantized weights kept in the checkpoint's own layout (architecture.md §2,
- * §9; kernels.md §4-§5; contract 7):  y[m, n] = sum_k x[m, k] * W[n, k]  (+ bias[n]).
+/* Linear layers on quantized weights kept in the checkpoint's own layout (docs/formats.md §3,
+ * docs/kernels.md §4-§5, docs/contracts.md §7):  y[m, n] = sum_k x[m, k] * W[n, k]  (+ bias[n]).
  *
  * Weight formats (dsv4_linear_format), consumed by view, never copied:
  *   FP8_B128  w F8_E4M3 [N, K], scale E8M0 [ceil(N/128), ceil(K/128)] (edge blocks allowed)
@@ -11,7 +11,7 @@
  * strides (1, N)); weights, x and y need unit stride in their last dim, any row stride.
  * E8M0 scale tensors may be typed E8M0 or U8.
  *
- * Numerics (architecture.md §2.3, §11):
+ * Numerics (docs/model.md §2.2, §11):
  *   FP8_B128, FP4: each row of x is quantized per 1x128 block of K with the act128 rule
  *     (dsv4/formats.h; a last block shorter than 128 is its own group), then
  *     y = sum over scale blocks of (sum_k xq*wq) * (sx * sw) with fp32 accumulation; the FP4

@@ -1,6 +1,6 @@
 /* DeepSeek-V4 checkpoints: config.json, safetensors (single or sharded), and the model-weights
  * description — a typed tensor view for every weight of every layer, used in place from the
- * memory-mapped files (spec/README.md contract 8; architecture.md §1.1, §9).
+ * memory-mapped files (docs/contracts.md §8; docs/model.md §1.1, §9; docs/formats.md §6).
  *
  * Nothing read from disk is trusted: header lengths, JSON syntax and UTF-8, offsets (inside the
  * file, no overlap, no holes), dtypes and shapes against the config, and every dimension of
@@ -50,7 +50,7 @@ typedef struct dsv4_rope_config {
     double attention_factor;      /* YaRN logit scale; 1.0 (DeepSeek-V4 uses none) */
 } dsv4_rope_config;
 
-/* Every field of architecture.md §1.1. Defaults (dsv4_config_default) are the V4-Flash values. */
+/* Every field of docs/model.md §1.1. Defaults (dsv4_config_default) are the V4-Flash values. */
 typedef struct dsv4_model_config {
     int64_t dim;                  /* hidden_size / dim */
     int64_t n_layers;             /* num_hidden_layers / n_layers */

@@ -285,7 +285,8 @@ def _width(idx):
 
 def sparse_attn_bf16(q, kv, indices, lengths=None, sink=None, scale=SCALE, backend=None, threads=None, out=None,
                      lse=None):
-    """The seed's second pass: attention over BF16 rows kv u16 [R, 512] at indices i32 [T, P]."""
+    """The two-pass design's second pass (docs/kernels.md §3.4): attention over BF16 rows kv u16
+    [R, 512] at indices i32 [T, P]."""
     c = ctx(backend, threads)
     idx = _i32(indices, "indices")
     T, H = _th(q)

@@ -1,4 +1,4 @@
-/* dsv4 run: load a checkpoint and generate (issue 6).
+/* dsv4 run: load a checkpoint and generate (docs/engine.md).
  *
  *   dsv4 run --model DIR [--prompt-ids 1,2,3 | --prompt TEXT | --chat TEXT] --max-tokens N
  *            [--mtp K] [--temperature T] [--top-p P] [--seed S] [--stop-at-eos]

@@ -1,5 +1,5 @@
-/* Attention op family (issue 3): RoPE tables, fused q-norm + RoPE + FP8 KV insert, dequant-gather,
- * sparse MLA decode (FlashMLA semantics, spec/README.md contracts 5-6), inverse RoPE.
+/* Attention op family (docs/kernels.md §1-§4): RoPE tables, fused q-norm + RoPE + FP8 KV insert, dequant-gather,
+ * sparse MLA decode (FlashMLA semantics, docs/contracts.md §5-§6), inverse RoPE.
  *
  * Entry points get raw pointers that the op layer (src/ops/attention.c) has validated: shapes,
  * dtypes, unit inner strides, non-overlap, and, when the data is in host memory, every index
@@ -11,7 +11,7 @@
  * lives in the backend's memory; the structs themselves and the `freq` array are host memory.
  * Strides are in elements of the pointed-to type; cache strides are in bytes.
  *
- * Cache entry (contract 5, "MODEL1"): 448 E4M3 codes (dims 0..447) + 64 BF16 (dims 448..511) =
+ * Cache entry (docs/contracts.md §5, "MODEL1"): 448 E4M3 codes (dims 0..447) + 64 BF16 (dims 448..511) =
  * 576 data bytes at page + row*576; 7 UE8M0 scale bytes + 1 zero pad byte at
  * page + block_size*576 + row*8. slot = page*block_size + row; a negative slot is "no entry". */
 #ifndef DSV4_CORE_OPS_ATTENTION_H
@@ -68,7 +68,7 @@ struct dsv4_attention_ops {
 
     /* KV side: for i < n: k = kv[i*ld_kv .. +512] (BF16); if positions: GPT-J rotate dims 448..511
      * by row positions[i] of rope (fp32 math, round to BF16), else take k as is; quantize per
-     * contract 4 (KV64) and write the 584-byte entry at slots[i] (skip when < 0). */
+     * docs/contracts.md §4 (KV64) and write the 584-byte entry at slots[i] (skip when < 0). */
     dsv4_status (*kv_insert)(const dsv4_exec *ex, const uint16_t *kv, int64_t ld_kv, int64_t n, const int64_t *slots,
                              const int64_t *positions, const float *rope, int64_t max_pos, const dsv4_kv_geom *cache);
 
@@ -94,8 +94,8 @@ struct dsv4_attention_ops {
     dsv4_status (*sparse_mla_decode)(const dsv4_exec *ex, const dsv4_attn_args *a, const dsv4_attn_scope *scopes,
                                      int n_scopes);
 
-    /* The seed's second pass: the same attention over one scope whose entries are BF16 rows
-     * (scope->cache describes rows, see dsv4_kv_geom). */
+    /* The second pass of the two-pass design (docs/kernels.md §3.4): the same attention over one
+     * scope whose entries are BF16 rows (scope->cache describes rows, see dsv4_kv_geom). */
     dsv4_status (*sparse_attn_bf16)(const dsv4_exec *ex, const dsv4_attn_args *a, const dsv4_attn_scope *scope);
 
     /* o BF16 [t, h, 512] in place: dims 448..511 rotated by -theta of positions[i] (fp32 math:

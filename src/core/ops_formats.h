@@ -1,4 +1,4 @@
-/* Format op family: element-wise codecs and block quantization (contracts 2-4). */
+/* Format op family: element-wise codecs and block quantization (docs/contracts.md §2-§4). */
 #ifndef DSV4_CORE_OPS_FORMATS_H
 #define DSV4_CORE_OPS_FORMATS_H
 

@@ -1,4 +1,4 @@
-/* Linear op family (issue 4): quantized / BF16 / F32 linear layers and the grouped wo_a product
+/* Linear op family (docs/kernels.md §5): quantized / BF16 / F32 linear layers and the grouped wo_a product
  * (include/dsv4/linear.h has the contract and the numerics).
  *
  * Entry points get raw pointers the op layer (src/ops/linear.c) has validated: dtypes, shapes,

@@ -1,4 +1,4 @@
-/* The one owner of every scalar number-format rule (spec/README.md contracts 2-4).
+/* The one owner of every scalar number-format rule (docs/contracts.md §2-§4, docs/formats.md).
  * Header-only so kernels inline them; vectorized kernels must stay bit-identical to these.
  * Depends on nothing but the C library. */
 #ifndef DSV4_FORMATS_CODEC_H

@@ -1,5 +1,5 @@
 /* config.json in the official (root), reference (inference/config.json ModelArgs) and
- * transformers (DeepseekV4Config) namings -> dsv4_model_config (architecture.md §1.1). */
+ * transformers (DeepseekV4Config) namings -> dsv4_model_config (docs/model.md §1.1). */
 #include "core/error.h"
 #include "core/file.h"
 #include "core/json.h"

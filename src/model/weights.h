@@ -1,4 +1,4 @@
-/* The one list of DeepSeek-V4 weights (architecture.md §9): every tensor a config implies, with
+/* The one list of DeepSeek-V4 weights (docs/model.md §9): every tensor a config implies, with
  * its official name, shape, storage class and where its view goes in dsv4_model_weights. The
  * loader (weights.c) binds checkpoint tensors to it and the writer (writer.c) writes it. */
 #ifndef DSV4_MODEL_WEIGHTS_H

@@ -186,7 +186,7 @@ static void compare_decode(const char *what, decode_case *c, const uint16_t *o, 
         double e = fabs(lse[i] - rlse[i]) / fmax(1.0, fabs(rlse[i]));
         if (e > lerr) lerr = e;
     }
-    /* the tolerances: relative L2 8e-3, lse 1e-5 * max(1, |lse|) */
+    /* the tolerances of docs/testing.md §4: relative L2 8e-3, lse 1e-5 * max(1, |lse|) */
     CHECK(sqrt(num / fmax(den, 1e-300)) <= 8e-3, "%s: relative L2 %g", what, sqrt(num / fmax(den, 1e-300)));
     CHECK(lerr <= 1e-5 && !inf_bad, "%s: lse error %g, %d +inf mismatches", what, lerr, inf_bad);
 }

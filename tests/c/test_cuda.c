@@ -491,7 +491,7 @@ static void test_decode(const dcase *c)
         }
     }
 
-    /* Two-pass (seed design) on the device: gather every SWA index of each query (K scope off),
+    /* Two-pass design (docs/kernels.md §3.4) on the device: gather every SWA index of each query (K scope off),
      * then BF16 attention over rows t*w + j; must match the fused result on the SWA scope. */
     if (!k) {
         int32_t *gi = malloc((size_t)t * w * 4), *pi = malloc((size_t)t * w * 4);

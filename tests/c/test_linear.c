@@ -1,8 +1,8 @@
-/* Linear family (issue 4): every weight format against a float64 evaluation of the contract (on
+/* Linear family (docs/kernels.md §5): every weight format against a float64 evaluation of the contract (on
  * activations quantized by the library's own dsv4_quantize; the independent oracles are in
  * tests/python/test_linear.py), the cpu kernels of every ISA against cpu-ref, 1 vs 2 threads bit
  * for bit, grouped = separate products, transposed scale views, staged = unstaged products
- * (issue 5), and bad input. */
+ * (dsv4_linear_stage / dsv4_linear_staged), and bad input. */
 #include "dsv4.h"
 #include "test_util.h"
 

@@ -107,7 +107,7 @@ static void test_config_defaults(void)
 {
     dsv4_model_config c;
     CHECK_STATUS(parse("{}", &c), DSV4_OK);
-    /* architecture.md §1.1, V4-Flash column */
+    /* docs/model.md §1.1, V4-Flash column */
     CHECK(c.dim == 4096 && c.n_layers == 43 && c.vocab_size == 129280 && c.n_heads == 64 && c.head_dim == 512 &&
               c.rope_head_dim == 64 && c.nope_head_dim == 448 && c.q_lora_rank == 1024 && c.o_groups == 8 &&
               c.o_lora_rank == 1024 && c.window_size == 128,
@@ -616,7 +616,7 @@ static void test_hf_layout(void)
 }
 
 /* The full V4-Flash tensor inventory, headers only (data are file holes): the counts and bytes
- * published for the real checkpoint (architecture.md §9.2, [HB]). */
+ * published for the real checkpoint (docs/model.md §9.2). */
 static void test_flash_inventory(void)
 {
     char dir[256];

@@ -1,5 +1,5 @@
-"""Independent float64 / ml_dtypes oracles of the number formats, written from the spec
-(shared/spec/README.md contracts 2-4), not from the C code. Shared by every Python test."""
+"""Independent float64 / ml_dtypes oracles of the number formats, written from the docs
+(docs/formats.md, docs/contracts.md §2-§4), not from the C code. Shared by every Python test."""
 import os
 import time
 

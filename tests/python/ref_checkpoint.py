@@ -1,10 +1,10 @@
 """Checkpoint side of the float64 DeepSeek-V4 reference (tests/python/ref_model.py): config.json in
 every naming, a minimal safetensors reader/writer, tensor-name normalization and exact dequantization.
 
-Written from shared/spec/architecture.md (sections 1.1, 2.2, 9) and the contracts in shared/spec/README.md
-(8: the two checkpoint layouts), not from the C code. Pure numpy + ml_dtypes (through oracles.py).
+Written from docs/model.md (§1.1, §2.1, §9), docs/formats.md §6 and docs/contracts.md §8 (the two
+checkpoint layouts), not from the C code. Pure numpy + ml_dtypes (through oracles.py).
 
-Config namings understood (architecture.md 1.1):
+Config namings understood (docs/model.md §1.1):
   * official `ModelArgs` (inference/config.json): dim, n_layers, n_heads, rope_head_dim, window_size,
     compress_ratios, n_hash_layers, moe_inter_dim, n_activated_experts, score_func, route_scale,
     rope_factor, original_seq_len, beta_fast, beta_slow, n_mtp_layers, ...
@@ -178,7 +178,7 @@ def parse_config(c):
         raise ValueError("config.json: neither compress_ratios nor layer_types")
     if len(ratios) < n_layers:
         raise ValueError(f"config.json: {len(ratios)} layer ratios for {n_layers} layers")
-    # compress_ratios has n_layers + 1 entries, the last one for the MTP block (architecture.md 13.16);
+    # compress_ratios has n_layers + 1 entries, the last one for the MTP block (docs/model.md §13, item 16);
     # layer_types has n_layers: MTP blocks are SWA-only.
     ratios = ratios[:n_layers] + (ratios[n_layers:] + [0] * n_mtp)[:n_mtp]
     kinds = kinds[:n_layers] + (kinds[n_layers:] + ["swa"] * n_mtp)[:n_mtp]
@@ -259,7 +259,7 @@ def load_config(model_dir):
 
 
 # ---- tensor names --------------------------------------------------------------------------
-# Canonical names are the official ones (architecture.md 9.1/9.2): no prefix, `X.weight` + `X.scale`.
+# Canonical names are the official ones (docs/model.md §9.1/§9.2): no prefix, `X.weight` + `X.scale`.
 # The Hugging Face layout written by transformers' save_pretrained (testdata/hf-tiny-a) uses the official
 # names under a `model.` prefix, except: model.embed_tokens.weight (embed.weight), model.hc_head.hc_{fn,
 # base,scale} (hc_head_{fn,base,scale}) and model.layers.N.attn.norm.weight (= attn.kv_norm.weight).
@@ -286,7 +286,7 @@ def canonical_name(name):
 
 
 # Linears whose official weights are FP8 (128x128 scales) or FP4 (1x32): the GEMMs that quantize their
-# activations per 1x128 (act_quant) in the official path (architecture.md 2.3, 11). wo_a is FP8 in the
+# activations per 1x128 (act_quant) in the official path (docs/model.md §2.2, §11). wo_a is FP8 in the
 # checkpoint but converted to BF16 and used without act_quant (9.3); compressor, weights_proj, gate and head
 # are BF16/FP32 linears.
 _QUANT_LINEARS = ("attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_b", "attn.indexer.wq_b",
@@ -326,7 +326,7 @@ def _scale_values(sdt, s):
 
 
 def dequantize_weight(wdt, w, sdt, s):
-    """Block-scaled weight -> float64, exactly (architecture.md 2.2):
+    """Block-scaled weight -> float64, exactly (docs/model.md §2.1):
     F8_E4M3 [out, in] with scale [ceil(out/128), ceil(in/128)] (or [out, in/32], MXFP8);
     I8 packed FP4 [out, in/2] with scale [out, in/32]."""
     sv = _scale_values(sdt, s)

@@ -1,9 +1,9 @@
 """An independent float64 numpy reference forward of DeepSeek-V4 (the oracle of the engine's tests).
 
-Written from shared/spec/architecture.md (sections 3-8 and 11-13), not from the C code. Pure numpy +
+Written from docs/model.md (§3-§8 and §11-§13), not from the C code. Pure numpy +
 ml_dtypes; the number formats and scale rules come from oracles.py, the checkpoint side (config.json in
 every naming, safetensors, names, exact dequantization) from ref_checkpoint.py. REF_MODEL.md (beside this
-file) lists the spec ambiguities resolved here and the golden-data result.
+file) lists the ambiguities of the design resolved here and the golden-data result.
 
     m = RefModel("shared/testdata/hf-tiny-a")                 # pure float64, no act_quant (HF layout)
     logits = m.forward(ids)                                   # [S, vocab], every position, teacher forced
@@ -15,7 +15,7 @@ position p sees the SWA entries max(0, p-window+1)..p, the compressed entries c 
 (HCA: all of them; CSA: the indexer's top-k of them) -- exactly what token-by-token decoding sees, so
 logits[p] depends on ids[:p+1] only (the tests check this).
 
-Quantization-simulation points (always on: they are the model's semantics, contract 1):
+Quantization-simulation points (always on: they are the model's semantics, docs/contracts.md §1):
   * FP8 E4M3, groups of 64, UE8M0 scale, amax floor 1e-4 (rule kv64): the nope dims of every SWA KV vector
     (after kv_norm and RoPE) and of every main-compressor output (after norm and RoPE);
   * Hadamard (Sylvester, /sqrt(128)) + FP4 E2M1 groups of 32 (rule fp4_32): the indexer queries (after RoPE)
@@ -25,10 +25,10 @@ Precision switches:
   * `bf16=False` (default): every step in float64, no rounding anywhere except the simulation points above.
     This is the mode to compare with the transformers float32 golden logits.
   * `bf16=True`: float64 arithmetic, values rounded to BF16 (RNE via float32) at the points of
-    architecture.md 11, i.e. where the C engine (fp32 compute) stores BF16: embedding; streams after every
+    docs/model.md §11, i.e. where the C engine (fp32 compute) stores BF16: embedding; streams after every
     hc_post; hc_pre / hc_head outputs; every RMSNorm output; every linear output (FP8/FP4/BF16 weights,
     wo_a, weights_proj, and the indexer head weights after their scale); q after per-head norm + RoPE
-    (rounded once, kernels.md 2.2); kv / compressor outputs after RoPE; the pooled compressor vector
+    (rounded once, docs/kernels.md §2.2); kv / compressor outputs after RoPE; the pooled compressor vector
     before its norm; Hadamard outputs; the SwiGLU activation into w2; the MoE sum; the attention output
     and its inverse RoPE. Kept unrounded (fp32 in the reference): mHC mixes / post / comb, compressor
     a / g, router scores and weights, attention scores, softmax denominator, indexer scores, logits. The
@@ -46,7 +46,7 @@ from ref_checkpoint import Checkpoint, is_quant_linear
 
 
 def rope_freqs(cfg, kind):
-    """Inverse frequencies f_i, i < rope_dim/2 (architecture.md 5.4). kind "main": base rope_theta, no YaRN
+    """Inverse frequencies f_i, i < rope_dim/2 (docs/model.md §5.4). kind "main": base rope_theta, no YaRN
     (SWA layers, MTP); kind "compress": base compress_rope_theta with YaRN (CSA/HCA layers, indexers)."""
     rd = cfg.rope_dim
     base = cfg.rope_theta if kind == "main" else cfg.compress_rope_theta
@@ -123,7 +123,7 @@ class RefModel:
 
     # ---- elementary steps ----------------------------------------------------------------
     def r(self, x):
-        """BF16 rounding point (architecture.md 11); identity in the float64 mode."""
+        """BF16 rounding point (docs/model.md §11); identity in the float64 mode."""
         return o.bf16_round(x) if self.bf16 else np.asarray(x, np.float64)
 
     def linear(self, x, name):
@@ -139,7 +139,7 @@ class RefModel:
         y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps)
         return self.r(self.w[wname] * y)
 
-    # ---- mHC (architecture.md 4) -----------------------------------------------------------
+    # ---- mHC (docs/model.md §4) ------------------------------------------------------------
     def hc_pre(self, X, prefix):
         """X [S, hc, D] -> (layer input [S, D], post [S, hc], comb [S, hc(src), hc(dst)])."""
         cfg, hc = self.cfg, self.cfg.hc_mult
@@ -175,7 +175,7 @@ class RefModel:
         pre = 1.0 / (1.0 + np.exp(-(mixes * scale[0] + base))) + cfg.hc_eps
         return self.r(np.einsum("sj,sjd->sd", pre, X))
 
-    # ---- attention (architecture.md 5) ------------------------------------------------------
+    # ---- attention (docs/model.md §5) -------------------------------------------------------
     def compressor(self, prefix, ratio, d, overlap, x, pos, indexer):
         """Compressed entries [S // ratio, d] of one compressor (5.5). Entry c pools the tokens
         c*r .. c*r+r-1 (overlap: also the previous block with the first half of the projections) by a
@@ -256,7 +256,7 @@ class RefModel:
         z = self.r(np.einsum("sgk,grk->sgr", out.reshape(S, G, -1), wa)).reshape(S, -1)
         return self.linear(z, prefix + "wo_b")
 
-    # ---- MoE (architecture.md 7) ------------------------------------------------------------
+    # ---- MoE (docs/model.md §7) -------------------------------------------------------------
     def expert(self, prefix, x, weight):
         L = self.cfg.swiglu_limit
         g = self.linear(x, prefix + "w1")
@@ -297,7 +297,7 @@ class RefModel:
             y += self.expert(prefix + "shared_experts.", x, 1.0)
         return self.r(y)
 
-    # ---- blocks and the whole model (architecture.md 3, 8) -----------------------------------
+    # ---- blocks and the whole model (docs/model.md §3, §8) -----------------------------------
     def block(self, prefix, layer, X, ids, pos):
         cfg = self.cfg
         kind, ratio = cfg.kinds[layer], cfg.ratios[layer]
@@ -324,7 +324,7 @@ class RefModel:
         return (logits, X) if return_streams else logits
 
     def mtp_forward(self, ids, streams, k=0, return_streams=False):
-        """MTP block k (architecture.md 8) over the whole sequence: row t (t = 0..S-2, attention position
+        """MTP block k (docs/model.md §8) over the whole sequence: row t (t = 0..S-2, attention position
         t) combines the main model's pre-hc_head streams at t with the embedding of ids[t+1] and predicts
         ids[t+2]. Its own streams (return_streams) are what a second draft step feeds back in place of
         `streams` (with ids shifted once more)."""

@@ -1,4 +1,4 @@
-"""Write a tiny checkpoint in the official DeepSeek-V4 layout (contract 8) for the reference's tests:
+"""Write a tiny checkpoint in the official DeepSeek-V4 layout (docs/contracts.md §8) for the reference's tests:
 FP8 E4M3 weights with 128x128 UE8M0 block scales, routed experts as packed FP4 E2M1 (low nibble = even
 element) with 1x32 UE8M0 scales, FP32 mHC params / sinks / ape / router bias, int64 tid2eid, an MTP block
 (`mtp.0.*`), and config.json in the `ModelArgs` naming. Made from an existing checkpoint (e.g. the

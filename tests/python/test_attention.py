@@ -1,5 +1,5 @@
 """The attention decode path against float64/numpy oracles written from the contracts
-(spec/README.md 5-6, kernels.md 1-4, architecture.md 5.4), not from the C code, plus the golden
+(docs/contracts.md §5-§6, docs/kernels.md §1-§4, docs/model.md §5.4), not from the C code, plus the golden
 vectors from vLLM and FlashMLA in shared/testdata/kernels.
 
 Backends come from $DSV4_TEST_BACKENDS (default "cpu,cpu-ref"; e.g. "cuda,cpu-ref" on a GPU
@@ -101,10 +101,10 @@ def bf16_bits(x):
     return o.bf16_encode(np.asarray(x, np.float32))
 
 
-# ---- oracles of the cache layout (contract 5) ---------------------------------------------
+# ---- oracles of the cache layout (docs/contracts.md §5) -----------------------------------
 def oracle_rope_f32(x_bits, cs, inverse=False):
     """GPT-J rotation of the last 64 dims in fp32 (each product rounded, no FMA), as the contract
-    states (kernels.md 2.2: fp32 math, one BF16 rounding)."""
+    states (docs/kernels.md §2.2: fp32 math, one BF16 rounding)."""
     x = o.bf16_decode(x_bits).astype(np.float32)
     a, b = x[..., 0::2], x[..., 1::2]
     c, s = cs[..., :32].astype(np.float32), cs[..., 32:].astype(np.float32)
@@ -160,12 +160,12 @@ def random_cache(rng, num_pages, bs, scale_lo=121, scale_hi=129):
 # ---- page geometry and RoPE ---------------------------------------------------------------
 @pytest.mark.parametrize("bs,want", [(64, 37440), (2, 1728), (1, 1152), (69, 40320), (576, 336384)])
 def test_page_bytes(bs, want):
-    # block_size*584 rounded up to a multiple of 576 (contract 5)
+    # block_size*584 rounded up to a multiple of 576 (docs/contracts.md §5)
     assert A.page_bytes(bs) == want == -(-bs * 584 // 576) * 576
 
 
 def oracle_freqs(kind):
-    """architecture.md 5.4, in float64."""
+    """docs/model.md §5.4, in float64."""
     i = np.arange(32)
     if kind == "plain":
         return 10000.0 ** (-2 * i / 64)
@@ -178,7 +178,7 @@ def oracle_freqs(kind):
 
 
 def test_rope_frequencies_match_spec_values():
-    # the values architecture.md 5.4 lists (7 significant digits there)
+    # the values docs/model.md §5.4 lists (7 significant digits there)
     f = A.rope_frequencies("yarn")
     spec = {1: 0.6876560, 15: 0.003635539, 16: 2.265625e-3, 20: 2.969778e-4, 24: 1.953125e-5, 25: 5.372313e-6,
             31: 5.680529e-7}
@@ -191,7 +191,7 @@ def test_rope_frequencies_match_spec_values():
 @pytest.mark.parametrize("kind", ["plain", "yarn"])
 def test_rope_table(kind, request):
     # float64 angles p*f_i: a float32 result is within half an ulp (<= 6e-8) of cos/sin, so 1e-6
-    # (the issue's bound) has a wide margin; positions up to 70000 exercise large angles.
+    # (the bound this suite was given) has a wide margin; positions up to 70000 exercise large angles.
     rng = o.rng(request.node.name)
     max_pos = int(rng.integers(65600, 70000))
     th = np.arange(max_pos)[:, None] * oracle_freqs(kind)[None]
@@ -352,7 +352,7 @@ def test_dequant_gather(request):
 
 # ---- sparse decode ------------------------------------------------------------------------
 def oracle_decode(q_bits, scopes, sink, scale):
-    """float64 FlashMLA sparse decode with sink (contract 6): scopes = [(K [slots, 512], indices
+    """float64 FlashMLA sparse decode with sink (docs/contracts.md §6): scopes = [(K [slots, 512], indices
     [T, W], lengths [T] or None)]."""
     q = o.bf16_decode(q_bits)
     T, H, _ = q.shape
@@ -402,7 +402,7 @@ def make_indices(rng, T, width, nslots, lengths, plant=True, dup=False):
     return idx.astype(np.int32)
 
 
-# Relative L2 bound of each (t, h) output row by itself: the issue's whole-output bound, applied
+# Relative L2 bound of each (t, h) output row by itself: the whole-output bound (docs/testing.md §4), applied
 # per row. A row's error is its 512 BF16 output roundings (each <= 2^-8 of its value, so <= 3.9e-3
 # of the row, ~1.1e-3 typical) plus the BF16 rounding of its probabilities in p.v (about as much)
 # and fp32 sums (~1e-6): measured worst row 3.7e-3 over ~50 runs of these tests on every path
@@ -412,7 +412,7 @@ ROW_TOL = 8e-3
 
 
 def check_decode(name, o_bits, lse, ref_o, ref_lse):
-    """o: relative L2 <= 8e-3 over the whole output (the issue's bound; BF16 output rounding
+    """o: relative L2 <= 8e-3 over the whole output (docs/testing.md §4; BF16 output rounding
     alone is ~1e-3 and BF16 probabilities in p.v add about as much), and also of every (t, h)
     row by itself <= ROW_TOL, so one wrong row (a wrong sink, a missed entry) cannot hide in the
     average; rows whose reference is zero (sink +inf) must be exactly zero. lse: within
@@ -500,7 +500,7 @@ def draw_sink(rng, kind, lse):
                               np.where(np.arange(H) % 3 == 1, np.inf, rel)).astype(np.float32)}[kind]
 
 
-# kernels.md 10.5: FlashMLA's grid (h 64/128, topk up to 2048, block sizes 2/64/69/576/61), with
+# docs/kernels.md §10, item 5: FlashMLA's grid (h 64/128, topk up to 2048, block sizes 2/64/69/576/61), with
 # and without the extra scope; s_q = 1 per sequence, a few sequences.
 GRID = [  # T, H, topk, bs, extra topk, extra bs
     (2, 64, 64, 2, 0, 0), (2, 64, 64, 64, 0, 0), (2, 64, 64, 69, 0, 0), (2, 128, 64, 64, 64, 2),
@@ -583,8 +583,8 @@ def test_sparse_decode_golden_flashmla():
 
 
 def test_two_pass_bf16_matches(request):
-    # the seed's design (dequant_gather into a BF16 workspace, then attention over it) gives the
-    # same attention: both against the float64 oracle
+    # the two-pass design (docs/kernels.md §3.4: dequant_gather into a BF16 workspace, then attention
+    # over it) gives the same attention: both against the float64 oracle
     rng = o.rng(request.node.name)
     T, H, W, K = 3, 16, 64, 96
     q, scopes, s, ref = decode_case(rng, T, H, W, 64, K, 2)
@@ -595,7 +595,7 @@ def test_two_pass_bf16_matches(request):
     rows = np.concatenate([gather(c0, i0, b0), gather(c1, i1, b1)])
     idx = np.full((T, W + K), -1, np.int32)
     lens = np.zeros(T, np.int32)
-    for t in range(T):  # valid entries first, as the seed packs them
+    for t in range(T):  # valid entries first, as the original two-pass kernels pack them
         a = [t * W + j for j in range(l0[t]) if 0 <= i0[t, j] < c0.shape[0] * b0]
         b = [T * W + t * K + j for j in range(l1[t]) if 0 <= i1[t, j] < c1.shape[0] * b1]
         idx[t, :len(a) + len(b)] = a + b

@@ -1,5 +1,5 @@
-"""Compressor (architecture.md §5.5) against a float64 oracle of the reference's per-token state
-machine, written from the spec: state rows, ape on the score only, per-channel softmax pooling
+"""Compressor (docs/model.md §5.5) against a float64 oracle of the reference's per-token state
+machine, written from the docs: state rows, ape on the score only, per-channel softmax pooling
 over the (overlapping) window, BF16 cast, RMSNorm, RoPE at the block start, FP8 simulation (main)
 or Hadamard + FP4 simulation (indexer). Also: the batched form leaves exactly the state and
 entries of token-by-token calls, cpu == cpu-ref bit for bit, 1 thread == 2 threads."""
@@ -14,9 +14,9 @@ import oracles
 BACKENDS = ["cpu", "cpu-ref"]
 
 
-# ---- oracles (float64, from the spec) -------------------------------------------------------
+# ---- oracles (float64, from the docs) -------------------------------------------------------
 def rope_table(max_pos, base=160000.0, yarn=True):
-    """architecture.md §5.4: f_i = base^(-2i/64), YaRN blend (factor 16, original 65536, beta
+    """docs/model.md §5.4: f_i = base^(-2i/64), YaRN blend (factor 16, original 65536, beta
     32/1) for compressed layers; rows cos(p f) || sin(p f), angles in float32 as the reference."""
     i = np.arange(32, dtype=np.float64)
     f = base ** (-2.0 * i / 64)

@@ -3,7 +3,7 @@
 The host fallback of the memory API runs everywhere; the cuda cases skip with the library's
 reason when no CUDA device is present (CI). On a GPU machine they check byte-exact round trips,
 and a decode whose cache, indices and outputs stay in device memory across calls against the
-FlashMLA golden vectors and a float64 evaluation of contract 6."""
+FlashMLA golden vectors and a float64 evaluation of docs/contracts.md §6."""
 import ctypes
 import os
 
@@ -117,7 +117,7 @@ def test_device_resident_decode_golden():
 @pytest.mark.parametrize("H,T,extra", [(1, 3, False), (22, 5, True), (64, 1, True), (128, 9, True),
                                        (64, 300, True), (100, 120, True), (128, 200, True), (192, 64, False)])
 def test_decode_float64_oracle(H, T, extra, request):
-    # contract 6 in float64 on the dequantized cache; relative L2 <= 8e-3 (BF16 P and output),
+    # docs/contracts.md §6 in float64 on the dequantized cache; relative L2 <= 8e-3 (BF16 P and output),
     # lse <= 1e-5 max(1, |lse|) (fp32 logits and sums)
     rng = o.rng(request.node.name)
     bs, pages, W, K = 64, 12, 128, 512

@@ -1,5 +1,5 @@
 """The decode engine (include/dsv4/engine.h) against the independent float64 reference forward
-(ref_model.py, written from the spec) and against itself.
+(ref_model.py, written from docs/model.md) and against itself.
 
 Models: the built-in tiny checkpoint (`make-tiny`: official layout, FP8 weights, FP4 experts, layers
 SWA / CSA / HCA(ratio 8) / CSA, hash routing in layers 0-1, learned routing after, an MTP block),
@@ -123,7 +123,7 @@ _refs = {}
 
 def ref(path, bf16):
     """The reference (bf16: at the engine's rounding points; P rounded to BF16 for P.V, as every
-    attention kernel of the library does, kernels.md §3)."""
+    attention kernel of the library does, docs/kernels.md §3.2)."""
     key = (path, bf16)
     if key not in _refs:
         _refs[key] = rm.RefModel(path, bf16=bf16)

@@ -1,4 +1,4 @@
-"""Lightning indexer (architecture.md §5.6, §6.3) against float64 oracles written from the spec:
+"""Lightning indexer (docs/model.md §5.6, docs/formats.md §5) against float64 oracles written from the docs:
 query path (RoPE at p, Hadamard, FP4), head weights, scores Σ_h w_h ReLU(q_h·k_c) over the causal
 candidates, and top-k in the sparse decode's form (indices by decreasing score, ties to the lower
 index, -1 after the length). cpu == cpu-ref bit for bit, 1 == 2 threads, every ISA path."""

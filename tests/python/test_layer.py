@@ -1,5 +1,5 @@
-"""RMSNorm, mHC and the router against float64 numpy oracles written from the spec
-(architecture.md §3 RMSNorm, §4 mHC, §7.1 router; kernels.md §7), not from the C code.
+"""RMSNorm, mHC and the router against float64 numpy oracles written from the docs
+(docs/model.md §3 RMSNorm, §4 mHC, §7.1 router; docs/kernels.md §7), not from the C code.
 
 Every test draws fresh random inputs (seed printed; DSV4_TEST_SEED replays), poisons the outputs
 first, and runs on the scalar reference (cpu-ref) and on every path of the cpu backend
@@ -102,7 +102,7 @@ def sinkhorn(c, iters, eps):
 
 
 def hc_pre_oracle(x, fn, scale, base, iters=20, eps=1e-6, norm_eps=1e-6, head=False):
-    """architecture.md §4.1 / §4.4 in float64. x [T, n, D] values."""
+    """docs/model.md §4.1 / §4.4 in float64. x [T, n, D] values."""
     T, n, D = x.shape
     xf = x.reshape(T, n * D)
     r = 1.0 / np.sqrt((xf * xf).mean(-1) + norm_eps)
@@ -174,7 +174,7 @@ def test_hc_pre(backend, T, n, D, request):
 
 def test_hc_pre_iterations_and_eps(backend, request):
     """Non-default iteration count and epsilons reach the kernel (1 iteration = softmax + one
-    column normalization; eps 1e-3 as in the XPU tests of kernels.md §10)."""
+    column normalization; eps 1e-3 as in the XPU tests of docs/kernels.md §10, item 6)."""
     rng = o.rng(request.node.name)
     x = bf16_randn(rng, (2, 4, 48))
     fn, scale, base = hc_site(rng, 4, 48)
@@ -221,7 +221,7 @@ def test_hc_post_pre_equals_two_calls(backend, request):
     y_ref, p_ref, c_ref = dsv4.hc_pre(s_ref, fn, scale, base, backend=backend)
     for a, b in [(s, s_ref), (y, y_ref), (p2, p_ref), (c2, c_ref)]:
         assert np.array_equal(a, b)
-    # against the oracle too: streams BF16-rounded between the two steps (spec §4.3)
+    # against the oracle too: streams BF16-rounded between the two steps (docs/model.md §4.3)
     ry, terms, rpost, rcomb = hc_pre_oracle(o.bf16_decode(s_ref), fn, scale, base)
     assert_bf16_close(y, ry, terms, "fused y")
     atol = hc_atol(o.bf16_decode(s_ref), fn)

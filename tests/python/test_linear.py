@@ -1,5 +1,5 @@
-"""Quantized linear layers (issue 4) against float64 oracles written from the spec
-(architecture.md §2.2-§2.3, kernels.md §5.3, include/dsv4/linear.h), not from the C code.
+"""Quantized linear layers against float64 oracles written from the docs
+(docs/model.md §2.1-§2.2, docs/kernels.md §5.3, include/dsv4/linear.h), not from the C code.
 
 The oracle of every quantized format is exact: activations go through the act128 / mx32 rule
 (oracles.quantize), weights are dequantized (code x 2^(byte-127)), and y = xq . wq^T in float64
@@ -314,7 +314,7 @@ def test_m_zero_and_workspace_query():
     assert workspace_size("mxfp8", 10, 4096) >= 10 * 4096 * 2
 
 
-# ---- staging once for several weights (issue 5) -------------------------------------------
+# ---- staging once for several weights (docs/kernels.md §5.2) -----------------------------
 OTHER_ACT128 = {"fp8_b128": "fp4", "fp4": "fp8_b128"}  # the formats that share an act128 staging
 
 

@@ -1,8 +1,8 @@
-"""Checkpoint loading against oracles written from the spec, not from the C code:
+"""Checkpoint loading against oracles written from the docs, not from the C code:
 - a safetensors reader/writer in plain Python (the format: u64 length, JSON header, data);
-- the tensor list of a config from architecture.md §9.2 and contract 8 (names, shapes, dtypes);
-- the config field table of architecture.md §1.1 (three namings, V4-Flash defaults);
-- the scale rules of contracts 3-4 checked on the written FP8/FP4 weights with ml_dtypes.
+- the tensor list of a config from docs/model.md §9.2 and docs/contracts.md §8 (names, shapes, dtypes);
+- the config field table of docs/model.md §1.1 (three namings, V4-Flash defaults);
+- the scale rules of docs/contracts.md §3-§4 checked on the written FP8/FP4 weights with ml_dtypes.
 Hostile checkpoints must raise ValueError naming the file and the tensor and leave the output
 handle untouched."""
 import ctypes
@@ -55,7 +55,7 @@ def read_checkpoint(d):
     return out
 
 
-# ---- the tensor list of a config (architecture.md §9.2, contract 8) --------------------------------
+# ---- the tensor list of a config (docs/model.md §9.2, docs/contracts.md §8) ------------------------
 def expected_tensors(cfg, with_mtp=True):
     """Official layout: FP8 weights + 128x128 E8M0 scales, FP4 experts I8 [out, in/2] + [out, in/32]."""
     D, V, H, q = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"], cfg["q_lora_rank"]
@@ -171,7 +171,7 @@ def test_make_tiny_values(tiny):
                 math.ceil(shape[0] / 128), math.ceil(shape[1] / 128))
             vals = oracles.e4m3_decode(codes)
             assert np.isfinite(vals).all()
-            # contract 4, act128 rule per 128x128 block: scale = 2^ceil(log2(amax/448)), so the
+            # docs/contracts.md §4, act128 rule per 128x128 block: scale = 2^ceil(log2(amax/448)), so the
             # block's largest code value lies in (224, 448] (exactly representable, no floor hit)
             for br in range(scales.shape[0]):
                 for bc in range(scales.shape[1]):
@@ -247,7 +247,7 @@ def test_hf_tiny_checkpoint():
         assert m.raw("embed.weight") == got["model.embed_tokens.weight"][2]
 
 
-# ---- config.json: §1.1 --------------------------------------------------------------------------
+# ---- config.json: docs/model.md §1.1 ------------------------------------------------------------
 FLASH = {"dim": 4096, "n_layers": 43, "vocab_size": 129280, "n_heads": 64, "n_kv_heads": 1, "head_dim": 512,
          "rope_head_dim": 64, "nope_head_dim": 448, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024,
          "window_size": 128, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "n_routed_experts": 256,
@@ -288,7 +288,7 @@ def _random_model(rng):
 
 
 def _namings(m):
-    """The same model in the official, reference (ModelArgs) and transformers namings (§1.1)."""
+    """The same model in the official, reference (ModelArgs) and transformers namings (docs/model.md §1.1)."""
     csa, hca = 4, 128
     official = {"hidden_size": m["dim"], "num_hidden_layers": m["n_layers"], "num_nextn_predict_layers": 1,
                 "vocab_size": m["vocab"], "num_attention_heads": m["n_heads"], "num_key_value_heads": 1, "head_dim": 512,

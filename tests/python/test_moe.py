@@ -1,6 +1,6 @@
-"""SwiGLU with the V4 clamp and the MoE block against float64 oracles written from the spec
-(architecture.md §2.2-2.3 weight formats and act_quant, §7.2-7.3 experts and combination,
-kernels.md §6.1 SwiGLU clamp), plus the MoE block against the same computation composed from
+"""SwiGLU with the V4 clamp and the MoE block against float64 oracles written from the docs
+(docs/model.md §2.1-§2.2 weight formats and act_quant, §7.2-§7.3 experts and combination,
+docs/kernels.md §6.1 SwiGLU clamp), plus the MoE block against the same computation composed from
 the public linear and swiglu ops (bit for bit: that pins grouping, staging and combine order).
 Fresh random inputs each run (seed printed), outputs poisoned first, every cpu path."""
 import numpy as np
@@ -80,7 +80,7 @@ def test_swiglu_bad_input(request):
         dsv4.swiglu(g, g[:2], 10.0, out=h)
 
 
-# ---- weight formats (architecture.md §2.2) -----------------------------------------------
+# ---- weight formats (docs/model.md §2.1) -------------------------------------------------
 def make_weight(rng, fmt, n, k):
     """Random weight [n, k] in `fmt` -> (w, s, float64 values). Scale bytes near 2^-6..2^-3 keep
     the products O(scale)."""
@@ -102,7 +102,7 @@ def make_weight(rng, fmt, n, k):
 
 
 def act_quant(x):
-    """act_quant of architecture.md §2.3 on float rows: per 1x128 block of K (a shorter last
+    """act_quant of docs/model.md §2.2 on float rows: per 1x128 block of K (a shorter last
     block is its own group), amax floored at 1e-4, scale 2^ceil(log2(amax/448)), E4M3 RNE;
     returns the dequantized values."""
     x = np.asarray(x, np.float32)
@@ -116,7 +116,7 @@ def act_quant(x):
 
 
 def expert_oracle(x, ex, limit, w=None):
-    """architecture.md §7.2: g, u, out are BF16 GEMM outputs; h is rounded to BF16 before w2."""
+    """docs/model.md §7.2: g, u, out are BF16 GEMM outputs; h is rounded to BF16 before w2."""
     fmt, (_, _, W1), (_, _, W3), (_, _, W2) = ex
     q = act_quant if fmt != "bf16" else (lambda v: v)
     xq = q(x)

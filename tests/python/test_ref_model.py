@@ -1,7 +1,7 @@
 """The float64 DeepSeek-V4 reference (ref_model.py) against the transformers golden logits of
 shared/testdata/hf-tiny-a, plus the properties that make it a usable oracle: causality (the logits of a
 position depend on the tokens up to it only), the compressor's batched form == the per-token state machine
-of architecture.md 5.5, both checkpoint layouts and every config naming, exact dequantization, the MTP
+of docs/model.md §5.5, both checkpoint layouts and every config naming, exact dequantization, the MTP
 block. Pure numpy: no C library involved. REF_MODEL.md explains the numbers."""
 import json
 import os
@@ -82,7 +82,7 @@ def test_causal_prefix(golden, hf_ckpt):
 
 
 def compressor_decode(a, g, ratio, d, overlap):
-    """architecture.md 5.5 'reference state machine for decode', one token at a time: rows a/g are written
+    """docs/model.md §5.5 (the state machine of decode), one token at a time: rows a/g are written
     into the state (row r + p%r with overlap, else p%r); on (p+1) % r == 0 the state is pooled (overlap:
     rows 0..r-1 with columns 0..d-1 and rows r..2r-1 with columns d..2d-1) and then shifted."""
     coff = 2 if overlap else 1
@@ -117,7 +117,7 @@ def test_compress_pool_equals_decode_state_machine(ratio, overlap):
 
 
 def test_rope_tables_match_spec():
-    """architecture.md 5.4 lists the V4 frequencies (computed there in float64 with the same formula)."""
+    """docs/model.md §5.4 lists the V4 frequencies (computed in float64 with the same formula)."""
     cfg = rc.parse_config({"dim": 8, "n_layers": 1, "vocab_size": 4, "n_heads": 1, "q_lora_rank": 4,
                            "n_routed_experts": 2, "n_activated_experts": 1, "moe_inter_dim": 4,
                            "compress_ratios": [4, 0], "original_seq_len": 65536, "rope_factor": 16,
@@ -197,7 +197,7 @@ def test_official_layout_dequantizes_exactly(official_dir, hf_ckpt):
 
 
 def test_fp4_nibble_order_and_scales():
-    """Low nibble = even element (architecture.md 2.1), E8M0 byte b = 2^(b-127), 1x32 groups."""
+    """Low nibble = even element (docs/formats.md §1.4), E8M0 byte b = 2^(b-127), 1x32 groups."""
     packed = np.zeros((1, 32), np.uint8)
     packed[0, 0] = 0x21  # element 0 = code 1 (0.5), element 1 = code 2 (1.0)
     packed[0, 16] = 0xF7  # element 32 = code 7 (6.0), element 33 = code 15 (-6.0)
@@ -227,7 +227,7 @@ def test_act_quant_switch(official_dir):
 
 
 def test_mtp_block(official_dir, golden):
-    """MTP (architecture.md 8): logits [S-1, vocab]; row t depends on ids[:t+2] and the main streams up to
+    """MTP (docs/model.md §8): logits [S-1, vocab]; row t depends on ids[:t+2] and the main streams up to
     t only; a second draft step on its own streams works the same way."""
     ck = rc.Checkpoint(official_dir[0])
     m = rm.RefModel(checkpoint=ck, act_quant=False)

@@ -143,7 +143,7 @@ def check_same(tok, hf, text):
 
 
 def test_vocabulary_facts(tok, hf):
-    # architecture.md §1.2 and the package's README (outside facts, not derived from this code)
+    # docs/model.md §1.2 and the package's README (outside facts, not derived from this code)
     assert tok.vocab_size == 129280 == hf.get_vocab_size()
     assert tok.token_to_id(BOS) == 0 and tok.token_to_id(EOS) == 1
     assert tok.token_to_id("<think>") == 128821 and tok.token_to_id("</think>") == 128822
@@ -540,7 +540,7 @@ def test_completion_format_errors():
 
 
 def test_prompt_examples(tok):
-    # architecture.md §1.2, literally
+    # docs/model.md §1.2, literally
     msgs = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "MSG"}]
     assert dsv4.render_chat(msgs) == BOS + "SYS" + USER + "MSG" + ASSISTANT + "</think>"
     assert dsv4.render_chat(msgs, thinking=True) == BOS + "SYS" + USER + "MSG" + ASSISTANT + "<think>"

@@ -1,5 +1,5 @@
 /* The scalar reference of the attention family (backend cpu-ref): plain loops written from the
- * contracts (spec/README.md 5-6, kernels.md 1-4), the judge of every faster kernel. Its pieces
+ * contracts (docs/contracts.md §5-§6, docs/kernels.md §1-§4), the judge of every faster kernel. Its pieces
  * (addressing, quantize-and-write, RoPE) are reused by the cpu backend where it does not
  * vectorize them. Work over independent (token, head) rows may run on several threads; every
  * row is computed by one thread in a fixed order, so results never depend on the thread count. */
@@ -155,7 +155,7 @@ static size_t ref_decode_workspace(const dsv4_exec *ex, int64_t t, int64_t h, in
     }
 
 /* One (query, head), in two passes over its valid entries: the maximum score m, then
- * p = exp(x - m) in fp32, summed unrounded, and rounded to BF16 for P.V (kernels.md §3: the
+ * p = exp(x - m) in fp32, summed unrounded, and rounded to BF16 for P.V (docs/kernels.md §3.2: the
  * reference kernels' precision; the same rounding points as tests/python/ref_model.py). */
 static void ref_attend(const dsv4_attn_args *a, const dsv4_attn_scope *sc, int n_scopes, int bf16_rows, int64_t t,
                        int64_t h)

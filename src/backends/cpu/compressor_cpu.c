@@ -1,4 +1,4 @@
-/* Compressor driver of both cpu backends (architecture.md §5.5): the batched form of the
+/* Compressor driver of both cpu backends (docs/model.md §5.5): the batched form of the
  * per-token state machine. A call with tokens P0..P1-1 pools every entry c whose last token lies
  * in that range, reading each window row from the new tokens (position >= P0) or from the state
  * (the current block at P0, and with overlap the block before it), then leaves the state that

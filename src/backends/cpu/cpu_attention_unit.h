@@ -1,6 +1,7 @@
 /* The portable decode unit (see dsv4_attn_unit in cpu_attention.h), written with 16-lane
  * partial sums so a compiler can vectorize it for whatever ISA the including file is built for
- * (attention_cpu.c: baseline, attention_avx2.c: AVX2). Entries are dequantized to fp32 once and
+ * (only attention_cpu.c includes it now, for the baseline; AVX2 and AVX-512 have their own units in
+ * attention_avx2.c and attention_avx512.c). Entries are dequantized to fp32 once and
  * shared by the unit's heads; everything is fp32. */
 #ifndef DSV4_CPU_ATTENTION_UNIT_H
 #define DSV4_CPU_ATTENTION_UNIT_H
@@ -38,7 +39,7 @@ static inline void dsv4_attn_unit_portable(const dsv4_attn_unit *u, float *part)
             float *o = part + j * DSV4_ATTN_PART, m = o[512];
             float x = a->scale * acc[0], mn = x > m ? x : m;
             float alpha = mn == m ? 1.0f : expf(m - mn), pr = x == -INFINITY ? 0.0f : expf(x - mn);
-            const float pb = dsv4_bf16_round(pr); /* P is BF16 for P.V, the sum fp32 (kernels.md §3) */
+            const float pb = dsv4_bf16_round(pr); /* P is BF16 for P.V, the sum fp32 (docs/kernels.md §3.2) */
             for (int d = 0; d < DSV4_KV_DIM; d++) o[d] = o[d] * alpha + pb * k[d];
             o[513] = o[513] * alpha + pr;
             o[512] = mn;

@@ -1,6 +1,6 @@
 /* Device helpers shared by the CUDA kernels: number formats (the device form of the rules in
  * src/formats/codec.h, bit for bit: E4M3 encoding goes through the hardware's saturating
- * round-to-nearest-even conversion, which spec/README.md contract 2 names as the reference),
+ * round-to-nearest-even conversion, which docs/contracts.md §2 names as the reference),
  * unaligned-safe 16-byte loads/stores, and the PTX wrappers (cp.async, ldmatrix, mma). */
 #ifndef DSV4_CUDA_DEVICE_CUH
 #define DSV4_CUDA_DEVICE_CUH

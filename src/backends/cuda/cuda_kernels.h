@@ -12,7 +12,8 @@
 extern "C" {
 #endif
 
-/* One paged cache (or, for the BF16 two-pass peer, rows: block_size 1, page_stride = row bytes). */
+/* One paged cache (or, for the BF16 rows of the two-pass design, docs/kernels.md §3.4: block_size 1,
+ * page_stride = row bytes). */
 typedef struct dsv4_cu_cache {
     const uint8_t *pages;
     long long page_stride, block_size, num_slots;
@@ -48,7 +49,7 @@ int dsv4_cu_inv_rope_launch(uint16_t *o, long long st, long long sh, long long t
 /* table [max_pos, 64] from freq[32] (host values, passed by value). */
 int dsv4_cu_rope_table_launch(const double *freq, long long max_pos, float *table, void *stream);
 
-/* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass peer). */
+/* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass design, docs/kernels.md §3.4). */
 typedef struct dsv4_cu_scope {
     dsv4_cu_cache cache;
     const int32_t *indices; /* [t, width], row stride ld */

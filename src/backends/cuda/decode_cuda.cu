@@ -1,4 +1,4 @@
-/* Sparse MLA decode on tensor cores (spec/README.md contract 6, kernels.md §3.2).
+/* Sparse MLA decode on tensor cores (docs/contracts.md §6, docs/kernels.md §3.2).
  *
  * One CTA = one query token x one tile of heads x one split of that token's entries. The
  * entries of both scopes form one list: the first len0 columns of scope 0, then the first len1
@@ -7,7 +7,7 @@
  * read on the device. Per block of 64 entries:
  *   1. entry indices are read one block ahead; FP8 entries (576 data + 8 scale bytes) arrive by
  *      cp.async in shared memory and all threads dequantize them into a BF16 tile [64][512]
- *      (E4M3 x 2^k is exact in BF16); BF16 rows (the two-pass peer) are copied straight into
+ *      (E4M3 x 2^k is exact in BF16); BF16 rows (the two-pass design) are copied straight into
  *      one of two tiles;
  *   2. S = Q K^T (BF16 in, FP32 accumulate), masked entries -inf;
  *   3. online softmax in base 2 (fp32 sums), P rounded to BF16 (as FlashMLA does);
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
  * 32g..32g+31 (wgmma m64n32k16, 32 k-steps, Q and K read from shared memory); the row maxima are
  * exchanged, P (BF16) goes to shared memory, and P V: warpgroup g accumulates output dims
  * 256g..256g+255 (wgmma m64n256k16, 4 k-steps, V = the K tile read MN-major).
- * decode_wgmma_bf16_kernel (BF16 rows, the two-pass peer) copies rows into two tiles by
+ * decode_wgmma_bf16_kernel (BF16 rows, the two-pass design) copies rows into two tiles by
  * cp.async one block ahead; decode_fp8_kernel (FP8 pages) stages raw entries two blocks ahead
  * and dequantizes each block into its single tile. */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -735,7 +735,7 @@ template <bool FP8> struct wg_cfg {
     for (int i = 0; i < 128; i++) o[i] = 0.0f;                                                          \
     const uint32_t qa = cu_smem(sQ), pa = cu_smem(sP)
 
-/* BF16 rows (the two-pass peer): cp.async into two tiles, one block ahead. */
+/* BF16 rows (the two-pass design, docs/kernels.md §3.4): cp.async into two tiles, one block ahead. */
 __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

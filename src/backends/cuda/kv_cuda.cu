@@ -1,4 +1,4 @@
-/* CUDA kernels of the KV side (kernels.md §1-§2, §4.1): fused q-norm + RoPE + FP8 insert (one
+/* CUDA kernels of the KV side (docs/kernels.md §1-§2, §4.1): fused q-norm + RoPE + FP8 insert (one
  * launch), KV-only insert, dequant-gather, inverse RoPE and RoPE tables. One warp per 512-wide
  * row, 16 consecutive dims per lane: lanes 0..27 hold the 448 nope dims (4 lanes per 64-dim
  * scale group), lanes 28..31 the 64 RoPE dims. Products and sums that the CPU reference rounds
