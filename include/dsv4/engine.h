@@ -1,6 +1,6 @@
-/* The decode engine (issue 6): a loaded DeepSeek-V4 checkpoint, its sequences with their caches,
+/* The decode engine (docs/engine.md): a loaded DeepSeek-V4 checkpoint, its sequences with their caches,
  * prefill, decode, logits of several positions, sampling and MTP speculative decoding
- * (architecture.md §3, §8, §12; contract 8).
+ * (docs/model.md §3, §8, §12; docs/contracts.md §8).
  *
  * Memory is planned once, when the engine is created, from `max_context` (positions per sequence)
  * and `max_seqs` (sequences alive at once): every KV cache page (SWA rings, compressed caches in
@@ -10,7 +10,7 @@
  * few parameters the ops take in another type (mHC params, sinks, `ape`, router bias as F32; the
  * grouped `wo_a` of FP8 checkpoints as BF16, as DeepSeek's converter does) are converted at load.
  *
- * Semantics per token are those of the reference (architecture.md §12): a batched call of n tokens
+ * Semantics per token are those of the reference (docs/model.md §12): a batched call of n tokens
  * (prefill, a chunk of it, or the verification of drafts) leaves the caches and states that n
  * single-token calls leave, bit for bit, and gives the same logits (every op's result for a token
  * is independent of the other tokens in the call; the sparse attention cuts each query's entries
@@ -81,7 +81,7 @@ DSV4_API int64_t dsv4_engine_seq_length(const dsv4_engine *e, int seq);
  *   logits      F32 [n_logits, vocab]: the logits of the last n_logits (0..n) positions.
  * With MTP planned (max_mtp > 0) the MTP block also runs, in the same batched way, on every row
  * whose next token is now known: row t combines the main model's pre-hc_head streams at t with
- * token t+1 (architecture.md §8) at attention position t, i.e. rows max(0, len-1) .. len+n-2
+ * token t+1 (docs/model.md §8) at attention position t, i.e. rows max(0, len-1) .. len+n-2
  * (minus any row a draft already made).
  *   mtp_logits  F32 [n_mtp_logits, vocab]: the MTP logits of the last n_mtp_logits of those rows
  *               (row t predicts token t+2); NULL with 0 when not wanted.

@@ -1,5 +1,5 @@
 /* Generation (include/dsv4/engine.h): prefill, then plain decode steps or MTP speculative steps
- * (architecture.md §8):
+ * (docs/model.md §8, docs/engine.md):
  *
  *   draft     the MTP block's row n-1 (main streams of position n-1, token x_n) gives d_1; each
  *             further draft feeds the block's own output streams back with the last draft token

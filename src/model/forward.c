@@ -1,4 +1,4 @@
-/* The DeepSeek-V4 forward pass (architecture.md §3-§8, §12) over the rows of one call, as a
+/* The DeepSeek-V4 forward pass (docs/model.md §3-§8, §12; docs/engine.md) over the rows of one call, as a
  * composition of the public ops, top to bottom:
  *
  *   X = 4 copies of embed[tok]                         streams [T, hc, D] BF16
@@ -12,7 +12,7 @@
  * addressed per segment through the index tables built here. What a row sees (its SWA window, its
  * causal compressed entries) is exactly what token-by-token decoding of its sequence shows it,
  * and every op's result for a row is independent of the other rows, so each sequence ends as if
- * it had run alone. */
+ * it had run alone. Bare § numbers are sections of docs/model.md. */
 #include "model/engine_internal.h"
 
 #include "core/error.h"

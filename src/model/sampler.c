@@ -1,5 +1,5 @@
 /* Sampling (include/dsv4/engine.h): greedy, temperature, top-p and the reference's Gumbel-max
- * form argmax(p / E), E ~ Exp(1) (architecture.md §1.2; DeepSeek's generate.py), with a seeded
+ * form argmax(p / E), E ~ Exp(1) (docs/model.md §1.2, docs/engine.md; DeepSeek's generate.py), with a seeded
  * xoshiro256** generator. Works in the engine's scratch: nothing is allocated. */
 #include "model/engine_internal.h"
 
