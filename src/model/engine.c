@@ -16,7 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { A_CONV = 0, A_KV = 1, A_STATE = 2, A_SCRATCH = 3 };
+/* Arenas. The first four are the context's memory (dsv4_device_alloc: device memory on an
+ * accelerator backend, host memory on the CPU backends): what the kernels read and write. A_HOST
+ * is the engine's own bookkeeping, always in host memory: token histories, segment lists,
+ * duplicate marks. */
+enum { A_CONV = 0, A_KV = 1, A_STATE = 2, A_SCRATCH = 3, A_HOST = 4, N_ARENAS = 5 };
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 static dsv4_tensor view(const void *p, dsv4_dtype dt, int nd, const int64_t *shape)
@@ -378,7 +382,7 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
     /* caches: the ring of every block; compressed entries and the indexer cache */
     int64_t ring_pages = S * (e->R / ENG_RING_BLOCK), pb = dsv4_kv_page_bytes(ENG_RING_BLOCK);
     void *ring = take(&A[A_KV], (uint64_t)(ring_pages * pb));
-    if (ring) DSV4_TRY(dsv4_kv_cache_view(&L->ring, ring, ring_pages, ENG_RING_BLOCK, DSV4_DEVICE_CPU, 0));
+    if (ring) DSV4_TRY(dsv4_kv_cache_view(&L->ring, ring, ring_pages, ENG_RING_BLOCK, dsv4_ctx_device_kind(e->ctx), 0));
     L->state_floats = 0;
     if (L->ratio) {
         int p = 0;
@@ -388,7 +392,7 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
         int64_t entries = (e->opt.max_context + L->ratio - 1) / L->ratio;
         int64_t pages = S * ((entries + bs - 1) / bs);
         void *comp = take(&A[A_KV], (uint64_t)(pages * dsv4_kv_page_bytes(bs)));
-        if (comp) DSV4_TRY(dsv4_kv_cache_view(&L->comp, comp, pages, bs, DSV4_DEVICE_CPU, 0));
+        if (comp) DSV4_TRY(dsv4_kv_cache_view(&L->comp, comp, pages, bs, dsv4_ctx_device_kind(e->ctx), 0));
         int64_t coff = L->kind == DSV4_ATTN_CSA ? 2 : 1;
         L->state_floats = 2 * (coff * L->ratio) * (coff * c->head_dim);
         L->proj_ld = 2 * coff * c->head_dim;
@@ -431,7 +435,7 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     for (int sq = 0; sq < S; sq++) {
         eng_seq *q = &e->seqs[sq];
         q->pending = take(&A[A_STATE], (uint64_t)(2 * hc * D) * 2);
-        q->hist = take(&A[A_STATE], (uint64_t)maxc * sizeof *q->hist);
+        q->hist = take(&A[A_HOST], (uint64_t)maxc * sizeof *q->hist);
         if (e->opt.max_mtp) {
             q->head_logits = take(&A[A_STATE], (uint64_t)V * 4);
             q->head_streams = take(&A[A_STATE], (uint64_t)(hc * D) * 2);
@@ -461,12 +465,12 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->tokens = take(s, (uint64_t)T * 4);
     x->mtok = take(s, (uint64_t)T * 4);
     x->vtok = take(s, (uint64_t)T * 4);
-    x->qrow = take(s, (uint64_t)e->max_segs * 8);
-    x->xrow = take(s, (uint64_t)e->max_segs * 8);
-    x->segs = take(s, (uint64_t)e->max_segs * sizeof *x->segs);
-    x->msegs = take(s, (uint64_t)e->max_segs * sizeof *x->msegs);
-    x->lrow = take(s, (uint64_t)e->max_segs * sizeof *x->lrow);
-    x->mark = take(s, (uint64_t)S);
+    x->qrow = take(&A[A_HOST], (uint64_t)e->max_segs * 8);
+    x->xrow = take(&A[A_HOST], (uint64_t)e->max_segs * 8);
+    x->segs = take(&A[A_HOST], (uint64_t)e->max_segs * sizeof *x->segs);
+    x->msegs = take(&A[A_HOST], (uint64_t)e->max_segs * sizeof *x->msegs);
+    x->lrow = take(&A[A_HOST], (uint64_t)e->max_segs * sizeof *x->lrow);
+    x->mark = take(&A[A_HOST], (uint64_t)S);
     x->qi = take(s, (uint64_t)(T * nI * dI) * 2);
     x->wp = take(s, (uint64_t)(T * nI) * 2);
     x->qpk = take(s, (uint64_t)(T * nI * dI / 2));
@@ -525,8 +529,9 @@ static dsv4_status check_config(const dsv4_engine *e)
             return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: block %d is HCA with ratio %d", b, w->compress_ratio);
     }
     if (dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU)
-        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: backend '%s' computes in device memory; the engine keeps its caches and "
-                         "weights in host memory (use a CPU backend)", dsv4_ctx_backend_name(e->ctx));
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: backend '%s' computes in device memory: the engine would place its "
+                         "caches, states and scratch there, but its weights are not uploaded and its forward still copies "
+                         "embeddings and builds index tables on the host (use a CPU backend)", dsv4_ctx_backend_name(e->ctx));
     return DSV4_OK;
 }
 
@@ -607,12 +612,15 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
     e->seqs = calloc((size_t)e->opt.max_seqs, sizeof *e->seqs);
     if (!e->layers || !e->seqs) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
 
-    arena A[4];
+    arena A[N_ARENAS];
     memset(A, 0, sizeof A);
     DSV4_TRY(layout(e, A)); /* sizes */
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < N_ARENAS; i++) { /* placement: one zeroed allocation per arena */
         e->mem_bytes[i] = A[i].off;
-        e->mem[i] = calloc(1, (size_t)A[i].off + 64);
+        const size_t bytes = (size_t)A[i].off + 64;
+        if (i == A_HOST) e->mem[i] = calloc(1, bytes);
+        else if (dsv4_device_alloc(e->ctx, bytes, &e->mem[i]) != DSV4_OK || dsv4_device_memset(e->ctx, e->mem[i], 0, bytes) != DSV4_OK)
+            e->mem[i] = NULL;
         if (!e->mem[i])
             return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: cannot allocate the planned %.1f MiB", (double)A[i].off / 1048576.0);
         A[i].base = (uint8_t *)(((uintptr_t)e->mem[i] + 63) & ~(uintptr_t)63);
@@ -659,7 +667,10 @@ void dsv4_engine_destroy(dsv4_engine *e)
             if (e->seqs[s].live) dsv4_engine_seq_free(e, s);
     for (int p = 0; p < e->n_pools; p++) dsv4_kv_pages_destroy(e->pools[p]);
     dsv4_kv_pages_destroy(e->ring_pool);
-    for (int i = 0; i < 4; i++) free(e->mem[i]);
+    for (int i = 0; i < N_ARENAS; i++) {
+        if (i == A_HOST) free(e->mem[i]);
+        else dsv4_device_free(e->ctx, e->mem[i]);
+    }
     free(e->layers);
     free(e->seqs);
     dsv4_model_close(e->model);
@@ -885,7 +896,7 @@ dsv4_status dsv4_engine_memory_info(const dsv4_engine *e, dsv4_engine_memory *ou
     out->weights_converted = e->mem_bytes[A_CONV];
     out->kv_cache = e->mem_bytes[A_KV];
     out->state = e->mem_bytes[A_STATE];
-    out->scratch = e->mem_bytes[A_SCRATCH];
+    out->scratch = e->mem_bytes[A_SCRATCH] + e->mem_bytes[A_HOST];
     out->planned = out->weights_converted + out->kv_cache + out->state + out->scratch;
     for (int sq = 0; sq < e->opt.max_seqs; sq++) {
         const eng_seq *s = &e->seqs[sq];

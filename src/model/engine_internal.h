@@ -128,8 +128,8 @@ struct dsv4_engine {
     int pool_hca[ENG_MAX_RATIOS];  /* the pool's layers are HCA (one scope row shared by them) */
     eng_seq *seqs;
     eng_scratch s;
-    void *mem[4];                /* converted, kv, state, scratch */
-    uint64_t mem_bytes[4];
+    void *mem[5];                /* converted, kv, state, scratch (the context's memory); host bookkeeping */
+    uint64_t mem_bytes[5];
     uint64_t weights_mapped;
 };
 
