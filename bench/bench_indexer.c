@@ -174,9 +174,9 @@ static double time_peer(ix_bench *b, int threads, int reps)
 }
 
 /* One batched compressor call over `n` prefill tokens (the projections given). */
-static double time_compressor(dsv4_ctx *ctx, int ratio, int dim, int kind, int64_t n, int reps)
+static double time_compressor(dsv4_ctx *ctx, int ratio, int dim, int kind, int overlap, int64_t n, int reps)
 {
-    const int coff = ratio == 4 ? 2 : 1, w = coff * dim, packed = kind == DSV4_COMPRESSOR_INDEXER;
+    const int coff = overlap ? 2 : 1, w = coff * dim, packed = kind == DSV4_COMPRESSOR_INDEXER;
     const int64_t m = n / ratio;
     float *kv = bench_alloc(sizeof(float) * n * w), *gate = bench_alloc(sizeof(float) * n * w);
     float *ape = bench_alloc(sizeof(float) * ratio * w), *norm = bench_alloc(sizeof(float) * dim);
@@ -188,7 +188,8 @@ static double time_compressor(dsv4_ctx *ctx, int ratio, int dim, int kind, int64
     bench_fill_random_f32(ape, (size_t)ratio * w, 13, 1.0f);
     bench_fill_random_f32(rope, (size_t)n * 64, 14, 1.0f);
     for (int e = 0; e < dim; e++) norm[e] = 1.0f;
-    dsv4_compressor_desc desc = {kind, ratio, dim, 1e-6f, !packed};
+    dsv4_compressor_desc desc = {.kind = kind, .ratio = ratio, .dim = dim, .eps = 1e-6f, .fp8_sim = !packed,
+                                 .overlap = overlap};
     dsv4_tensor tkv, tg, ta, tn, tr, tskv, tss, to, ts;
     dsv4_tensor_init(&tkv, kv, DSV4_F32, 2, (int64_t[]){n, w});
     dsv4_tensor_init(&tg, gate, DSV4_F32, 2, (int64_t[]){n, w});
@@ -264,13 +265,13 @@ int dsv4_bench_indexer(int argc, char **argv)
     printf("%-26s %10s %12s %14s %9s\n", "instance", "cpu ms", "Mtoken/s", "cpu-ref ms", "speed-up");
     const struct {
         const char *name;
-        int ratio, dim, kind;
-    } cmp[3] = {{"CSA main (r4, d512, fp8)", 4, 512, DSV4_COMPRESSOR_MAIN},
-                {"HCA main (r128, d512, fp8)", 128, 512, DSV4_COMPRESSOR_MAIN},
-                {"CSA indexer (r4, d128, fp4)", 4, 128, DSV4_COMPRESSOR_INDEXER}};
+        int ratio, dim, kind, overlap;
+    } cmp[3] = {{"CSA main (r4, d512, fp8)", 4, 512, DSV4_COMPRESSOR_MAIN, 1},
+                {"HCA main (r128, d512, fp8)", 128, 512, DSV4_COMPRESSOR_MAIN, 0},
+                {"CSA indexer (r4, d128, fp4)", 4, 128, DSV4_COMPRESSOR_INDEXER, 1}};
     for (int i = 0; i < 3; i++) {
-        double tf = time_compressor(fast, cmp[i].ratio, cmp[i].dim, cmp[i].kind, ntok, reps);
-        double tr = time_compressor(ref, cmp[i].ratio, cmp[i].dim, cmp[i].kind, ntok, quick ? 1 : 2);
+        double tf = time_compressor(fast, cmp[i].ratio, cmp[i].dim, cmp[i].kind, cmp[i].overlap, ntok, reps);
+        double tr = time_compressor(ref, cmp[i].ratio, cmp[i].dim, cmp[i].kind, cmp[i].overlap, ntok, quick ? 1 : 2);
         printf("%-26s %10.2f %12.2f %14.2f %8.1fx\n", cmp[i].name, tf * 1e3, ntok / tf * 1e-6, tr * 1e3, tr / tf);
     }
     printf("\nGB/s counts the cache entries read (68 B each) and the query; the kernel does 8192 int8 MACs per\n"

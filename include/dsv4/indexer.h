@@ -4,13 +4,13 @@
  * its entries become KV entries of the attention, through the attention family's KV-only insert)
  * and the indexer compressor of a CSA layer (d = 128: its entries form the indexer cache).
  * The linear projections are not done here: per token the caller passes `kv = wkv·x` and
- * `gate = wgate·x` (F32, width coff·d with coff = 2 when ratio == 4, else 1); the op adds the
+ * `gate = wgate·x` (F32, width coff·d with coff = 2 with overlap, else 1); the op adds the
  * `ape` row of the token's in-block offset to the gate, keeps the per-sequence state and emits
  * entry c when the token at position c·ratio + ratio − 1 is processed:
  *   per channel e, v[e] = Σ softmax_t(score_t[e]) · kv_t[e] over the window of entry c
- *     ratio 4 (overlap): tokens c·4−4 … c·4−1 (columns 0..d−1) and c·4 … c·4+3 (columns d..2d−1);
- *                        positions < 0 do not count;
- *     other ratios:      tokens c·r … c·r+r−1 (columns 0..d−1);
+ *     overlap:    tokens c·r−r … c·r−1 (columns 0..d−1) and c·r … c·r+r−1 (columns d..2d−1);
+ *                 positions < 0 do not count;
+ *     no overlap: tokens c·r … c·r+r−1 (columns 0..d−1);
  *   v → BF16 → RMSNorm(norm, eps) → BF16 → GPT-J RoPE on dims d−64..d−1 at position c·ratio → BF16;
  *   main kind:    optionally the FP8 round trip of dims 0..d−65 (rule kv64), values stay BF16;
  *   indexer kind: Hadamard rotation of all d dims (Sylvester order, × d^-0.5, fp32, → BF16), then
@@ -30,7 +30,7 @@
  * stride 68 for both views) or in separate arrays. Values are code · 2^(byte − 127), exactly the
  * reference's FP4-simulated BF16 values.
  *
- * Lightning indexer, for query token t at position p_t (ratio 4):
+ * Lightning indexer, for query token t at position p_t (the CSA layer's ratio, 4 in V4):
  *   q path     dsv4_indexer_q: wq_b output [T, H, d] BF16 → RoPE (dims d−64..d−1, position p_t)
  *              → BF16 → Hadamard → BF16 → FP4 simulation; stored packed like the cache.
  *   weights    dsv4_indexer_weights: w[t][h] = bf16(proj[t][h] · d^-0.5 · H^-0.5).
@@ -62,11 +62,13 @@ typedef enum dsv4_compressor_kind {
 
 typedef struct dsv4_compressor_desc {
     dsv4_compressor_kind kind;
-    int ratio;   /* 2..512; ratio 4 uses overlapping windows of 8 tokens (the reference's rule) */
+    int ratio;   /* 2..512 */
     int dim;     /* d */
     float eps;   /* RMSNorm epsilon (1e-6 in V4) */
     int fp8_sim; /* main kind: 1 = return the FP8 round trip of dims 0..d-65 (the values the FP8
                     KV cache will hold), 0 = the BF16 vector before it */
+    int overlap; /* 1: overlapping windows of 2·ratio tokens, coff = 2 (the compressors of CSA
+                    layers and their indexers); 0: one window of ratio tokens, coff = 1 (HCA) */
 } dsv4_compressor_desc;
 
 /* Entries emitted by tokens start_pos .. start_pos+n_tokens-1: (start_pos+n)/ratio - start_pos/ratio;

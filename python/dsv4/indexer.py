@@ -14,7 +14,7 @@ _KINDS = {"main": 0, "indexer": 1}
 
 class CompressorDesc(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("ratio", ctypes.c_int), ("dim", ctypes.c_int), ("eps", ctypes.c_float),
-                ("fp8_sim", ctypes.c_int)]
+                ("fp8_sim", ctypes.c_int), ("overlap", ctypes.c_int)]
 
 
 class IndexerArgs(ctypes.Structure):
@@ -39,14 +39,20 @@ def _ref(t):
     return ctypes.byref(t) if t is not None else None
 
 
-def _desc(kind, ratio, dim, eps=1e-6, fp8_sim=False):
+def _desc(kind, ratio, dim, overlap, eps=1e-6, fp8_sim=False):
     if kind not in _KINDS:
         raise DSV4Error(1, f"compressor kind must be 'main' or 'indexer', not {kind!r}")
-    return CompressorDesc(_KINDS[kind], int(ratio), int(dim), float(eps), int(bool(fp8_sim)))
+    return CompressorDesc(_KINDS[kind], int(ratio), int(dim), float(eps), int(bool(fp8_sim)), _overlap(overlap))
 
 
-def _coff(ratio):
-    return 2 if ratio == 4 else 1
+def _overlap(overlap):
+    if overlap is None or not isinstance(overlap, (bool, int, np.integer)):
+        raise DSV4Error(1, f"compressor: overlap must be given as a bool (CSA True, HCA False), not {overlap!r}")
+    return int(overlap)
+
+
+def _coff(overlap):
+    return 2 if _overlap(overlap) else 1
 
 
 def compressor_emit_count(ratio, start_pos, n_tokens):
@@ -57,19 +63,21 @@ def compressor_emit_count(ratio, start_pos, n_tokens):
     return int(n)
 
 
-def compressor_state(ratio, dim, kind="main"):
-    """A fresh state (state_kv, state_score): f32 [coff*ratio, coff*dim] of 0 and -inf."""
-    c = _coff(ratio)
+def compressor_state(ratio, dim, kind="main", *, overlap):
+    """A fresh state (state_kv, state_score): f32 [coff*ratio, coff*dim] of 0 and -inf
+    (coff = 2 with overlapping windows, the CSA compressors; 1 without, HCA)."""
+    c = _coff(overlap)
     skv = new_output((c * ratio, c * dim), np.float32)
     ss = new_output(skv.shape, np.float32)
-    d = _desc(kind, ratio, dim)
+    d = _desc(kind, ratio, dim, overlap)
     check(lib.dsv4_compressor_state_init(ctypes.byref(d), ctypes.byref(tensor(skv, F32)), ctypes.byref(tensor(ss, F32))))
     return skv, ss
 
 
 def compressor_forward(kv, gate, ape, norm, rope, state_kv, state_score, start_pos, ratio, kind="main",
-                       fp8_sim=False, packed=False, eps=1e-6, backend=None, threads=None, out=None):
-    """Run tokens start_pos .. start_pos+n-1 (kv, gate: f32 [n, coff*d]) through the compressor.
+                       fp8_sim=False, packed=False, eps=1e-6, backend=None, threads=None, out=None, *, overlap):
+    """Run tokens start_pos .. start_pos+n-1 (kv, gate: f32 [n, coff*d]) through the compressor
+    (overlap: the overlapping windows of CSA layers, coff = 2; else coff = 1).
     Updates state_kv / state_score in place and returns the emitted entries:
       main:              u16 BF16 [m, d] (fp8_sim: after the FP8 round trip of dims 0..d-65);
       indexer, packed:   (codes u8 [m, d/2], scales u8 [m, d/32]) — indexer cache rows;
@@ -82,8 +90,8 @@ def compressor_forward(kv, gate, ape, norm, rope, state_kv, state_score, start_p
     norm, tn = float_tensor(norm, "norm")
     if kv.ndim != 2:
         raise DSV4Error(2, "compressor_forward: kv must be 2-D [n, coff*d]")
-    d = kv.shape[1] // _coff(ratio)
-    desc = _desc(kind, ratio, d, eps, fp8_sim)
+    d = kv.shape[1] // _coff(overlap)
+    desc = _desc(kind, ratio, d, overlap, eps, fp8_sim)
     m = compressor_emit_count(ratio, start_pos, kv.shape[0]) if start_pos >= 0 else 0
     pk = kind == "indexer" and packed
     if out is None:

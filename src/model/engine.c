@@ -393,13 +393,13 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
         int64_t pages = S * ((entries + bs - 1) / bs);
         void *comp = take(&A[A_KV], (uint64_t)(pages * dsv4_kv_page_bytes(bs)));
         if (comp) DSV4_TRY(dsv4_kv_cache_view(&L->comp, comp, pages, bs, dsv4_ctx_device_kind(e->ctx), 0));
-        int64_t coff = L->kind == DSV4_ATTN_CSA ? 2 : 1;
-        L->state_floats = 2 * (coff * L->ratio) * (coff * c->head_dim);
+        int64_t coff = eng_overlap(L) ? 2 : 1;
+        L->state_floats = eng_main_state_floats(L);
         L->proj_ld = 2 * coff * c->head_dim;
     }
     if (L->kind == DSV4_ATTN_CSA) {
         L->index_cache = take(&A[A_KV], (uint64_t)(S * e->index_entries * e->index_entry_bytes));
-        L->state_floats += 2 * 8 * (2 * c->index_head_dim);
+        L->state_floats += 2 * (2 * L->ratio) * (2 * c->index_head_dim);
         L->proj_ld += 4 * c->index_head_dim;
     }
     if (L->ratio && e->opt.max_mtp && !L->is_mtp) { /* rollback of rejected drafts */
@@ -522,11 +522,9 @@ static dsv4_status check_config(const dsv4_engine *e)
     for (int b = 0; b < e->n_blocks; b++) {
         const dsv4_layer_weights *w = &e->w->layers[b];
         if (w->hash_routed) DSV4_TRY(check_tid2eid(e, b));
-        if (w->kind == DSV4_ATTN_CSA && w->compress_ratio != 4)
-            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: block %d is CSA with ratio %d (the overlapping compressor needs 4)",
-                             b, w->compress_ratio);
-        if (w->kind == DSV4_ATTN_HCA && (w->compress_ratio < 2 || w->compress_ratio == 4))
-            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: block %d is HCA with ratio %d", b, w->compress_ratio);
+        if (w->kind != DSV4_ATTN_SWA && (w->compress_ratio < 2 || w->compress_ratio > 512)) /* dsv4/indexer.h */
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: block %d is %s with ratio %d (the compressor takes 2 to 512)", b,
+                             dsv4_attn_kind_name(w->kind), w->compress_ratio);
     }
     if (dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU)
         return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: backend '%s' computes in device memory: the engine would place its "
@@ -582,31 +580,29 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
     int64_t need = e->W + e->opt.max_batch + e->opt.max_mtp;
     e->R = (need + ENG_RING_BLOCK - 1) / ENG_RING_BLOCK * ENG_RING_BLOCK;
     e->index_entry_bytes = c->index_head_dim / 2 + c->index_head_dim / 32;
-    e->index_entries = (e->opt.max_context + 3) / 4;
+    e->index_entries = 0; /* the most indexer entries of a CSA layer: its ratio's */
     e->max_segs = e->opt.max_seqs < e->opt.max_batch ? e->opt.max_seqs : e->opt.max_batch;
     e->restart_lcm = 1;
     e->cwidth = 1;
     for (int b = 0; b < e->n_blocks; b++) {
         const dsv4_layer_weights *w = &e->w->layers[b];
         if (w->kind == DSV4_ATTN_CSA && c->index_topk > e->cwidth) e->cwidth = c->index_topk;
+        if (w->kind == DSV4_ATTN_CSA && (e->opt.max_context + w->compress_ratio - 1) / w->compress_ratio > e->index_entries)
+            e->index_entries = (e->opt.max_context + w->compress_ratio - 1) / w->compress_ratio;
         if (w->kind == DSV4_ATTN_HCA && e->opt.max_context / w->compress_ratio > e->cwidth)
             e->cwidth = e->opt.max_context / w->compress_ratio;
         if (w->kind == DSV4_ATTN_SWA) continue;
         /* truncation restarts where every compressor starts a block, less the overlapping
-         * window of the CSA compressors (main and indexer: ratio 4) */
+         * window of the CSA compressors (main and indexer: the layer's ratio) */
         e->restart_lcm = lcm64(e->restart_lcm, w->compress_ratio);
-        if (w->kind == DSV4_ATTN_CSA) {
-            e->restart_lcm = lcm64(e->restart_lcm, 4);
-            if (w->compress_ratio > e->restart_overlap) e->restart_overlap = w->compress_ratio;
-            if (e->restart_overlap < 4) e->restart_overlap = 4;
-        }
+        if (w->kind == DSV4_ATTN_CSA && w->compress_ratio > e->restart_overlap) e->restart_overlap = w->compress_ratio;
         int p = 0;
         while (p < e->n_pools && e->pool_ratio[p] != w->compress_ratio) p++;
         if (p == e->n_pools) {
             if (p == ENG_MAX_RATIOS) return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: more than %d compression ratios", ENG_MAX_RATIOS);
             e->pool_ratio[e->n_pools++] = w->compress_ratio;
         }
-        e->pool_hca[p] = w->kind == DSV4_ATTN_HCA; /* one kind per ratio: CSA is 4, HCA never 4 */
+        e->pool_hca[p] |= w->kind == DSV4_ATTN_HCA; /* CSA and HCA layers of one ratio share its pool */
     }
     e->layers = calloc((size_t)e->n_blocks, sizeof *e->layers);
     e->seqs = calloc((size_t)e->opt.max_seqs, sizeof *e->seqs);
@@ -696,16 +692,18 @@ static dsv4_status seq_clear(dsv4_engine *e, int sq)
         if (!L->ratio) continue;
         float *st = eng_state(e, L, sq);
         const int64_t d = e->cfg->head_dim, dI = e->cfg->index_head_dim;
-        int coff = L->kind == DSV4_ATTN_CSA ? 2 : 1;
+        int coff = eng_overlap(L) ? 2 : 1;
         int64_t rows = coff * L->ratio, cols = coff * d;
-        dsv4_compressor_desc md = {DSV4_COMPRESSOR_MAIN, L->ratio, (int)d, 1e-6f, 0};
+        dsv4_compressor_desc md = {.kind = DSV4_COMPRESSOR_MAIN, .ratio = L->ratio, .dim = (int)d, .eps = 1e-6f,
+                                   .overlap = eng_overlap(L)};
         dsv4_tensor skv = eng_t2(st, DSV4_F32, rows, cols), ssc = eng_t2(st + rows * cols, DSV4_F32, rows, cols);
         DSV4_TRY(dsv4_compressor_state_init(&md, &skv, &ssc));
         if (L->kind != DSV4_ATTN_CSA) continue;
         float *ist = st + 2 * rows * cols;
-        dsv4_compressor_desc id = {DSV4_COMPRESSOR_INDEXER, 4, (int)dI, 1e-6f, 0};
-        skv = eng_t2(ist, DSV4_F32, 8, 2 * dI);
-        ssc = eng_t2(ist + 8 * 2 * dI, DSV4_F32, 8, 2 * dI);
+        dsv4_compressor_desc id = {.kind = DSV4_COMPRESSOR_INDEXER, .ratio = L->ratio, .dim = (int)dI, .eps = 1e-6f,
+                                   .overlap = 1};
+        skv = eng_t2(ist, DSV4_F32, 2 * L->ratio, 2 * dI);
+        ssc = eng_t2(ist + 2 * L->ratio * 2 * dI, DSV4_F32, 2 * L->ratio, 2 * dI);
         DSV4_TRY(dsv4_compressor_state_init(&id, &skv, &ssc));
     }
     s->len = 0;
@@ -799,7 +797,7 @@ dsv4_status dsv4_engine_seq_copy(dsv4_engine *e, int src, int dst)
         for (int64_t c = 0; c < n / L->ratio; c++) DSV4_TRY(copy_entry(&L->comp, a->comp[L->pool], b->comp[L->pool], c));
         if (L->kind == DSV4_ATTN_CSA) {
             const size_t row = (size_t)(e->index_entries * e->index_entry_bytes);
-            memcpy(L->index_cache + (size_t)dst * row, L->index_cache + (size_t)src * row, (size_t)(n / 4 * e->index_entry_bytes));
+            memcpy(L->index_cache + (size_t)dst * row, L->index_cache + (size_t)src * row, (size_t)(n / L->ratio * e->index_entry_bytes));
         }
         memcpy(eng_state(e, L, dst), eng_state(e, L, src), (size_t)L->state_floats * 4);
     }
@@ -906,7 +904,7 @@ dsv4_status dsv4_engine_memory_info(const dsv4_engine *e, dsv4_engine_memory *ou
             int64_t len = L->is_mtp ? s->mtp_len : s->len;
             out->kv_used += (uint64_t)min64(len, e->R) * DSV4_KV_ENTRY_BYTES;
             if (L->ratio) out->kv_used += (uint64_t)(len / L->ratio) * DSV4_KV_ENTRY_BYTES;
-            if (L->kind == DSV4_ATTN_CSA) out->kv_used += (uint64_t)(len / 4 * e->index_entry_bytes);
+            if (L->kind == DSV4_ATTN_CSA) out->kv_used += (uint64_t)(len / L->ratio * e->index_entry_bytes);
         }
     }
     return DSV4_OK;
@@ -948,7 +946,7 @@ static dsv4_status export_bytes(const dsv4_engine *e, int seq, uint8_t *o, size_
         }
         if (L->kind == DSV4_ATTN_CSA)
             put(o, cap, pos, L->index_cache + (size_t)(seq * e->index_entries * e->index_entry_bytes),
-                (size_t)(n / 4 * e->index_entry_bytes));
+                (size_t)(n / L->ratio * e->index_entry_bytes));
         put(o, cap, pos, eng_state(e, L, seq), (size_t)L->state_floats * 4);
     }
     return DSV4_OK;

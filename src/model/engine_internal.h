@@ -40,6 +40,16 @@ typedef struct eng_layer {
     int64_t proj_ld;                    /* main kv | main gate [| indexer kv | indexer gate] */
 } eng_layer;
 
+/* The compressors of a CSA layer (main and indexer) pool overlapping windows of 2·ratio tokens,
+ * an HCA layer's one window of ratio tokens, whatever the ratio (include/dsv4/indexer.h). */
+static inline int eng_overlap(const eng_layer *L) { return L->kind == DSV4_ATTN_CSA; }
+/* Floats of a compressed layer's main compressor state (kv and score); the indexer's follows. */
+static inline int64_t eng_main_state_floats(const eng_layer *L)
+{
+    const int64_t coff = eng_overlap(L) ? 2 : 1;
+    return 2 * (coff * L->ratio) * (coff * DSV4_KV_DIM);
+}
+
 typedef struct eng_seq {
     int live;
     int failed;      /* a call failed after it had changed the caches: unusable until reset or freed */

@@ -162,23 +162,25 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
             memcpy(saved + t * L->proj_ld + 4 * 512, s->ikv + t * 2 * dI, (size_t)(2 * dI) * 4);
             memcpy(saved + t * L->proj_ld + 4 * 512 + 2 * dI, s->igate + t * 2 * dI, (size_t)(2 * dI) * 4);
         }
-    dsv4_compressor_desc desc = {DSV4_COMPRESSOR_INDEXER, 4, (int)dI, (float)e->cfg->norm_eps, 0};
+    const int r = L->ratio; /* the indexer pools the windows of its layer's compressor */
+    dsv4_compressor_desc desc = {.kind = DSV4_COMPRESSOR_INDEXER, .ratio = r, .dim = (int)dI,
+                                 .eps = (float)e->cfg->norm_eps, .overlap = 1};
     f->has_extra = 0;
     for (int i = 0; i < f->n_seg; i++) {
         const eng_seg *g = &f->seg[i];
-        float *st = eng_state(e, L, g->sq) + 2 * (8 * 1024);
-        dsv4_tensor skv = eng_t2(st, DSV4_F32, 8, 2 * dI), ssc = eng_t2(st + 8 * 2 * dI, DSV4_F32, 8, 2 * dI);
+        float *st = eng_state(e, L, g->sq) + eng_main_state_floats(L);
+        dsv4_tensor skv = eng_t2(st, DSV4_F32, 2 * r, 2 * dI), ssc = eng_t2(st + 2 * r * 2 * dI, DSV4_F32, 2 * r, 2 * dI);
         dsv4_tensor gkv = eng_t2(s->ikv + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
         dsv4_tensor gg = eng_t2(s->igate + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
         uint8_t *cache = L->index_cache + (size_t)(g->sq * e->index_entries * eb);
-        int64_t m = dsv4_compressor_emit_count(4, g->start, g->T), c0 = g->start / 4;
+        int64_t m = dsv4_compressor_emit_count(r, g->start, g->T), c0 = g->start / r;
         /* a replay's entries are in the cache already: they go to scratch (s->qi is free again) */
         dsv4_tensor oc = f->replay ? eng_t2(s->qi, DSV4_BF16, m, dI) : rows_view(cache + c0 * eb, DSV4_U8, m, dI / 2, eb);
         dsv4_tensor os = rows_view(cache + c0 * eb + dI / 2, DSV4_U8, m, dI / 32, eb);
         TRY(dsv4_compressor_forward(e->ctx, &desc, g->start, &gkv, &gg, &L->index_ape, &w->index_compressor.norm,
                                     &e->rope_compress, &skv, &ssc, m ? &oc : NULL, m && !f->replay ? &os : NULL));
         /* scores over the sequence's visible entries and the streaming top-k */
-        int64_t N = (g->start + g->T) / 4;
+        int64_t N = (g->start + g->T) / r;
         int32_t *gidx = s->cidx + g->row * topk, *glen = s->clen + g->row;
         if (N == 0) {
             for (int64_t j = 0; j < g->T * topk; j++) gidx[j] = -1;
@@ -190,7 +192,7 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
         dsv4_tensor gw = eng_t2(s->wts + g->row * nI, DSV4_F32, g->T, nI), gp = eng_t1(s->positions + g->row, DSV4_I64, g->T);
         dsv4_tensor k = rows_view(cache, DSV4_U8, N, dI / 2, eb), ks = rows_view(cache + dI / 2, DSV4_U8, N, dI / 32, eb);
         dsv4_tensor idx = eng_t2(gidx, DSV4_I32, g->T, topk), len = eng_t1(glen, DSV4_I32, g->T);
-        dsv4_indexer_args args = {&gq, &gqs, &gw, &k, &ks, &gp, 4};
+        dsv4_indexer_args args = {&gq, &gqs, &gw, &k, &ks, &gp, r};
         TRY(dsv4_indexer_select(e->ctx, &args, topk, &idx, &len, s->ws, s->ws_bytes));
         TRY(dsv4_kv_seq_indices(seq_of(f, i)->comp[L->pool], gidx, g->T * topk, gidx));
         f->has_extra = 1;
@@ -205,7 +207,7 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
     const dsv4_engine *e = f->e;
     const dsv4_layer_weights *w = L->w;
     eng_scratch *s = f->s;
-    const int64_t T = f->T, r = L->ratio, coff = L->kind == DSV4_ATTN_CSA ? 2 : 1, d = 512;
+    const int64_t T = f->T, r = L->ratio, coff = eng_overlap(L) ? 2 : 1, d = 512;
     dsv4_tensor ckv = eng_t2(s->ckv, DSV4_F32, T, coff * d), cg = eng_t2(s->cgate, DSV4_F32, T, coff * d);
     TRY(linear_t(e, &w->compressor.wkv, x, &ckv));
     TRY(linear_t(e, &w->compressor.wgate, x, &cg));
@@ -216,7 +218,8 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
             memcpy(saved + t * L->proj_ld + coff * d, s->cgate + t * coff * d, (size_t)(coff * d) * 4);
         }
     const int64_t rows = coff * r, cols = coff * d;
-    dsv4_compressor_desc desc = {DSV4_COMPRESSOR_MAIN, (int)r, (int)d, (float)e->cfg->norm_eps, 0};
+    dsv4_compressor_desc desc = {.kind = DSV4_COMPRESSOR_MAIN, .ratio = (int)r, .dim = (int)d,
+                                 .eps = (float)e->cfg->norm_eps, .overlap = eng_overlap(L)};
     int64_t mo = 0; /* entries emitted by the segments so far: rows of s->cout */
     for (int i = 0; i < f->n_seg; i++) {
         const eng_seg *g = &f->seg[i];
@@ -450,7 +453,7 @@ static dsv4_status replay(dsv4_engine *e, const eng_layer *L, int kind, int64_t 
 {
     eng_scratch *s = &e->s;
     const int64_t dI = e->cfg->index_head_dim, d = kind == DSV4_COMPRESSOR_MAIN ? 512 : dI;
-    const int r = kind == DSV4_COMPRESSOR_MAIN ? L->ratio : 4, coff = r == 4 ? 2 : 1;
+    const int r = L->ratio, ov = kind == DSV4_COMPRESSOR_MAIN ? eng_overlap(L) : 1, coff = ov ? 2 : 1;
     const int64_t w = coff * d, rows = coff * r, col = kind == DSV4_COMPRESSOR_MAIN ? 0 : 4 * 512;
     const dsv4_compressor_weights *cw = kind == DSV4_COMPRESSOR_MAIN ? &L->w->compressor : &L->w->index_compressor;
     const float *saved = L->saved_proj + row * L->proj_ld;
@@ -459,7 +462,8 @@ static dsv4_status replay(dsv4_engine *e, const eng_layer *L, int kind, int64_t 
     dsv4_tensor skv = eng_t2(state, DSV4_F32, rows, w), ssc = eng_t2(state + rows * w, DSV4_F32, rows, w);
     int64_t m = dsv4_compressor_emit_count(r, start, keep);
     dsv4_tensor out = eng_t2(kind == DSV4_COMPRESSOR_MAIN ? s->cout : s->qi, DSV4_BF16, m, d);
-    dsv4_compressor_desc desc = {(dsv4_compressor_kind)kind, r, (int)d, (float)e->cfg->norm_eps, 0};
+    dsv4_compressor_desc desc = {.kind = (dsv4_compressor_kind)kind, .ratio = r, .dim = (int)d,
+                                 .eps = (float)e->cfg->norm_eps, .overlap = ov};
     return dsv4_compressor_forward(e->ctx, &desc, start, &kv, &g, kind == DSV4_COMPRESSOR_MAIN ? &L->ape : &L->index_ape,
                                    &cw->norm, &e->rope_compress, &skv, &ssc, m ? &out : NULL, NULL);
 }
@@ -474,7 +478,7 @@ dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep, in
         if (!keep) continue;
         TRY(replay(e, L, DSV4_COMPRESSOR_MAIN, start, keep, row, st));
         if (L->kind == DSV4_ATTN_CSA)
-            TRY(replay(e, L, DSV4_COMPRESSOR_INDEXER, start, keep, row, st + 2 * (8 * 1024)));
+            TRY(replay(e, L, DSV4_COMPRESSOR_INDEXER, start, keep, row, st + eng_main_state_floats(L)));
     }
     e->seqs[sq].len = start + keep;
     return DSV4_OK;

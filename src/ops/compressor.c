@@ -28,6 +28,8 @@ static dsv4_status check_desc(const char *op, const dsv4_compressor_desc *d)
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: indexer compressor dim %d is not 64, 128 or 256", op, d->dim);
     if (!(d->eps >= 0.0f) || isinf(d->eps))
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: eps %g must be finite and >= 0", op, (double)d->eps);
+    if (d->overlap != 0 && d->overlap != 1)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: overlap %d must be 0 (HCA) or 1 (CSA)", op, d->overlap);
     if (d->fp8_sim && d->kind != DSV4_COMPRESSOR_MAIN)
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: fp8_sim applies to the main compressor only", op);
     return DSV4_OK;
@@ -36,7 +38,7 @@ static dsv4_status check_desc(const char *op, const dsv4_compressor_desc *d)
 static dsv4_status check_state(const char *op, const dsv4_compressor_desc *d, const dsv4_tensor *skv,
                                const dsv4_tensor *ss)
 {
-    int coff = d->ratio == 4 ? 2 : 1;
+    int coff = d->overlap ? 2 : 1;
     const int64_t shape[2] = {(int64_t)coff * d->ratio, (int64_t)coff * d->dim};
     DSV4_TRY(dsv4_check_tensor(op, "state_kv", skv, DSV4_DT(DSV4_F32), 2, shape));
     DSV4_TRY(dsv4_check_output(op, "state_kv", skv));
@@ -100,7 +102,7 @@ dsv4_status dsv4_compressor_forward(dsv4_ctx *ctx, const dsv4_compressor_desc *d
     DSV4_TRY(check_desc(op, desc));
     if (start_pos < 0 || start_pos > POS_LIMIT)
         return dsv4_fail(DSV4_ERR_RANGE, "%s: start_pos %lld not in [0, 2^52]", op, (long long)start_pos);
-    const int r = desc->ratio, d = desc->dim, coff = r == 4 ? 2 : 1;
+    const int r = desc->ratio, d = desc->dim, coff = desc->overlap ? 2 : 1;
     const int64_t w = (int64_t)coff * d;
     DSV4_TRY(dsv4_check_tensor(op, "kv", kv, DSV4_DT(DSV4_F32), 2, (const int64_t[]){DSV4_ANY, w}));
     const int64_t n = kv->shape[0];

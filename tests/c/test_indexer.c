@@ -50,15 +50,16 @@ static dsv4_tensor view1(void *p, dsv4_dtype dt, int64_t a)
 
 /* ---- compressor: prefill vs token by token, backends, ISAs, threads ---------------------- */
 typedef struct {
-    int ratio, dim, kind, n;
+    int ratio, dim, kind, overlap, n;
     float *kv, *gate, *ape, *norm, *rope;
 } cmp_case;
 
 /* Runs the case in chunks of `chunk` tokens; writes all entries into out (m x width bytes). */
 static void run_cmp(dsv4_ctx *ctx, const cmp_case *c, int chunk, uint8_t *out, float *skv, float *ss)
 {
-    const int coff = c->ratio == 4 ? 2 : 1, w = coff * c->dim, packed = c->kind == DSV4_COMPRESSOR_INDEXER;
-    dsv4_compressor_desc desc = {c->kind, c->ratio, c->dim, 1e-6f, !packed};
+    const int coff = c->overlap ? 2 : 1, w = coff * c->dim, packed = c->kind == DSV4_COMPRESSOR_INDEXER;
+    dsv4_compressor_desc desc = {.kind = c->kind, .ratio = c->ratio, .dim = c->dim, .eps = 1e-6f, .fp8_sim = !packed,
+                                 .overlap = c->overlap};
     dsv4_tensor tskv = view2(skv, DSV4_F32, coff * c->ratio, w), tss = view2(ss, DSV4_F32, coff * c->ratio, w);
     CHECK_STATUS(dsv4_compressor_state_init(&desc, &tskv, &tss), DSV4_OK);
     dsv4_tensor ape = view2(c->ape, DSV4_F32, c->ratio, w), norm = view1(c->norm, DSV4_F32, c->dim);
@@ -85,10 +86,13 @@ static void run_cmp(dsv4_ctx *ctx, const cmp_case *c, int chunk, uint8_t *out, f
 
 static void test_compressor(void)
 {
-    const int cfg[3][3] = {{4, 512, DSV4_COMPRESSOR_MAIN}, {128, 512, DSV4_COMPRESSOR_MAIN}, {4, 128, DSV4_COMPRESSOR_INDEXER}};
-    for (int ci = 0; ci < 3; ci++) {
-        cmp_case c = {cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][0] == 128 ? 2 * 128 + 37 : 45, 0, 0, 0, 0, 0};
-        const int coff = c.ratio == 4 ? 2 : 1, w = coff * c.dim, srows = coff * c.ratio;
+    /* ratio, dim, kind, overlap: CSA and HCA of V4, then HCA of ratio 4 and CSA of ratio 8 */
+    const int cfg[5][4] = {{4, 512, DSV4_COMPRESSOR_MAIN, 1}, {128, 512, DSV4_COMPRESSOR_MAIN, 0},
+                           {4, 128, DSV4_COMPRESSOR_INDEXER, 1}, {4, 512, DSV4_COMPRESSOR_MAIN, 0},
+                           {8, 128, DSV4_COMPRESSOR_INDEXER, 1}};
+    for (int ci = 0; ci < 5; ci++) {
+        cmp_case c = {cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], cfg[ci][0] == 128 ? 2 * 128 + 37 : 45, 0, 0, 0, 0, 0};
+        const int coff = c.overlap ? 2 : 1, w = coff * c.dim, srows = coff * c.ratio;
         c.kv = malloc(sizeof(float) * c.n * w);
         c.gate = malloc(sizeof(float) * c.n * w);
         c.ape = malloc(sizeof(float) * c.ratio * w);
@@ -283,7 +287,7 @@ static void test_bad_input(void)
     CHECK_STATUS(dsv4_indexer_scores(NULL, &c.args, &ts), DSV4_ERR_SHAPE);
     CHECK_STATUS(dsv4_indexer_topk(NULL, &ts, NULL, 0, &ti, &tl, ws, wsb), DSV4_ERR_INVALID_ARG);
 
-    dsv4_compressor_desc desc = {DSV4_COMPRESSOR_MAIN, 4, 100, 1e-6f, 0};
+    dsv4_compressor_desc desc = {.kind = DSV4_COMPRESSOR_MAIN, .ratio = 4, .dim = 100, .eps = 1e-6f, .overlap = 1};
     float st[8 * 256];
     dsv4_tensor tst = view2(st, DSV4_F32, 8, 200), tst2 = tst;
     CHECK_STATUS(dsv4_compressor_state_init(&desc, &tst, &tst2), DSV4_ERR_INVALID_ARG); /* dim 100 */
@@ -293,6 +297,10 @@ static void test_bad_input(void)
     desc.ratio = 4;
     tst = view2(st, DSV4_F32, 8, 256);
     CHECK_STATUS(dsv4_compressor_state_init(&desc, &tst, &tst), DSV4_ERR_INVALID_ARG); /* overlapping */
+    desc.overlap = 2;
+    CHECK_STATUS(dsv4_compressor_state_init(&desc, &tst, &tst2), DSV4_ERR_INVALID_ARG); /* overlap 0 or 1 */
+    desc.overlap = 0;
+    CHECK_STATUS(dsv4_compressor_state_init(&desc, &tst, &tst2), DSV4_ERR_SHAPE); /* no overlap: [4, 128] */
     CHECK_STATUS(dsv4_compressor_forward(NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, &tst, &tst, NULL, NULL),
                  DSV4_ERR_INVALID_ARG);
     CHECK(dsv4_compressor_emit_count(0, 0, 1) == -1 && dsv4_compressor_emit_count(4, 3, 1) == 1, "emit count");

@@ -235,8 +235,8 @@ class RefCompressor:
     """The reference's decode-time state machine (OF model.py Compressor.forward, start_pos > 0),
     run one token at a time from a fresh state; states in float32 as the reference keeps them."""
 
-    def __init__(self, ratio, d):
-        self.r, self.d, self.overlap = ratio, d, ratio == 4
+    def __init__(self, ratio, d, overlap):
+        self.r, self.d, self.overlap = ratio, d, bool(overlap)
         c = 2 if self.overlap else 1
         self.kv = np.zeros((c * ratio, c * d), np.float32)
         self.score = np.full((c * ratio, c * d), -np.inf, np.float32)
@@ -262,8 +262,8 @@ class RefCompressor:
         return v
 
 
-def make_inputs(rng, n, ratio, d, scale=1.0):
-    c = 2 if ratio == 4 else 1
+def make_inputs(rng, n, ratio, d, overlap, scale=1.0):
+    c = 2 if overlap else 1
     kv = (rng.standard_normal((n, c * d)) * scale).astype(np.float32)
     gate = (rng.standard_normal((n, c * d)) * 2).astype(np.float32)
     ape = rng.standard_normal((ratio, c * d)).astype(np.float32)
@@ -271,11 +271,11 @@ def make_inputs(rng, n, ratio, d, scale=1.0):
     return kv, gate, ape, norm
 
 
-def run_oracle(kv, gate, ape, norm_bits, rope, ratio, kind):
+def run_oracle(kv, gate, ape, norm_bits, rope, ratio, kind, overlap):
     """(final state, plain BF16 rows, final rows, packed FP4 (indexer), (lo, hi) spans of the
     plain rows the kernels may produce and which rows may cascade: see finish_interval)."""
-    d = kv.shape[1] // (2 if ratio == 4 else 1)
-    ref = RefCompressor(ratio, d)
+    d = kv.shape[1] // (2 if overlap else 1)
+    ref = RefCompressor(ratio, d, overlap)
     w = oracles.bf16_decode(norm_bits)
     plain, final, packed, lo, hi, casc = [], [], [], [], [], []
     for p in range(kv.shape[0]):
@@ -306,37 +306,41 @@ def bf16_close(got_bits, want):
 
 
 # ---- tests ------------------------------------------------------------------------------------
-CASES = [  # (ratio, d, kind, n tokens)
-    (4, 512, "main", 23),       # CSA main: overlap, 5 entries, 3 leftover tokens
-    (128, 512, "main", 300),    # HCA: 2 entries and a partial block of 44
-    (8, 512, "main", 19),       # small-config HCA ratio (no overlap)
-    (4, 128, "indexer", 86),    # CSA indexer compressor: 21 entries, 2 leftover tokens
-    (4, 64, "indexer", 41),     # 10 entries, 1 leftover
-    (4, 256, "indexer", 30),    # 7 entries, 2 leftover
+CASES = [  # (ratio, d, kind, overlap, n tokens)
+    (4, 512, "main", True, 23),       # CSA main: overlap, 5 entries, 3 leftover tokens
+    (128, 512, "main", False, 300),   # HCA: 2 entries and a partial block of 44
+    (8, 512, "main", False, 19),      # small-config HCA ratio (no overlap)
+    (4, 512, "main", False, 23),      # HCA of ratio 4: the overlap follows the kind, not the ratio
+    (8, 512, "main", True, 37),       # CSA of ratio 8: windows of 16 tokens, 4 entries
+    (4, 128, "indexer", True, 86),    # CSA indexer compressor: 21 entries, 2 leftover tokens
+    (4, 64, "indexer", True, 41),     # 10 entries, 1 leftover
+    (4, 256, "indexer", True, 30),    # 7 entries, 2 leftover
+    (2, 128, "indexer", True, 25),    # the indexer of a CSA layer of ratio 2
 ]
 
 
-@pytest.mark.parametrize("ratio,d,kind,n", CASES)
-def test_against_oracle(ratio, d, kind, n):
+@pytest.mark.parametrize("ratio,d,kind,overlap,n", CASES)
+def test_against_oracle(ratio, d, kind, overlap, n):
     """Strict: every BF16 / FP8 / FP4 result equals the float64 oracle's, except a "flip" to the
     neighbouring value where the oracle's value lies so close to a rounding (or scale) boundary
     that the kernels' bounded fp32 error reaches across it (finish_interval, check_quantized,
     hadamard_fp4_check); flips are capped (flip_cap). On correct code they are rare; a missing or
     extra rounding step flips values far from any boundary and fails."""
-    rng = oracles.rng(f"compressor r{ratio} d{d} {kind}")
+    rng = oracles.rng(f"compressor r{ratio} d{d} {kind} o{int(overlap)}")
     rope = rope_table(n + ratio)
-    kv, gate, ape, norm = make_inputs(rng, n, ratio, d)
-    ref, plain, final, packed, (lo, hi, casc) = run_oracle(kv, gate, ape, norm, rope, ratio, kind)
+    kv, gate, ape, norm = make_inputs(rng, n, ratio, d, overlap)
+    ref, plain, final, packed, (lo, hi, casc) = run_oracle(kv, gate, ape, norm, rope, ratio, kind, overlap)
     m = n // ratio
     for be in BACKENDS:
-        skv, ss = ix.compressor_state(ratio, d)
+        skv, ss = ix.compressor_state(ratio, d, overlap=overlap)
         if kind == "main":
             out = oracles.poison((m, d), np.uint16)
-            ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, backend=be, out=out)
+            ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, backend=be, out=out, overlap=overlap)
             bf16_close(out, plain)
             flips = check_in_span(oracles.bf16_decode(out), plain, lo, hi, f"{be} plain rows", casc)
-            skv2, ss2 = ix.compressor_state(ratio, d)
-            sim = ix.compressor_forward(kv, gate, ape, norm, rope, skv2, ss2, 0, ratio, fp8_sim=True, backend=be)
+            skv2, ss2 = ix.compressor_state(ratio, d, overlap=overlap)
+            sim = ix.compressor_forward(kv, gate, ape, norm, rope, skv2, ss2, 0, ratio, fp8_sim=True, backend=be,
+                                        overlap=overlap)
             # the FP8 step is exact given its BF16 input: compare with the oracle's simulation of
             # this backend's own BF16 output, and the rope dims pass through unchanged
             want = oracles.bf16_decode(out).copy()
@@ -357,23 +361,26 @@ def test_against_oracle(ratio, d, kind, n):
             codes = oracles.poison((m, d // 2), np.uint8)
             scales = oracles.poison((m, d // 32), np.uint8)
             ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, kind="indexer", packed=True,
-                                  backend=be, out=(codes, scales))
+                                  backend=be, out=(codes, scales), overlap=overlap)
             vals = oracles.dequantize(dsv4.fp4_unpack(codes), scales, "fp4_32")
             hadamard_fp4_check(vals, scales, plain, lo, hi, f"{be} FP4 rows")
-            skv2, ss2 = ix.compressor_state(ratio, d)
-            flat = ix.compressor_forward(kv, gate, ape, norm, rope, skv2, ss2, 0, ratio, kind="indexer", backend=be)
+            skv2, ss2 = ix.compressor_state(ratio, d, overlap=overlap)
+            flat = ix.compressor_forward(kv, gate, ape, norm, rope, skv2, ss2, 0, ratio, kind="indexer", backend=be,
+                                         overlap=overlap)
             assert np.array_equal(oracles.bf16_decode(flat), vals)  # BF16 form = the packed values
         # the state is the reference's, bit for bit (copies and fp32 sums g + ape)
         assert np.array_equal(skv, ref.kv) and np.array_equal(ss, ref.score)
 
 
-@pytest.mark.parametrize("ratio,d,kind", [(4, 512, "main"), (128, 512, "main"), (4, 128, "indexer"), (8, 64, "indexer")])
-def test_batched_equals_token_by_token(ratio, d, kind):
+@pytest.mark.parametrize("ratio,d,kind,overlap", [(4, 512, "main", True), (128, 512, "main", False),
+                                                  (4, 512, "main", False), (8, 512, "main", True),
+                                                  (4, 128, "indexer", True), (8, 64, "indexer", False)])
+def test_batched_equals_token_by_token(ratio, d, kind, overlap):
     """Random chunkings (prefill, chunked prefill, decode) leave identical states and entries."""
-    rng = oracles.rng(f"chunks r{ratio} d{d}")
+    rng = oracles.rng(f"chunks r{ratio} d{d} o{int(overlap)}")
     n = 3 * ratio + 5 if ratio < 128 else 2 * ratio + 17
     rope = rope_table(n + ratio)
-    kv, gate, ape, norm = make_inputs(rng, n, ratio, d)
+    kv, gate, ape, norm = make_inputs(rng, n, ratio, d, overlap)
     pk = kind == "indexer"
     results = []
     for split in ["one", "tokens", "random"]:
@@ -384,11 +391,11 @@ def test_batched_equals_token_by_token(ratio, d, kind):
         else:
             cuts = sorted(set([0, n] + list(rng.integers(1, n, size=5))))
         for be in BACKENDS:
-            skv, ss = ix.compressor_state(ratio, d, kind)
+            skv, ss = ix.compressor_state(ratio, d, kind, overlap=overlap)
             outs = []
             for a, b in zip(cuts[:-1], cuts[1:]):
                 o = ix.compressor_forward(kv[a:b], gate[a:b], ape, norm, rope, skv, ss, a, ratio, kind=kind,
-                                          fp8_sim=not pk, packed=pk, backend=be)
+                                          fp8_sim=not pk, packed=pk, backend=be, overlap=overlap)
                 outs.append(np.concatenate(o, axis=1) if pk else o)
             results.append((split, be, np.concatenate(outs), skv, ss))
     _, _, out0, skv0, ss0 = results[0]
@@ -402,13 +409,14 @@ def test_threads_and_isa_bit_identical(monkeypatch):
     rng = oracles.rng("compressor threads")
     ratio, d, n = 4, 512, 64
     rope = rope_table(n + ratio)
-    kv, gate, ape, norm = make_inputs(rng, n, ratio, d, scale=3.0)
+    kv, gate, ape, norm = make_inputs(rng, n, ratio, d, True, scale=3.0)
     outs = []
     for isa in ["avx512", "avx2", "scalar"]:
         monkeypatch.setenv("DSV4_CPU_ISA", isa)
         for th in [1, 2]:
-            skv, ss = ix.compressor_state(ratio, d)
-            outs.append(ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, backend="cpu", threads=th))
+            skv, ss = ix.compressor_state(ratio, d, overlap=True)
+            outs.append(ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, backend="cpu", threads=th,
+                                              overlap=True))
     for o in outs[1:]:
         assert np.array_equal(o, outs[0])
 
@@ -419,13 +427,14 @@ def test_before_first_emission_and_partial_block():
     rng = oracles.rng("hca partial")
     ratio, d = 128, 512
     rope = rope_table(300)
-    kv, gate, ape, norm = make_inputs(rng, 160, ratio, d)
-    ref, plain, _, _, (lo, hi, casc) = run_oracle(kv, gate, ape, norm, rope, ratio, "main")
+    kv, gate, ape, norm = make_inputs(rng, 160, ratio, d, False)
+    ref, plain, _, _, (lo, hi, casc) = run_oracle(kv, gate, ape, norm, rope, ratio, "main", False)
     for be in BACKENDS:
-        skv, ss = ix.compressor_state(ratio, d)
-        first = ix.compressor_forward(kv[:100], gate[:100], ape, norm, rope, skv, ss, 0, ratio, backend=be)
+        skv, ss = ix.compressor_state(ratio, d, overlap=False)
+        first = ix.compressor_forward(kv[:100], gate[:100], ape, norm, rope, skv, ss, 0, ratio, backend=be, overlap=False)
         assert first.shape == (0, d)
-        second = ix.compressor_forward(kv[100:], gate[100:], ape, norm, rope, skv, ss, 100, ratio, backend=be)
+        second = ix.compressor_forward(kv[100:], gate[100:], ape, norm, rope, skv, ss, 100, ratio, backend=be,
+                                       overlap=False)
         assert second.shape == (1, d)
         bf16_close(second, plain)
         check_in_span(oracles.bf16_decode(second), plain, lo, hi, f"{be} entry 0", casc[:1])
@@ -440,13 +449,13 @@ def test_masked_first_window_uses_no_state():
     rng = oracles.rng("overlap c0")
     ratio, d = 4, 128
     rope = rope_table(16)
-    kv, gate, ape, norm = make_inputs(rng, 4, ratio, d)
-    skv, ss = ix.compressor_state(ratio, d)
-    a = ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, kind="indexer")
-    skv, ss = ix.compressor_state(ratio, d)
+    kv, gate, ape, norm = make_inputs(rng, 4, ratio, d, True)
+    skv, ss = ix.compressor_state(ratio, d, overlap=True)
+    a = ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, kind="indexer", overlap=True)
+    skv, ss = ix.compressor_state(ratio, d, overlap=True)
     skv[:4] = 7.0
     ss[:4] = 50.0
-    b = ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, kind="indexer")
+    b = ix.compressor_forward(kv, gate, ape, norm, rope, skv, ss, 0, ratio, kind="indexer", overlap=True)
     assert np.array_equal(a, b)
 
 
@@ -454,14 +463,14 @@ def test_bad_inputs_leave_outputs_untouched():
     rng = oracles.rng("compressor bad")
     ratio, d = 4, 128
     rope = rope_table(8)
-    kv, gate, ape, norm = make_inputs(rng, 8, ratio, d)
-    skv, ss = ix.compressor_state(ratio, d)
+    kv, gate, ape, norm = make_inputs(rng, 8, ratio, d, True)
+    skv, ss = ix.compressor_state(ratio, d, overlap=True)
     skv0, ss0 = skv.copy(), ss.copy()
     out = oracles.poison((2, d), np.uint16)
 
     def attempt(**kw):
         args = dict(kv=kv, gate=gate, ape=ape, norm=norm, rope=rope, state_kv=skv, state_score=ss, start_pos=0,
-                    ratio=ratio, out=out)
+                    ratio=ratio, out=out, overlap=True)
         args.update(kw)
         with pytest.raises(ValueError):
             ix.compressor_forward(**args)
@@ -479,4 +488,6 @@ def test_bad_inputs_leave_outputs_untouched():
     attempt(norm=np.ones(d + 1, np.float32))
     attempt(fp8_sim=True, kind="indexer")                # fp8 simulation is for the main kind
     attempt(state_kv=ss)                                 # state buffers overlap
+    attempt(overlap=False)                               # the overlap sets the widths: kv is 2d wide
+    attempt(overlap=2)                                   # overlap is 0 or 1
     attempt(out=skv.view(np.uint16)[:2, :d])             # output overlaps the state

@@ -250,16 +250,16 @@ def test_pipeline_compressor_to_selection():
     rng = oracles.rng("pipeline")
     d, ratio, n_tok, h, k = 128, 4, 203, 16, 8
     rope = rope_table(n_tok + 8)
-    kv, gate, ape, norm = make_inputs(rng, n_tok, ratio, d)
+    kv, gate, ape, norm = make_inputs(rng, n_tok, ratio, d, True)
     cache_c = np.zeros((n_tok // ratio, d // 2), np.uint8)
     cache_s = np.zeros((n_tok // ratio, d // 32), np.uint8)
-    skv, ss = ix.compressor_state(ratio, d, "indexer")
+    skv, ss = ix.compressor_state(ratio, d, "indexer", overlap=True)
     for a, b in [(0, 37), (37, 38), (38, 150), (150, n_tok)]:
         c0 = a // ratio
         m = ix.compressor_emit_count(ratio, a, b - a)
         ix.compressor_forward(kv[a:b], gate[a:b], ape, norm, rope, skv, ss, a, ratio, kind="indexer", packed=True,
-                              out=(cache_c[c0:c0 + m], cache_s[c0:c0 + m]))
-    ref = RefCompressor(ratio, d)
+                              overlap=True, out=(cache_c[c0:c0 + m], cache_s[c0:c0 + m]))
+    ref = RefCompressor(ratio, d, True)
     kref = []
     for p in range(n_tok):
         v = ref.step(p, kv[p], gate[p], ape)
