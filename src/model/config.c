@@ -144,6 +144,8 @@ typedef struct cfg_parser {
     } set[640];
     int n_set;
     char key_buf[640][40];
+    int tf_ratio[DSV4_MAX_LAYERS]; /* transformers' default schedule (parse_attention_schedule) */
+    uint8_t tf_kind[DSV4_MAX_LAYERS];
 } cfg_parser;
 
 /* Record that `key` sets `target`; if another key set it to a different value, fail. */
@@ -478,13 +480,14 @@ static dsv4_status parse_ropes(cfg_parser *p)
     return DSV4_OK;
 }
 
+/* An array of at least `lo` entries (at most `hi`, when hi >= lo). */
 static dsv4_status check_array(cfg_parser *p, uint32_t v, const char *key, int64_t lo, int64_t hi)
 {
     const mj_node *n = &p->d->nodes[v];
     if (n->type != MJ_ARRAY) return type_error(p, key, "an array", v);
-    if ((int64_t)n->count < lo || (int64_t)n->count > hi)
-        return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s has %u entries; expected one per layer (%lld), or up to %lld with the MTP blocks",
-                         p->src, key, n->count, (long long)lo, (long long)hi);
+    if ((int64_t)n->count < lo || (hi >= lo && (int64_t)n->count > hi))
+        return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s has %u entries; expected one per layer (%lld)%s", p->src, key, n->count,
+                         (long long)lo, hi >= lo ? ", or one more per MTP block" : " or more");
     return DSV4_OK;
 }
 
@@ -503,78 +506,128 @@ static dsv4_status set_layer(cfg_parser *p, int64_t i, int ratio, dsv4_attn_kind
     return DSV4_OK;
 }
 
-/* compress_ratios (official and reference), layer_types + compress_rates (transformers). */
-static dsv4_status parse_schedule(cfg_parser *p, int *have)
+static const char *const layer_type_names[3] = {"sliding_attention", "compressed_sparse_attention",
+                                                "heavily_compressed_attention"}; /* by dsv4_attn_kind */
+
+/* transformers' compression rate of each attention kind: compress_rates, then the top-level
+ * compress_rate_csa / compress_rate_hca that override it. *have: any of them is present. */
+static dsv4_status parse_rates(cfg_parser *p, int64_t rate[3], int *have)
+{
+    rate[DSV4_ATTN_SWA] = 0, rate[DSV4_ATTN_CSA] = 4, rate[DSV4_ATTN_HCA] = 128;
+    *have = 0;
+    uint32_t rates = member(p, 0, "compress_rates");
+    if (rates != MJ_NONE) {
+        if (p->d->nodes[rates].type != MJ_OBJECT) return type_error(p, "compress_rates", "an object", rates);
+        *have = 1;
+        for (int k = DSV4_ATTN_CSA; k <= DSV4_ATTN_HCA; k++) {
+            uint32_t x = member(p, rates, layer_type_names[k]);
+            if (x != MJ_NONE) DSV4_TRY(get_int(p, x, layer_type_names[k], &rate[k]));
+        }
+    }
+    static const char *const legacy[3] = {NULL, "compress_rate_csa", "compress_rate_hca"};
+    for (int k = DSV4_ATTN_CSA; k <= DSV4_ATTN_HCA; k++) {
+        uint32_t x = member(p, 0, legacy[k]);
+        if (x == MJ_NONE) continue;
+        DSV4_TRY(get_int(p, x, legacy[k], &rate[k]));
+        *have = 1;
+    }
+    for (int k = DSV4_ATTN_CSA; k <= DSV4_ATTN_HCA; k++)
+        if (rate[k] < 2 || rate[k] > 65536)
+            return dsv4_fail(DSV4_ERR_FORMAT, "%s: the compression rate of %s is %lld (2 to 65536 allowed)", p->src,
+                             layer_type_names[k], (long long)rate[k]);
+    return DSV4_OK;
+}
+
+/* The attention schedule, as transformers' DeepseekV4Config reads it: a layer's kind comes from
+ * its layer_types entry and its ratio from the compression rate of that kind (parse_rates); a CSA
+ * layer compresses overlapping windows and has an indexer, an HCA layer neither, whatever the
+ * ratio. Without layer_types, compress_ratios names the kinds: with rates given, through
+ * transformers' table {0: SWA, 4: CSA, 128: HCA}; without, by the official rule (OF model.py): the
+ * ratio as written, CSA where it is 4 (so ratios like 8 stay expressible). When both are given
+ * they must describe the same layers. Entries past the blocks (transformers keeps the first
+ * num_hidden_layers) are not read. *transformers_default: neither is given. */
+static dsv4_status parse_attention_schedule(cfg_parser *p, int *transformers_default)
 {
     dsv4_model_config *c = p->c;
-    int64_t nl = c->n_layers, extra = c->n_mtp_layers > 1 ? c->n_mtp_layers : 1;
-    uint32_t v = member(p, 0, "compress_ratios");
-    *have = 0;
-    if (v != MJ_NONE) {
-        DSV4_TRY(check_array(p, v, "compress_ratios", nl, nl + extra));
-        uint32_t e = v + 1;
-        for (int64_t i = 0; i < (int64_t)p->d->nodes[v].count && i < DSV4_MAX_LAYERS; i++, e = p->d->nodes[e].end) {
+    const int64_t nl = c->n_layers, nb = c->n_layers + c->n_mtp_layers, extra = c->n_mtp_layers > 1 ? c->n_mtp_layers : 1;
+    int64_t rate[3];
+    int have_rates;
+    DSV4_TRY(parse_rates(p, rate, &have_rates));
+    uint32_t lt = member(p, 0, "layer_types"), cr = member(p, 0, "compress_ratios");
+    *transformers_default = lt == MJ_NONE && cr == MJ_NONE;
+    if (cr != MJ_NONE) {
+        DSV4_TRY(check_array(p, cr, "compress_ratios", nl, nl + extra));
+        uint32_t e = cr + 1;
+        for (int64_t i = 0; i < (int64_t)p->d->nodes[cr].count && i < nb; i++, e = p->d->nodes[e].end) {
             int64_t r = 0;
             DSV4_TRY(get_int(p, e, "compress_ratios", &r));
             if (r == 1) r = 0; /* vLLM-style configs write 1 for "no compression" */
             if (r < 0 || r > 65536)
                 return dsv4_fail(DSV4_ERR_FORMAT, "%s: compress_ratios[%lld] = %lld is not a compression ratio (0, or 2 to 65536)",
                                  p->src, (long long)i, (long long)r);
-            DSV4_TRY(set_layer(p, i, (int)r, kind_of_ratio((int)r), "compress_ratios"));
+            dsv4_attn_kind k = kind_of_ratio((int)r);
+            if (have_rates && r != 0 && r != 4 && r != 128)
+                return dsv4_fail(DSV4_ERR_FORMAT, "%s: compress_ratios[%lld] = %lld: with compress_rates given, compress_ratios "
+                                 "only names each layer's kind (0 SWA, 4 CSA, 128 HCA), as transformers reads it",
+                                 p->src, (long long)i, (long long)r);
+            if (have_rates) r = rate[k];
+            if (lt == MJ_NONE || !have_rates) DSV4_TRY(set_layer(p, i, (int)r, k, "compress_ratios"));
+            else c->attn_kind[i] = (uint8_t)k; /* compared with layer_types below */
         }
-        *have = 1;
     }
-    int64_t csa = 4, hca = 128;
-    uint32_t rates = member(p, 0, "compress_rates");
-    if (rates != MJ_NONE) {
-        if (p->d->nodes[rates].type != MJ_OBJECT) return type_error(p, "compress_rates", "an object", rates);
-        uint32_t x = member(p, rates, "compressed_sparse_attention");
-        if (x != MJ_NONE) DSV4_TRY(get_int(p, x, "compress_rates.compressed_sparse_attention", &csa));
-        x = member(p, rates, "heavily_compressed_attention");
-        if (x != MJ_NONE) DSV4_TRY(get_int(p, x, "compress_rates.heavily_compressed_attention", &hca));
-        if (csa < 2 || csa > 65536 || hca < 2 || hca > 65536)
-            return dsv4_fail(DSV4_ERR_FORMAT, "%s: compress_rates must be 2 to 65536", p->src);
-    }
-    v = member(p, 0, "layer_types");
-    if (v != MJ_NONE) {
-        DSV4_TRY(check_array(p, v, "layer_types", nl, nl + extra));
-        uint32_t e = v + 1;
-        for (int64_t i = 0; i < (int64_t)p->d->nodes[v].count && i < DSV4_MAX_LAYERS; i++, e = p->d->nodes[e].end) {
+    if (lt != MJ_NONE) {
+        DSV4_TRY(check_array(p, lt, "layer_types", nl, 0));
+        uint32_t e = lt + 1;
+        for (int64_t i = 0; i < (int64_t)p->d->nodes[lt].count && i < nb; i++, e = p->d->nodes[e].end) {
             const char *s = NULL;
             DSV4_TRY(get_str(p, e, "layer_types", &s));
-            if (!strcmp(s, "sliding_attention")) DSV4_TRY(set_layer(p, i, 0, DSV4_ATTN_SWA, "layer_types"));
-            else if (!strcmp(s, "compressed_sparse_attention")) DSV4_TRY(set_layer(p, i, (int)csa, DSV4_ATTN_CSA, "layer_types"));
-            else if (!strcmp(s, "heavily_compressed_attention")) DSV4_TRY(set_layer(p, i, (int)hca, DSV4_ATTN_HCA, "layer_types"));
-            else {
+            int k = 0;
+            while (k < 3 && strcmp(s, layer_type_names[k])) k++;
+            if (k == 3) {
                 char q[64];
                 mj_quote(s, strlen(s), q, sizeof q);
                 return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: layer_types[%lld] = \"%s\" is not a DeepSeek-V4 attention type",
                                  p->src, (long long)i, q);
             }
+            if (cr != MJ_NONE && have_rates && i < (int64_t)p->d->nodes[cr].count && c->attn_kind[i] != k)
+                return dsv4_fail(DSV4_ERR_FORMAT, "%s: layer_types[%lld] disagrees with compress_ratios[%lld] (layer %lld)",
+                                 p->src, (long long)i, (long long)i, (long long)i);
+            DSV4_TRY(set_layer(p, i, (int)rate[k], (dsv4_attn_kind)k, "layer_types"));
         }
-        *have = 1;
     }
-    v = member(p, 0, "mlp_layer_types");
-    if (v != MJ_NONE) {
-        DSV4_TRY(check_array(p, v, "mlp_layer_types", nl, nl + extra));
-        int64_t n_hash = 0;
-        uint32_t e = v + 1;
-        for (int64_t i = 0; i < (int64_t)p->d->nodes[v].count && i < DSV4_MAX_LAYERS; i++, e = p->d->nodes[e].end) {
-            const char *s = NULL;
-            DSV4_TRY(get_str(p, e, "mlp_layer_types", &s));
-            if (strcmp(s, "hash_moe") && strcmp(s, "moe")) {
-                char q[64];
-                mj_quote(s, strlen(s), q, sizeof q);
-                return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: mlp_layer_types[%lld] = \"%s\" is not supported (hash_moe or moe)",
-                                 p->src, (long long)i, q);
-            }
-            c->hash_routed[i] = (uint8_t)(s[0] == 'h');
-            n_hash += c->hash_routed[i];
+    if (*transformers_default) /* kept for the caller: only a transformers-named config takes its default */
+        for (int64_t i = 0; i < DSV4_MAX_LAYERS; i++) {
+            dsv4_attn_kind k = i >= nl ? DSV4_ATTN_SWA : (i >= 3 && i % 2) ? DSV4_ATTN_CSA : DSV4_ATTN_HCA;
+            p->tf_ratio[i] = (int)rate[k];
+            p->tf_kind[i] = (uint8_t)k;
         }
-        DSV4_TRY(set_i64(p, &c->n_hash_layers, n_hash, "mlp_layer_types"));
-        DSV4_TRY(claim(p, c->hash_routed, "mlp_layer_types", 0));
-    }
     return DSV4_OK;
+}
+
+/* mlp_layer_types (transformers): "hash_moe" or "moe" per layer; the first num_hidden_layers count. */
+static dsv4_status parse_mlp_schedule(cfg_parser *p)
+{
+    dsv4_model_config *c = p->c;
+    const int64_t nl = c->n_layers;
+    uint32_t v = member(p, 0, "mlp_layer_types");
+    if (v == MJ_NONE) return DSV4_OK;
+    DSV4_TRY(check_array(p, v, "mlp_layer_types", nl, 0));
+    int64_t n_hash = 0;
+    uint32_t e = v + 1;
+    for (int64_t i = 0; i < nl; i++, e = p->d->nodes[e].end) {
+        const char *s = NULL;
+        DSV4_TRY(get_str(p, e, "mlp_layer_types", &s));
+        if (strcmp(s, "hash_moe") && strcmp(s, "moe")) {
+            char q[64];
+            mj_quote(s, strlen(s), q, sizeof q);
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: mlp_layer_types[%lld] = \"%s\" is not supported (hash_moe or moe)",
+                             p->src, (long long)i, q);
+        }
+        c->hash_routed[i] = (uint8_t)(s[0] == 'h');
+        n_hash += c->hash_routed[i];
+    }
+    DSV4_TRY(set_i64(p, &c->n_hash_layers, n_hash, "mlp_layer_types"));
+    return claim(p, c->hash_routed, "mlp_layer_types", 0);
 }
 
 static dsv4_status parse_doc(cfg_parser *p)
@@ -592,8 +645,18 @@ static dsv4_status parse_doc(cfg_parser *p)
         return dsv4_fail(DSV4_ERR_RANGE, "%s: %lld layers + %lld MTP layers: at most %d blocks in all", p->src,
                          (long long)c->n_layers, (long long)c->n_mtp_layers, DSV4_MAX_LAYERS);
     if (c->n_layers != default_layers) default_schedule(c);
-    int have_schedule;
-    DSV4_TRY(parse_schedule(p, &have_schedule));
+    int no_schedule;
+    DSV4_TRY(parse_attention_schedule(p, &no_schedule));
+    DSV4_TRY(parse_mlp_schedule(p));
+    static const char *const tf_only[] = {"layer_types", "mlp_layer_types", "rope_parameters", "compress_rates",
+                                          "compress_rate_csa", "compress_rate_hca", "partial_rotary_factor"};
+    int transformers = 0;
+    for (size_t i = 0; i < sizeof tf_only / sizeof tf_only[0]; i++) transformers |= member(p, 0, tf_only[i]) != MJ_NONE;
+    if (no_schedule && transformers) /* transformers' default: 2 HCA layers, then HCA / CSA alternating */
+        for (int64_t i = 0; i < DSV4_MAX_LAYERS; i++) {
+            c->compress_ratio[i] = p->tf_ratio[i];
+            c->attn_kind[i] = p->tf_kind[i];
+        }
     if (!was_set(p, c->hash_routed)) {
         if (!was_set(p, &c->n_hash_layers) && c->n_hash_layers > c->n_layers) c->n_hash_layers = c->n_layers;
         hash_prefix(c);
@@ -620,8 +683,6 @@ static dsv4_status parse_doc(cfg_parser *p)
                              p->src, f, (long long)c->head_dim, (long long)c->rope_head_dim);
     }
     c->nope_head_dim = c->head_dim - c->rope_head_dim;
-    int transformers = member(p, 0, "layer_types") != MJ_NONE || member(p, 0, "rope_parameters") != MJ_NONE ||
-                       member(p, 0, "mlp_layer_types") != MJ_NONE;
     int reference = member(p, 0, "dim") != MJ_NONE || member(p, 0, "n_layers") != MJ_NONE || member(p, 0, "n_heads") != MJ_NONE;
     snprintf(c->naming, sizeof c->naming, "%s", transformers ? "transformers" : reference ? "reference" : "hf");
     if (!was_set(p, &c->weight_format)) c->weight_format = reference ? DSV4_WFMT_FP8 : DSV4_WFMT_BF16;

@@ -314,6 +314,67 @@ static void test_config_hostile(void)
     CHECK(c.attn_kind[0] == DSV4_ATTN_SWA && c.compress_ratio[0] == 0 && c.attn_kind[1] == DSV4_ATTN_CSA, "ratio 1 is SWA");
 }
 
+/* The attention schedule as transformers reads it: kinds from layer_types (or compress_ratios
+ * through {0, 4, 128}), ratios from compress_rates of the kind (src/model/config.c). */
+static void test_config_schedule(void)
+{
+    dsv4_model_config c;
+    const char *k_csa = "\"compressed_sparse_attention\"", *k_hca = "\"heavily_compressed_attention\"";
+    char j[1024];
+    /* an HCA layer of ratio 4 and a CSA layer of ratio 8; entries past the blocks are not read */
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 3, \"layer_types\": [\"sliding_attention\", %s, %s, %s, \"bogus\"],"
+             " \"compress_rates\": {%s: 8, %s: 4}}", k_hca, k_csa, k_hca, k_csa, k_hca);
+    CHECK_STATUS(parse(j, &c), DSV4_OK);
+    CHECK(c.attn_kind[1] == DSV4_ATTN_HCA && c.compress_ratio[1] == 4 && c.attn_kind[2] == DSV4_ATTN_CSA &&
+              c.compress_ratio[2] == 8 && c.attn_kind[3] == DSV4_ATTN_HCA && c.compress_ratio[3] == 4,
+          "layer_types + compress_rates: %d/%d %d/%d", c.attn_kind[1], c.compress_ratio[1], c.attn_kind[2], c.compress_ratio[2]);
+    /* the top-level legacy rates override compress_rates */
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 2, \"layer_types\": [%s, %s], \"compress_rates\": {%s: 8},"
+             " \"compress_rate_csa\": 16, \"compress_rate_hca\": 32}", k_csa, k_hca, k_csa);
+    CHECK_STATUS(parse(j, &c), DSV4_OK);
+    CHECK(c.compress_ratio[0] == 16 && c.compress_ratio[1] == 32 && !strcmp(c.naming, "transformers"), "legacy rates");
+    /* compress_ratios with rates: only the kinds; the ratios are the rates */
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 3, \"compress_ratios\": [0, 4, 128, 0], \"compress_rates\": {%s: 8, %s: 64}}",
+             k_csa, k_hca);
+    CHECK_STATUS(parse(j, &c), DSV4_OK);
+    CHECK(c.attn_kind[1] == DSV4_ATTN_CSA && c.compress_ratio[1] == 8 && c.attn_kind[2] == DSV4_ATTN_HCA &&
+              c.compress_ratio[2] == 64 && c.attn_kind[3] == DSV4_ATTN_SWA,
+          "compress_ratios as kinds");
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 2, \"compress_ratios\": [0, 8], \"compress_rates\": {%s: 8}}", k_csa);
+    CHECK_STATUS(parse(j, &c), DSV4_ERR_FORMAT);
+    CHECK(has("compress_ratios[1] = 8") && has("only names"), "%s", dsv4_last_error());
+    /* both given: the kinds must agree (with rates) or kinds and ratios (without) */
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 2, \"compress_ratios\": [4, 128], \"layer_types\": [%s, %s],"
+             " \"compress_rates\": {%s: 8}}", k_csa, k_hca, k_csa);
+    CHECK_STATUS(parse(j, &c), DSV4_OK);
+    CHECK(c.compress_ratio[0] == 8 && c.compress_ratio[1] == 128, "both, agreeing kinds");
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 2, \"compress_ratios\": [4, 4], \"layer_types\": [%s, %s],"
+             " \"compress_rates\": {%s: 8}}", k_csa, k_hca, k_csa);
+    CHECK_STATUS(parse(j, &c), DSV4_ERR_FORMAT);
+    CHECK(has("layer_types[1] disagrees with compress_ratios[1]"), "%s", dsv4_last_error());
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 2, \"compress_ratios\": [4, 8], \"layer_types\": [%s, %s]}", k_csa, k_hca);
+    CHECK_STATUS(parse(j, &c), DSV4_ERR_FORMAT);
+    CHECK(has("layer 1"), "%s", dsv4_last_error());
+    /* no schedule: a transformers-named config takes transformers' default (HCA, HCA, then HCA / CSA) */
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 6, \"compress_rates\": {%s: 8}}", k_csa);
+    CHECK_STATUS(parse(j, &c), DSV4_OK);
+    static const int want[7] = {DSV4_ATTN_HCA, DSV4_ATTN_HCA, DSV4_ATTN_HCA, DSV4_ATTN_CSA, DSV4_ATTN_HCA, DSV4_ATTN_CSA,
+                                DSV4_ATTN_SWA};
+    for (int i = 0; i < 7; i++)
+        CHECK(c.attn_kind[i] == want[i] && c.compress_ratio[i] == (want[i] == DSV4_ATTN_CSA ? 8 : want[i] ? 128 : 0),
+              "transformers default, layer %d: %d/%d", i, c.attn_kind[i], c.compress_ratio[i]);
+    /* ... an official one the V4-Flash schedule */
+    CHECK_STATUS(parse("{\"num_hidden_layers\": 4}", &c), DSV4_OK);
+    CHECK(c.attn_kind[0] == DSV4_ATTN_SWA && c.attn_kind[2] == DSV4_ATTN_CSA && c.compress_ratio[3] == 128, "official default");
+    /* mlp_layer_types: the first num_hidden_layers entries count */
+    CHECK_STATUS(parse("{\"num_hidden_layers\": 2, \"mlp_layer_types\": [\"moe\", \"hash_moe\", \"hash_moe\"]}", &c), DSV4_OK);
+    CHECK(!c.hash_routed[0] && c.hash_routed[1] && !c.hash_routed[2] && c.n_hash_layers == 1, "mlp_layer_types");
+    snprintf(j, sizeof j, "{\"num_hidden_layers\": 2, \"layer_types\": [%s, %s], \"compress_rates\": {%s: 1}}", k_csa, k_hca,
+             k_hca);
+    CHECK_STATUS(parse(j, &c), DSV4_ERR_FORMAT);
+    CHECK(has("heavily_compressed_attention is 1"), "%s", dsv4_last_error());
+}
+
 /* ---- checkpoints ------------------------------------------------------------------------------ */
 
 static void check_tiny_weights(const dsv4_model *m)
@@ -671,6 +732,7 @@ int main(void)
     test_config_namings();
     test_config_hf_tiny();
     test_config_hostile();
+    test_config_schedule();
     test_make_tiny();
     test_hostile_dirs();
     test_hf_layout();

@@ -159,23 +159,34 @@ def parse_config(c):
         rope_dim = int(head_dim * prf)
     rope_dim = int(rope_dim)
 
-    # per-layer attention kind and ratio
-    if c.get("compress_ratios") is not None:
-        ratios = [int(r) for r in c["compress_ratios"]]
+    # per-layer attention kind and ratio. transformers' rule: the kind comes from layer_types (or,
+    # without it, from compress_ratios through {0: SWA, 4: CSA, 128: HCA}) and the ratio from
+    # compress_rates of that kind; a CSA layer compresses with overlapping windows and has an indexer,
+    # an HCA layer not, whatever the ratio. A config with compress_ratios and no rates at all is read
+    # by the official rule instead: the ratio as written, CSA where it is 4.
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+    rates.update(c.get("compress_rates") or {})
+    if c.get("compress_rate_csa") is not None:
+        rates["compressed_sparse_attention"] = c["compress_rate_csa"]
+    if c.get("compress_rate_hca") is not None:
+        rates["heavily_compressed_attention"] = c["compress_rate_hca"]
+    has_rates = any(c.get(k) is not None for k in ("compress_rates", "compress_rate_csa", "compress_rate_hca"))
+    names = {"sliding_attention": "swa", "compressed_sparse_attention": "csa", "heavily_compressed_attention": "hca"}
+    if c.get("layer_types") is not None:
+        types = list(c["layer_types"])
+    elif c.get("compress_ratios") is not None and has_rates:
+        by_ratio = {0: "sliding_attention", 1: "sliding_attention", 4: "compressed_sparse_attention",
+                    128: "heavily_compressed_attention"}
+        types = [by_ratio[int(r)] for r in c["compress_ratios"]]
+    elif c.get("compress_ratios") is not None:
+        types = None
+        ratios = [0 if int(r) == 1 else int(r) for r in c["compress_ratios"]]
         kinds = ["swa" if r == 0 else "csa" if r == 4 else "hca" for r in ratios]
-    elif c.get("layer_types") is not None:
-        rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-        rates.update(c.get("compress_rates") or {})
-        if c.get("compress_rate_csa") is not None:
-            rates["compressed_sparse_attention"] = c["compress_rate_csa"]
-        if c.get("compress_rate_hca") is not None:
-            rates["heavily_compressed_attention"] = c["compress_rate_hca"]
-        names = {"sliding_attention": "swa", "compressed_sparse_attention": "csa",
-                 "heavily_compressed_attention": "hca"}
-        kinds = [names[t] for t in c["layer_types"]]
-        ratios = [0 if t == "sliding_attention" else int(rates[t]) for t in c["layer_types"]]
     else:
         raise ValueError("config.json: neither compress_ratios nor layer_types")
+    if types is not None:
+        kinds = [names[t] for t in types]
+        ratios = [0 if t == "sliding_attention" else int(rates[t]) for t in types]
     if len(ratios) < n_layers:
         raise ValueError(f"config.json: {len(ratios)} layer ratios for {n_layers} layers")
     # compress_ratios has n_layers + 1 entries, the last one for the MTP block (docs/model.md §13, item 16);

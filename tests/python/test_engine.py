@@ -4,7 +4,9 @@
 Models: the built-in tiny checkpoint (`make-tiny`: official layout, FP8 weights, FP4 experts, layers
 SWA / CSA / HCA(ratio 8) / CSA, hash routing in layers 0-1, learned routing after, an MTP block),
 one-layer checkpoints cut from it (one per attention kind and routing kind, MTP kept), a vocabulary-8
-variant with an MTP block that echoes the main prediction (so that drafts get accepted), and the
+variant with an MTP block that echoes the main prediction (so that drafts get accepted), models whose
+config.json gives the schedule in transformers' naming with ratios the official naming cannot say
+(an HCA layer of ratio 4, a CSA layer of ratio 8, CSA and HCA layers sharing ratio 4 or 2), and the
 Hugging Face golden checkpoint hf-tiny-a.
 Prompts are 80 tokens (48 on the scalar cpu-ref backend): past the 16-token window, 10 (6) HCA blocks,
 20 (12) CSA entries for a top-4 indexer.
@@ -104,6 +106,46 @@ def _write_variant(base, out, layer=None, vocab=None, echo=False):
     return out
 
 
+_TYPES = {"swa": "sliding_attention", "csa": "compressed_sparse_attention", "hca": "heavily_compressed_attention"}
+
+
+def _write_rates_variant(base, out, layers, rates, rng):
+    """Layers `layers` of `base` (kept in that order) re-rated: a CSA / HCA layer of the new model
+    compresses at rates[kind], which its ape rows follow (rows cut, or new rows drawn like the
+    old). Written in the official layout with config.json's schedule in transformers' naming
+    (layer_types + compress_rates): what the official naming cannot say (an HCA layer of ratio 4,
+    a CSA layer of another ratio)."""
+    cfg, t = base.cfg, {}
+    for n, v in base.tensors.items():
+        if not n.startswith("layers."):
+            t[n] = v
+    for j, k in enumerate(layers):
+        pre = f"layers.{k}."
+        r = rates.get(cfg.kinds[k], 0)
+        for n, v in base.tensors.items():
+            if not n.startswith(pre):
+                continue
+            if n.endswith(".ape"):
+                extra = rng.standard_normal((max(r - v.shape[0], 0), v.shape[1])) * np.std(v)
+                v = np.concatenate([v, extra])[:r]
+            t[f"layers.{j}." + n[len(pre):]] = v
+    kinds = [cfg.kinds[k] for k in layers]
+    hash_layers = [cfg.hash_layers[k] for k in layers]
+    cfg = dataclasses.replace(cfg, n_layers=len(layers), ratios=[rates.get(x, 0) for x in kinds] + [0],
+                              kinds=kinds + ["swa"], hash_layers=hash_layers)
+    write_official(types.SimpleNamespace(cfg=cfg, tensors=t), out, mtp=False)
+    path = os.path.join(out, "config.json")
+    with open(path) as f:
+        c = json.load(f)
+    del c["compress_ratios"], c["n_hash_layers"]
+    c["layer_types"] = [_TYPES[x] for x in kinds]
+    c["compress_rates"] = {_TYPES[x]: r for x, r in rates.items()}
+    c["mlp_layer_types"] = ["hash_moe" if h else "moe" for h in hash_layers]
+    with open(path, "w") as f:
+        json.dump(c, f, indent=1)
+    return out
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, rng):
     root = tmp_path_factory.mktemp("engine-models")
@@ -115,6 +157,11 @@ def models(tmp_path_factory, rng):
     for name, k in (("swa-hash", 0), ("csa-hash", 1), ("hca-learned", 2), ("csa-learned", 3)):
         d[name] = _write_variant(base, str(root / name), layer=k)
     d["vocab8"] = _write_variant(base, str(root / "vocab8"), vocab=8, echo=True)
+    # ratios the official naming cannot give: the overlap and the indexer follow the kind
+    d["hca4"] = _write_rates_variant(base, str(root / "hca4"), [2], {"csa": 4, "hca": 4}, rng)
+    d["csa8"] = _write_rates_variant(base, str(root / "csa8"), [1], {"csa": 8, "hca": 128}, rng)
+    d["csa4-hca4"] = _write_rates_variant(base, str(root / "csa4-hca4"), [1, 2], {"csa": 4, "hca": 4}, rng)
+    d["hca2-csa2"] = _write_rates_variant(base, str(root / "hca2-csa2"), [2, 1], {"csa": 2, "hca": 2}, rng)
     return d
 
 
@@ -158,7 +205,9 @@ def check_noise_rule(name, got, r64, r16):
 # ---- logits of every position vs the reference ----------------------------------------------------
 @pytest.mark.parametrize("name,backend", [("tiny", "cpu"), ("tiny", "cpu-ref"), ("swa-hash", "cpu-ref"),
                                           ("csa-hash", "cpu-ref"), ("hca-learned", "cpu"),
-                                          ("csa-learned", "cpu-ref")])
+                                          ("csa-learned", "cpu-ref"), ("hca4", "cpu-ref"), ("csa8", "cpu-ref"),
+                                          ("hca4", "cpu"), ("csa8", "cpu"), ("csa4-hca4", "cpu"),
+                                          ("hca2-csa2", "cpu")])
 def test_logits_match_reference(models, rng, name, backend):
     """Every position of an 80-token prompt and every MTP row, against the reference (module doc for
     the rule)."""
@@ -172,7 +221,7 @@ def test_logits_match_reference(models, rng, name, backend):
     # one layer: where no FP8 code flipped upstream (position 0 sees itself only), every rounding and
     # quantization point is the reference's, so some position agrees to fp32 rounding (four layers
     # have too many quantization points for that to be sure)
-    if name != "tiny":
+    if name in ("swa-hash", "csa-hash", "hca-learned", "csa-learned", "hca4", "csa8"):
         assert err_b.min() <= 1e-5
 
 
@@ -189,14 +238,14 @@ def _parse_export(blob, cfg, n, window):
     if r:
         out["comp"] = entries(blob[off:], n // r)
         off += n // r * 584
-    if cfg.kinds[0] == "csa":
-        raw = blob[off: off + n // 4 * 68].reshape(n // 4, 68)
-        codes = np.stack([raw[:, :64] & 15, raw[:, :64] >> 4], axis=-1).reshape(n // 4, 128)
+    if cfg.kinds[0] == "csa":  # the indexer pools its layer's windows
+        raw = blob[off: off + n // r * 68].reshape(n // r, 68)
+        codes = np.stack([raw[:, :64] & 15, raw[:, :64] >> 4], axis=-1).reshape(n // r, 128)
         out["index"] = o.e2m1_decode(codes) * np.repeat(o.e8m0_decode(raw[:, 64:68]), 32, axis=1)
     return out
 
 
-@pytest.mark.parametrize("name", ["csa-hash", "hca-learned"])
+@pytest.mark.parametrize("name", ["csa-hash", "hca-learned", "hca4", "csa8"])
 def test_cache_entries_match_reference(models, rng, name):
     """The quantization-simulation points themselves: the FP8 KV rows of the window, the compressed
     entries (FP8 nope dims, UE8M0 per 64, BF16 rope dims) and the MXFP4 indexer entries of a one-layer
@@ -221,7 +270,7 @@ def test_cache_entries_match_reference(models, rng, name):
     want = {"ring": kv[-cfg.window:],
             "comp": m.compressor(p + "compressor.", cfg.ratios[0], 512, cfg.kinds[0] == "csa", x, pos, False)}
     if cfg.kinds[0] == "csa":
-        want["index"] = m.compressor(p + "indexer.compressor.", 4, 128, True, x, pos, True)
+        want["index"] = m.compressor(p + "indexer.compressor.", cfg.ratios[0], 128, True, x, pos, True)
     for k, w in want.items():
         assert got[k].shape == w.shape, k
         frac, same = np.mean(got[k] != w), np.mean(np.all(got[k] == w, axis=1))
@@ -253,11 +302,12 @@ def test_greedy_64_steps_match_reference(models, rng, name):
 
 
 # ---- self-consistency --------------------------------------------------------------------------------
-def test_prefill_equals_single_decodes(models, rng):
+@pytest.mark.parametrize("name", ["tiny", "csa4-hca4", "hca2-csa2", "csa8"])
+def test_prefill_equals_single_decodes(models, rng, name):
     """Prefill in one call, in chunks of 16 (max_batch) or 7, and 40 single-token decodes give the same
     logits, the same MTP logits and the same cache bytes (rings, compressed and indexer caches,
-    compressor states, the MTP ring)."""
-    path = models["tiny"]
+    compressor states, the MTP ring); also with CSA and HCA layers of one ratio sharing its page pool."""
+    path = models[name]
     ids = rng.integers(0, 512, 40)
     with Engine(path, max_context=128, max_batch=16, max_mtp=2, threads=1) as e:
         runs = []
@@ -293,7 +343,7 @@ def test_speculative_greedy_equals_plain(models, rng, k):
     On the tiny model drafts are rejected (rollback of every compressor state); the vocabulary-8
     model's echoing MTP gets them accepted, fully or partly (a few prompts are tried until a step
     keeps some but not all of its drafts), so the accept / bonus / partial-rollback paths all run."""
-    for name in ("tiny", "vocab8"):
+    for name in ("tiny", "vocab8", "csa8", "hca2-csa2"):  # rollback of overlapping states of ratio 8 and 2
         path, vocab = models[name], 8 if name == "vocab8" else 512
         accepted = partial = 0
         with Engine(path, max_context=256, max_batch=32, max_mtp=3, threads=1) as e:
