@@ -37,6 +37,158 @@ const char *dsv4_weight_format_name(dsv4_weight_format f)
     return "?";
 }
 
+/* ---- the keys --------------------------------------------------------------------------------
+ * One row per config.json key: its spellings in the three namings, the field it sets, its type,
+ * default and the range dsv4_config_validate checks. The parser reads every spelling, the
+ * validator names a value by its official spelling, the writer writes that spelling, and a key
+ * of no row (nor of known_ignored) draws a warning. K_OTHER rows are read by the functions named
+ * in their comments; the table still owns their names, nullability and the writer's spelling. */
+typedef enum key_type { K_INT, K_NUM, K_BOOL, K_ENUM, K_OTHER } key_type;
+
+typedef struct name_value {
+    const char *name;
+    int value; /* < 0: accepted, sets nothing */
+} name_value;
+
+enum { KF_NULLABLE = 1, /* null reads as absent (a field transformers types as optional); else null is refused */
+       KF_WRITE = 2 };  /* dsv4_config_to_json writes the official spelling (the K_OTHER rows by hand) */
+
+typedef struct cfg_key {
+    const char *name[3]; /* official root config (Hugging Face repos), reference ModelArgs, transformers; NULL: none */
+    key_type type;
+    size_t off;          /* field of dsv4_model_config; NO_FIELD: checked, nothing stored */
+    double def;          /* default of the field (every int default is exact in a double) */
+    double lo, hi;       /* range checked by dsv4_config_validate; lo > hi: checked there by hand */
+    const name_value *values; /* K_ENUM: the accepted strings; the first is the one written */
+    int n_values;
+    int flags;
+} cfg_key;
+
+#define CF(f) offsetof(dsv4_model_config, f)
+#define NO_FIELD ((size_t)-1)
+#define NO_RANGE 1, 0
+#define ALL3(n) {n, n, n}
+#define HF_TF(h, r) {h, r, h} /* transformers reads the official spelling */
+
+enum {
+    KEY_DIM, KEY_N_LAYERS, KEY_N_MTP, KEY_VOCAB, KEY_N_HEADS, KEY_N_KV_HEADS, KEY_HEAD_DIM, KEY_ROPE_DIM, KEY_Q_LORA,
+    KEY_O_GROUPS, KEY_O_LORA, KEY_WINDOW, KEY_INDEX_HEADS, KEY_INDEX_DIM, KEY_INDEX_TOPK, KEY_N_ROUTED, KEY_N_SHARED,
+    KEY_N_ACTIVATED, KEY_MOE_DIM, KEY_N_HASH, KEY_HC_MULT, KEY_HC_ITERS, KEY_MAX_POS, KEY_BOS, KEY_EOS, KEY_SCORE,
+    KEY_TOPK_METHOD, KEY_ACT, KEY_NORM_TOPK, KEY_TIE, KEY_ATTN_BIAS, KEY_ROUTE_SCALE, KEY_SWIGLU, KEY_HC_EPS, KEY_NORM_EPS,
+    KEY_ROPE_THETA, KEY_COMPRESS_THETA, KEY_ROPE_FACTOR, KEY_BETA_FAST, KEY_BETA_SLOW, KEY_ORIGINAL_SEQ_LEN,
+    KEY_ROPE_SCALING, KEY_ROPE_PARAMETERS, KEY_PARTIAL_ROTARY, KEY_COMPRESS_RATIOS, KEY_LAYER_TYPES, KEY_COMPRESS_RATES,
+    KEY_RATE_CSA, KEY_RATE_HCA, KEY_MLP_LAYER_TYPES, KEY_DTYPE, KEY_SCALE_FMT, KEY_QUANT, KEY_EXPERT_DTYPE, N_KEYS
+};
+
+static const name_value score_values[] = {{"sqrtsoftplus", DSV4_SCORE_SQRTSOFTPLUS}, {"softmax", DSV4_SCORE_SOFTMAX},
+                                          {"sigmoid", DSV4_SCORE_SIGMOID}};
+static const name_value topk_values[] = {{"noaux_tc", 0}};
+static const name_value act_values[] = {{"silu", 0}};
+static const name_value ue8m0_values[] = {{"ue8m0", 0}};
+/* the reference's weight format ("fp8", "bf16") or a torch dtype (the checkpoint's tensors tell) */
+static const name_value dtype_values[] = {{"bfloat16", -1}, {"fp8", DSV4_WFMT_FP8}, {"bf16", DSV4_WFMT_BF16},
+                                          {"float32", -1}, {"float16", -1}};
+static const name_value expert_values[] = {{"fp4", DSV4_WFMT_FP4}, {"fp8", DSV4_WFMT_FP8}, {"bf16", DSV4_WFMT_BF16}};
+#define ENUM_OF(t) t, (int)(sizeof t / sizeof t[0])
+
+static const cfg_key keys[N_KEYS] = {
+    [KEY_DIM] = {HF_TF("hidden_size", "dim"), K_INT, CF(dim), 4096, 1, 65536, NULL, 0, KF_WRITE},
+    [KEY_N_LAYERS] = {HF_TF("num_hidden_layers", "n_layers"), K_INT, CF(n_layers), 43, NO_RANGE, NULL, 0, KF_WRITE},
+    [KEY_N_MTP] = {HF_TF("num_nextn_predict_layers", "n_mtp_layers"), K_INT, CF(n_mtp_layers), 1, NO_RANGE, NULL, 0, KF_WRITE},
+    [KEY_VOCAB] = {ALL3("vocab_size"), K_INT, CF(vocab_size), 129280, 1, 1 << 24, NULL, 0, KF_WRITE},
+    [KEY_N_HEADS] = {HF_TF("num_attention_heads", "n_heads"), K_INT, CF(n_heads), 64, 1, 4096, NULL, 0, KF_WRITE},
+    [KEY_N_KV_HEADS] = {{"num_key_value_heads", NULL, "num_key_value_heads"}, K_INT, CF(n_kv_heads), 1, 1, 1, NULL, 0, KF_WRITE},
+    [KEY_HEAD_DIM] = {ALL3("head_dim"), K_INT, CF(head_dim), 512, 512, 512, NULL, 0, KF_WRITE},
+    /* transformers takes qk_rope_head_dim (legacy) or partial_rotary_factor x head_dim */
+    [KEY_ROPE_DIM] = {HF_TF("qk_rope_head_dim", "rope_head_dim"), K_INT, CF(rope_head_dim), 64, 64, 64, NULL, 0, KF_WRITE},
+    [KEY_Q_LORA] = {ALL3("q_lora_rank"), K_INT, CF(q_lora_rank), 1024, 1, 65536, NULL, 0, KF_WRITE},
+    [KEY_O_GROUPS] = {ALL3("o_groups"), K_INT, CF(o_groups), 8, 1, 4096, NULL, 0, KF_WRITE},
+    [KEY_O_LORA] = {ALL3("o_lora_rank"), K_INT, CF(o_lora_rank), 1024, 1, 65536, NULL, 0, KF_WRITE},
+    [KEY_WINDOW] = {HF_TF("sliding_window", "window_size"), K_INT, CF(window_size), 128, 1, 1 << 20, NULL, 0, KF_WRITE},
+    [KEY_INDEX_HEADS] = {ALL3("index_n_heads"), K_INT, CF(index_n_heads), 64, 1, 4096, NULL, 0, KF_WRITE},
+    [KEY_INDEX_DIM] = {ALL3("index_head_dim"), K_INT, CF(index_head_dim), 128, 64, 1024, NULL, 0, KF_WRITE},
+    [KEY_INDEX_TOPK] = {ALL3("index_topk"), K_INT, CF(index_topk), 512, 1, 1 << 24, NULL, 0, KF_WRITE},
+    [KEY_N_ROUTED] = {ALL3("n_routed_experts"), K_INT, CF(n_routed_experts), 256, 1, 4096, NULL, 0, KF_WRITE},
+    [KEY_N_SHARED] = {ALL3("n_shared_experts"), K_INT, CF(n_shared_experts), 1, 0, 1, NULL, 0, KF_WRITE},
+    [KEY_N_ACTIVATED] = {HF_TF("num_experts_per_tok", "n_activated_experts"), K_INT, CF(n_activated_experts), 6, 1, 64, NULL, 0,
+                         KF_WRITE},
+    [KEY_MOE_DIM] = {HF_TF("moe_intermediate_size", "moe_inter_dim"), K_INT, CF(moe_inter_dim), 2048, 1, 1 << 18, NULL, 0,
+                     KF_WRITE},
+    /* transformers takes num_hash_layers (legacy) or mlp_layer_types */
+    [KEY_N_HASH] = {HF_TF("num_hash_layers", "n_hash_layers"), K_INT, CF(n_hash_layers), 3, NO_RANGE, NULL, 0, KF_WRITE},
+    [KEY_HC_MULT] = {ALL3("hc_mult"), K_INT, CF(hc_mult), 4, 1, 16, NULL, 0, KF_WRITE},
+    [KEY_HC_ITERS] = {ALL3("hc_sinkhorn_iters"), K_INT, CF(hc_sinkhorn_iters), 20, 1, 10000, NULL, 0, KF_WRITE},
+    [KEY_MAX_POS] = {{"max_position_embeddings", NULL, "max_position_embeddings"}, K_INT, CF(max_position_embeddings), 1048576, 1,
+                     4294967296.0, NULL, 0, KF_WRITE},
+    [KEY_BOS] = {{"bos_token_id", NULL, "bos_token_id"}, K_INT, CF(bos_token_id), 0, NO_RANGE, NULL, 0, KF_WRITE},
+    [KEY_EOS] = {{"eos_token_id", NULL, "eos_token_id"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_WRITE}, /* parse_eos */
+    [KEY_SCORE] = {HF_TF("scoring_func", "score_func"), K_ENUM, CF(score_func), DSV4_SCORE_SQRTSOFTPLUS, NO_RANGE,
+                   ENUM_OF(score_values), KF_WRITE},
+    [KEY_TOPK_METHOD] = {{"topk_method", NULL, NULL}, K_ENUM, NO_FIELD, 0, NO_RANGE, ENUM_OF(topk_values), KF_WRITE},
+    [KEY_ACT] = {{"hidden_act", NULL, "hidden_act"}, K_ENUM, NO_FIELD, 0, NO_RANGE, ENUM_OF(act_values), KF_WRITE},
+    [KEY_NORM_TOPK] = {{"norm_topk_prob", NULL, "norm_topk_prob"}, K_BOOL, CF(norm_topk_prob), 1, NO_RANGE, NULL, 0, KF_WRITE},
+    [KEY_TIE] = {{"tie_word_embeddings", NULL, "tie_word_embeddings"}, K_BOOL, CF(tie_word_embeddings), 0, NO_RANGE, NULL, 0,
+                 KF_WRITE},
+    [KEY_ATTN_BIAS] = {{"attention_bias", NULL, "attention_bias"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_WRITE}, /* parse_doc */
+    [KEY_ROUTE_SCALE] = {HF_TF("routed_scaling_factor", "route_scale"), K_NUM, CF(route_scale), 1.5, 1e-9, 1e9, NULL, 0, KF_WRITE},
+    [KEY_SWIGLU] = {ALL3("swiglu_limit"), K_NUM, CF(swiglu_limit), 10.0, 0, 1e9, NULL, 0, KF_WRITE},
+    [KEY_HC_EPS] = {ALL3("hc_eps"), K_NUM, CF(hc_eps), 1e-6, 1e-30, 0.5, NULL, 0, KF_WRITE},
+    [KEY_NORM_EPS] = {HF_TF("rms_norm_eps", "norm_eps"), K_NUM, CF(norm_eps), 1e-6, 1e-30, 0.5, NULL, 0, KF_WRITE},
+    /* the RoPE rows are range-checked by check_rope; rope_parameters (nested) overrides them */
+    [KEY_ROPE_THETA] = {ALL3("rope_theta"), K_NUM, CF(rope_main.theta), 10000.0, NO_RANGE, NULL, 0, KF_WRITE},
+    [KEY_COMPRESS_THETA] = {ALL3("compress_rope_theta"), K_NUM, CF(rope_compress.theta), 160000.0, NO_RANGE, NULL, 0, KF_WRITE},
+    [KEY_ROPE_FACTOR] = {{NULL, "rope_factor", NULL}, K_NUM, CF(rope_compress.factor), 16.0, NO_RANGE, NULL, 0, 0},
+    [KEY_BETA_FAST] = {{NULL, "beta_fast", NULL}, K_NUM, CF(rope_compress.beta_fast), 32.0, NO_RANGE, NULL, 0, 0},
+    [KEY_BETA_SLOW] = {{NULL, "beta_slow", NULL}, K_NUM, CF(rope_compress.beta_slow), 1.0, NO_RANGE, NULL, 0, 0},
+    [KEY_ORIGINAL_SEQ_LEN] = {{NULL, "original_seq_len", NULL}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, 0}, /* parse_ropes */
+    [KEY_ROPE_SCALING] = {{"rope_scaling", NULL, NULL}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_NULLABLE | KF_WRITE},
+    [KEY_ROPE_PARAMETERS] = {{NULL, NULL, "rope_parameters"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_NULLABLE}, /* parse_ropes */
+    [KEY_PARTIAL_ROTARY] = {{NULL, NULL, "partial_rotary_factor"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_NULLABLE}, /* parse_doc */
+    [KEY_COMPRESS_RATIOS] = {{"compress_ratios", "compress_ratios", NULL}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0,
+                             KF_NULLABLE | KF_WRITE}, /* parse_attention_schedule */
+    [KEY_LAYER_TYPES] = {{NULL, NULL, "layer_types"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_NULLABLE}, /* likewise */
+    [KEY_COMPRESS_RATES] = {{NULL, NULL, "compress_rates"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_NULLABLE}, /* parse_rates */
+    [KEY_RATE_CSA] = {{NULL, NULL, "compress_rate_csa"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_NULLABLE},  /* likewise */
+    [KEY_RATE_HCA] = {{NULL, NULL, "compress_rate_hca"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_NULLABLE},  /* likewise */
+    [KEY_MLP_LAYER_TYPES] = {{NULL, NULL, "mlp_layer_types"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0, KF_NULLABLE}, /* parse_mlp_schedule */
+    [KEY_DTYPE] = {{"torch_dtype", "dtype", "dtype"}, K_ENUM, CF(weight_format), DSV4_WFMT_FP8, NO_RANGE, ENUM_OF(dtype_values),
+                   KF_WRITE},
+    [KEY_SCALE_FMT] = {{NULL, "scale_fmt", NULL}, K_ENUM, NO_FIELD, 0, NO_RANGE, ENUM_OF(ue8m0_values), 0},
+    [KEY_QUANT] = {{"quantization_config", NULL, "quantization_config"}, K_OTHER, NO_FIELD, 0, NO_RANGE, NULL, 0,
+                   KF_NULLABLE | KF_WRITE}, /* parse_quantization */
+    [KEY_EXPERT_DTYPE] = {{"expert_dtype", "expert_dtype", NULL}, K_ENUM, CF(expert_format), DSV4_WFMT_AUTO, NO_RANGE,
+                          ENUM_OF(expert_values), KF_WRITE},
+};
+
+/* Keys transformers configs (and the official ones) carry that say nothing dsv4 uses: no warning. */
+static const char *const known_ignored[] = {
+    "architectures", "model_type", "transformers_version", "_name_or_path", "auto_map", "use_cache", "initializer_range",
+    "pad_token_id", "attention_dropout", "mlp_bias", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+    "num_local_experts", "intermediate_size", "return_dict", "output_hidden_states", "output_attentions", "torchscript",
+    "use_bfloat16", "tie_encoder_decoder", "is_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id",
+    "problem_type", "tokenizer_class", "keys_to_ignore_at_inference", "max_batch_size", "max_seq_len", "ep_size",
+    "n_group", "topk_group", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "first_k_dense_replace", "moe_layer_freq",
+    "aux_loss_alpha", "seq_aux",
+};
+
+/* The spelling of row k that names it in messages and in the writer: official, else the other. */
+static const char *key_name(int k) { return keys[k].name[0] ? keys[k].name[0] : keys[k].name[1] ? keys[k].name[1] : keys[k].name[2]; }
+
+static void set_defaults(dsv4_model_config *c)
+{
+    for (int k = 0; k < N_KEYS; k++) {
+        if (keys[k].off == NO_FIELD) continue;
+        void *f = (char *)c + keys[k].off;
+        switch (keys[k].type) {
+        case K_INT: *(int64_t *)f = (int64_t)keys[k].def; break;
+        case K_NUM: *(double *)f = keys[k].def; break;
+        case K_BOOL:
+        case K_ENUM: *(int *)f = (int)keys[k].def; break;
+        case K_OTHER: break;
+        }
+    }
+}
+
 /* The official naming's rule (OF model.py): ratio 0 SWA, 4 CSA (overlapping + indexer), else HCA. */
 static dsv4_attn_kind kind_of_ratio(int r) { return r == 0 ? DSV4_ATTN_SWA : r == 4 ? DSV4_ATTN_CSA : DSV4_ATTN_HCA; }
 
@@ -59,44 +211,13 @@ static void hash_prefix(dsv4_model_config *c)
 void dsv4_config_default(dsv4_model_config *c)
 {
     memset(c, 0, sizeof *c);
-    c->dim = 4096;
-    c->n_layers = 43;
-    c->n_mtp_layers = 1;
-    c->vocab_size = 129280;
-    c->n_heads = 64;
-    c->n_kv_heads = 1;
-    c->head_dim = 512;
-    c->rope_head_dim = 64;
-    c->nope_head_dim = 448;
-    c->q_lora_rank = 1024;
-    c->o_groups = 8;
-    c->o_lora_rank = 1024;
-    c->window_size = 128;
-    c->index_n_heads = 64;
-    c->index_head_dim = 128;
-    c->index_topk = 512;
-    c->n_routed_experts = 256;
-    c->n_shared_experts = 1;
-    c->n_activated_experts = 6;
-    c->moe_inter_dim = 2048;
-    c->n_hash_layers = 3;
-    c->score_func = DSV4_SCORE_SQRTSOFTPLUS;
-    c->norm_topk_prob = 1;
-    c->route_scale = 1.5;
-    c->swiglu_limit = 10.0;
-    c->hc_mult = 4;
-    c->hc_sinkhorn_iters = 20;
-    c->hc_eps = 1e-6;
-    c->norm_eps = 1e-6;
-    c->rope_main = (dsv4_rope_config){10000.0, 0, 1.0, 0, 32.0, 1.0, 1.0};
-    c->rope_compress = (dsv4_rope_config){160000.0, 1, 16.0, 65536, 32.0, 1.0, 1.0};
-    c->max_position_embeddings = 1048576;
-    c->bos_token_id = 0;
+    set_defaults(c); /* the table's fields; the rest: */
+    c->nope_head_dim = c->head_dim - c->rope_head_dim;
+    c->rope_main = (dsv4_rope_config){c->rope_main.theta, 0, 1.0, 0, 32.0, 1.0, 1.0};
+    c->rope_compress = (dsv4_rope_config){c->rope_compress.theta, 1, c->rope_compress.factor, 65536,
+                                          c->rope_compress.beta_fast, c->rope_compress.beta_slow, 1.0};
     c->n_eos = 1;
     c->eos_token_ids[0] = 1;
-    c->tie_word_embeddings = 0;
-    c->weight_format = DSV4_WFMT_FP8;
-    c->expert_format = DSV4_WFMT_AUTO;
     default_schedule(c);
     hash_prefix(c);
     snprintf(c->naming, sizeof c->naming, "hf");
@@ -146,6 +267,8 @@ typedef struct cfg_parser {
     char key_buf[640][40];
     int tf_ratio[DSV4_MAX_LAYERS]; /* transformers' default schedule (parse_attention_schedule) */
     uint8_t tf_kind[DSV4_MAX_LAYERS];
+    dsv4_rope_config nested[2];    /* rope_parameters.main / .compress as read */
+    double rope_prf[2];            /* their partial_rotary_factor (0: none) */
 } cfg_parser;
 
 /* Record that `key` sets `target`; if another key set it to a different value, fail. */
@@ -238,121 +361,66 @@ static dsv4_status get_str(const cfg_parser *p, uint32_t v, const char *key, con
     return DSV4_OK;
 }
 
-/* Member of object `obj`; null counts as absent. */
+/* Member of object `obj`; null counts as absent (top-level nulls are checked first: check_keys). */
 static uint32_t member(const cfg_parser *p, uint32_t obj, const char *key)
 {
     uint32_t v = mj_get(p->d, obj, key);
     return v != MJ_NONE && p->d->nodes[v].type == MJ_NULL ? MJ_NONE : v;
 }
 
-typedef enum key_type { K_INT, K_NUM, K_BOOL } key_type;
-
-typedef struct cfg_key {
-    const char *key;
-    size_t off;
-    key_type type;
-} cfg_key;
-
-#define CF(f) offsetof(dsv4_model_config, f)
-
-/* Scalar keys of every naming; two keys of one field must agree (claim). */
-static const cfg_key scalar_keys[] = {
-    {"hidden_size", CF(dim), K_INT}, {"dim", CF(dim), K_INT},
-    {"num_hidden_layers", CF(n_layers), K_INT}, {"n_layers", CF(n_layers), K_INT},
-    {"num_nextn_predict_layers", CF(n_mtp_layers), K_INT}, {"n_mtp_layers", CF(n_mtp_layers), K_INT},
-    {"vocab_size", CF(vocab_size), K_INT},
-    {"num_attention_heads", CF(n_heads), K_INT}, {"n_heads", CF(n_heads), K_INT},
-    {"num_key_value_heads", CF(n_kv_heads), K_INT},
-    {"head_dim", CF(head_dim), K_INT},
-    {"qk_rope_head_dim", CF(rope_head_dim), K_INT}, {"rope_head_dim", CF(rope_head_dim), K_INT},
-    {"q_lora_rank", CF(q_lora_rank), K_INT},
-    {"o_groups", CF(o_groups), K_INT},
-    {"o_lora_rank", CF(o_lora_rank), K_INT},
-    {"sliding_window", CF(window_size), K_INT}, {"window_size", CF(window_size), K_INT},
-    {"index_n_heads", CF(index_n_heads), K_INT},
-    {"index_head_dim", CF(index_head_dim), K_INT},
-    {"index_topk", CF(index_topk), K_INT},
-    {"n_routed_experts", CF(n_routed_experts), K_INT},
-    {"n_shared_experts", CF(n_shared_experts), K_INT},
-    {"num_experts_per_tok", CF(n_activated_experts), K_INT}, {"n_activated_experts", CF(n_activated_experts), K_INT},
-    {"moe_intermediate_size", CF(moe_inter_dim), K_INT}, {"moe_inter_dim", CF(moe_inter_dim), K_INT},
-    {"num_hash_layers", CF(n_hash_layers), K_INT}, {"n_hash_layers", CF(n_hash_layers), K_INT},
-    {"hc_mult", CF(hc_mult), K_INT},
-    {"hc_sinkhorn_iters", CF(hc_sinkhorn_iters), K_INT},
-    {"max_position_embeddings", CF(max_position_embeddings), K_INT},
-    {"bos_token_id", CF(bos_token_id), K_INT},
-    {"routed_scaling_factor", CF(route_scale), K_NUM}, {"route_scale", CF(route_scale), K_NUM},
-    {"swiglu_limit", CF(swiglu_limit), K_NUM},
-    {"hc_eps", CF(hc_eps), K_NUM},
-    {"rms_norm_eps", CF(norm_eps), K_NUM}, {"norm_eps", CF(norm_eps), K_NUM},
-    {"rope_theta", CF(rope_main.theta), K_NUM},
-    {"compress_rope_theta", CF(rope_compress.theta), K_NUM},
-    {"rope_factor", CF(rope_compress.factor), K_NUM},
-    {"beta_fast", CF(rope_compress.beta_fast), K_NUM},
-    {"beta_slow", CF(rope_compress.beta_slow), K_NUM},
-    {"norm_topk_prob", CF(norm_topk_prob), K_BOOL},
-    {"tie_word_embeddings", CF(tie_word_embeddings), K_BOOL},
-};
-
-static dsv4_status parse_scalars(cfg_parser *p)
+/* The value of row k: its first spelling present (parse_keys reads and compares every spelling
+ * of the field rows; the K_OTHER rows have one spelling per naming, and at most one given). */
+static uint32_t key_value(const cfg_parser *p, int k)
 {
-    char *base = (char *)p->c;
-    for (size_t i = 0; i < sizeof scalar_keys / sizeof scalar_keys[0]; i++) {
-        const cfg_key *k = &scalar_keys[i];
-        uint32_t v = member(p, 0, k->key);
-        if (v == MJ_NONE) continue;
-        int64_t xi = 0;
-        double xd = 0;
-        int xb = 0;
-        switch (k->type) {
-        case K_INT:
-            DSV4_TRY(get_int(p, v, k->key, &xi));
-            DSV4_TRY(set_i64(p, (int64_t *)(base + k->off), xi, k->key));
-            break;
-        case K_NUM:
-            DSV4_TRY(get_num(p, v, k->key, &xd));
-            DSV4_TRY(set_f64(p, (double *)(base + k->off), xd, k->key));
-            break;
-        case K_BOOL:
-            DSV4_TRY(get_bool(p, v, k->key, &xb));
-            DSV4_TRY(set_int(p, (int *)(base + k->off), xb, k->key));
-            break;
-        }
+    for (int s = 0; s < 3; s++) {
+        uint32_t v = keys[k].name[s] ? member(p, 0, keys[k].name[s]) : MJ_NONE;
+        if (v != MJ_NONE) return v;
     }
-    uint32_t v = member(p, 0, "original_seq_len"); /* reference naming: 0 = no YaRN */
-    if (v != MJ_NONE) {
-        int64_t x = 0;
-        DSV4_TRY(get_int(p, v, "original_seq_len", &x));
-        DSV4_TRY(set_i64(p, &p->c->rope_compress.original_max_position, x, "original_seq_len"));
-        DSV4_TRY(set_int(p, &p->c->rope_compress.yarn, x > 0, "original_seq_len"));
-    }
-    if ((v = member(p, 0, "attention_bias")) != MJ_NONE) {
-        int b = 0;
-        DSV4_TRY(get_bool(p, v, "attention_bias", &b));
-        if (b) return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: attention_bias = true: DeepSeek-V4 has no attention biases", p->src);
-    }
-    if ((v = member(p, 0, "eos_token_id")) != MJ_NONE) {
-        const mj_node *n = &p->d->nodes[v];
-        if (n->type == MJ_ARRAY) {
-            if (n->count == 0 || n->count > DSV4_MAX_EOS)
-                return dsv4_fail(DSV4_ERR_FORMAT, "%s: eos_token_id has %u entries (1 to %d allowed)", p->src, n->count, DSV4_MAX_EOS);
-            for (uint32_t i = 0, e = v + 1; i < n->count; i++, e = p->d->nodes[e].end)
-                DSV4_TRY(get_int(p, e, "eos_token_id", &p->c->eos_token_ids[i]));
-            p->c->n_eos = (int)n->count;
+    return MJ_NONE;
+}
+
+/* The row spelled `key`, or -1. */
+static int key_row(const char *key)
+{
+    for (int k = 0; k < N_KEYS; k++)
+        for (int s = 0; s < 3; s++)
+            if (keys[k].name[s] && !strcmp(keys[k].name[s], key)) return k;
+    return -1;
+}
+
+/* Every top-level key: null only where the row allows it (null never means the default), and a
+ * warning on stderr for a key of no row that is not known to be ignorable. Also notes the
+ * naming: *reference / *transformers = a spelling only that naming has is present. */
+static dsv4_status check_keys(const cfg_parser *p, int *reference, int *transformers)
+{
+    const mj_doc *d = p->d;
+    *reference = *transformers = 0;
+    for (uint32_t i = 1, n = 0; n < d->nodes[0].count; n++) {
+        uint32_t v = d->nodes[i].end;
+        const char *key = mj_str(d, i);
+        char q[64];
+        mj_quote(key, d->nodes[i].count, q, sizeof q);
+        int k = key_row(key);
+        if (k >= 0) {
+            if (d->nodes[v].type == MJ_NULL && !(keys[k].flags & KF_NULLABLE))
+                return dsv4_fail(DSV4_ERR_FORMAT, "%s: \"%s\" is null; give a value or leave the key out (null is not the default)",
+                                 p->src, q);
+            int hf = keys[k].name[0] && !strcmp(keys[k].name[0], key), tf = keys[k].name[2] && !strcmp(keys[k].name[2], key);
+            int ref = keys[k].name[1] && !strcmp(keys[k].name[1], key);
+            int given = d->nodes[v].type != MJ_NULL;
+            *reference |= given && ref && !hf && !tf;
+            *transformers |= given && tf && !hf && !ref;
         } else {
-            DSV4_TRY(get_int(p, v, "eos_token_id", &p->c->eos_token_ids[0]));
-            p->c->n_eos = 1;
+            size_t j = 0, n_ign = sizeof known_ignored / sizeof known_ignored[0];
+            while (j < n_ign && strcmp(known_ignored[j], key)) j++;
+            if (j == n_ign && !d->nodes[i].has_nul) fprintf(stderr, "dsv4: %s: unknown config key \"%s\" ignored\n", p->src, q);
         }
+        i = d->nodes[v].end;
     }
     return DSV4_OK;
 }
 
-typedef struct name_value {
-    const char *name;
-    int value;
-} name_value;
-
-/* The value of string key `key` among `table`; absent keys leave *out alone. */
+/* The value of string `key` among `table`; absent keys leave *out alone. */
 static dsv4_status parse_enum(cfg_parser *p, uint32_t obj, const char *key, const name_value *table, int n, int *out,
                               int *present)
 {
@@ -371,49 +439,80 @@ static dsv4_status parse_enum(cfg_parser *p, uint32_t obj, const char *key, cons
     return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s = \"%s\" is not supported", p->src, key, q);
 }
 
-static dsv4_status parse_strings(cfg_parser *p)
+/* Every spelling of every field row (two spellings of one field must agree). */
+static dsv4_status parse_keys(cfg_parser *p)
 {
-    dsv4_model_config *c = p->c;
-    static const name_value score[] = {{"sqrtsoftplus", DSV4_SCORE_SQRTSOFTPLUS}, {"softmax", DSV4_SCORE_SOFTMAX},
-                                       {"sigmoid", DSV4_SCORE_SIGMOID}};
-    int sf = (int)c->score_func, present, ignored = 0;
-    DSV4_TRY(parse_enum(p, 0, "scoring_func", score, 3, &sf, &present));
-    if (present) DSV4_TRY(set_int(p, (int *)&c->score_func, sf, "scoring_func"));
-    DSV4_TRY(parse_enum(p, 0, "score_func", score, 3, &sf, &present));
-    if (present) DSV4_TRY(set_int(p, (int *)&c->score_func, sf, "score_func"));
-    static const name_value act[] = {{"silu", 0}};
-    DSV4_TRY(parse_enum(p, 0, "hidden_act", act, 1, &ignored, NULL));
-    static const name_value topk[] = {{"noaux_tc", 0}};
-    DSV4_TRY(parse_enum(p, 0, "topk_method", topk, 1, &ignored, NULL));
-    static const name_value ue8m0[] = {{"ue8m0", 0}};
-    DSV4_TRY(parse_enum(p, 0, "scale_fmt", ue8m0, 1, &ignored, NULL));
-    /* "dtype": the reference's weight format ("fp8", "bf16") or transformers' torch dtype */
-    static const name_value dtype[] = {{"fp8", DSV4_WFMT_FP8}, {"bf16", DSV4_WFMT_BF16}, {"bfloat16", -1},
-                                       {"float32", -1}, {"float16", -1}};
-    int wf = -1;
-    DSV4_TRY(parse_enum(p, 0, "dtype", dtype, 5, &wf, NULL));
-    if (wf >= 0) DSV4_TRY(set_int(p, (int *)&c->weight_format, wf, "dtype"));
-    static const name_value expert[] = {{"fp4", DSV4_WFMT_FP4}, {"fp8", DSV4_WFMT_FP8}, {"bf16", DSV4_WFMT_BF16}};
-    int ef = DSV4_WFMT_AUTO;
-    DSV4_TRY(parse_enum(p, 0, "expert_dtype", expert, 3, &ef, &present));
-    if (present) DSV4_TRY(set_int(p, (int *)&c->expert_format, ef, "expert_dtype"));
+    char *base = (char *)p->c;
+    for (int k = 0; k < N_KEYS; k++) {
+        const cfg_key *r = &keys[k];
+        for (int s = 0; s < 3; s++) {
+            const char *key = r->name[s];
+            if (!key || (s && r->name[0] && !strcmp(key, r->name[0])) || (s == 2 && r->name[1] && !strcmp(key, r->name[1])))
+                continue; /* a spelling already read */
+            uint32_t v = member(p, 0, key);
+            if (v == MJ_NONE || r->type == K_OTHER) continue;
+            void *f = r->off == NO_FIELD ? NULL : base + r->off;
+            int64_t xi = 0;
+            double xd = 0;
+            int xb = 0;
+            switch (r->type) {
+            case K_INT:
+                DSV4_TRY(get_int(p, v, key, &xi));
+                DSV4_TRY(set_i64(p, f, xi, key));
+                break;
+            case K_NUM:
+                DSV4_TRY(get_num(p, v, key, &xd));
+                DSV4_TRY(set_f64(p, f, xd, key));
+                break;
+            case K_BOOL:
+                DSV4_TRY(get_bool(p, v, key, &xb));
+                DSV4_TRY(set_int(p, f, xb, key));
+                break;
+            case K_ENUM:
+                xb = -1;
+                DSV4_TRY(parse_enum(p, 0, key, r->values, r->n_values, &xb, NULL));
+                if (f && xb >= 0) DSV4_TRY(set_int(p, f, xb, key));
+                break;
+            case K_OTHER: break;
+            }
+        }
+    }
+    return DSV4_OK;
+}
+
+static dsv4_status parse_eos(cfg_parser *p)
+{
+    const char *key = key_name(KEY_EOS);
+    uint32_t v = key_value(p, KEY_EOS);
+    if (v == MJ_NONE) return DSV4_OK;
+    const mj_node *n = &p->d->nodes[v];
+    if (n->type == MJ_ARRAY) {
+        if (n->count == 0 || n->count > DSV4_MAX_EOS)
+            return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s has %u entries (1 to %d allowed)", p->src, key, n->count, DSV4_MAX_EOS);
+        for (uint32_t i = 0, e = v + 1; i < n->count; i++, e = p->d->nodes[e].end)
+            DSV4_TRY(get_int(p, e, key, &p->c->eos_token_ids[i]));
+        p->c->n_eos = (int)n->count;
+    } else {
+        DSV4_TRY(get_int(p, v, key, &p->c->eos_token_ids[0]));
+        p->c->n_eos = 1;
+    }
     return DSV4_OK;
 }
 
 static dsv4_status parse_quantization(cfg_parser *p)
 {
-    uint32_t q = member(p, 0, "quantization_config");
+    const char *key = key_name(KEY_QUANT);
+    uint32_t q = key_value(p, KEY_QUANT);
     if (q == MJ_NONE) return DSV4_OK;
-    if (p->d->nodes[q].type != MJ_OBJECT) return type_error(p, "quantization_config", "an object", q);
+    if (p->d->nodes[q].type != MJ_OBJECT) return type_error(p, key, "an object", q);
     static const name_value method[] = {{"fp8", 0}};
     static const name_value fmt[] = {{"e4m3", 0}};
-    static const name_value scale[] = {{"ue8m0", 0}};
     static const name_value act[] = {{"dynamic", 0}};
     int ignored = 0, present;
     DSV4_TRY(parse_enum(p, q, "quant_method", method, 1, &ignored, &present));
-    if (!present) return dsv4_fail(DSV4_ERR_FORMAT, "%s: quantization_config has no quant_method", p->src);
+    if (!present) return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s has no quant_method", p->src, key);
     DSV4_TRY(parse_enum(p, q, "fmt", fmt, 1, &ignored, NULL));
-    DSV4_TRY(parse_enum(p, q, "scale_fmt", scale, 1, &ignored, NULL));
+    DSV4_TRY(parse_enum(p, q, "scale_fmt", ue8m0_values, 1, &ignored, NULL));
     DSV4_TRY(parse_enum(p, q, "activation_scheme", act, 1, &ignored, NULL));
     uint32_t b = member(p, q, "weight_block_size");
     if (b != MJ_NONE) {
@@ -426,11 +525,14 @@ static dsv4_status parse_quantization(cfg_parser *p)
             return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: weight_block_size [%lld, %lld]: only 128x128 blocks are supported",
                              p->src, (long long)x0, (long long)x1);
     }
-    return set_int(p, (int *)&p->c->weight_format, DSV4_WFMT_FP8, "quantization_config");
+    return set_int(p, (int *)&p->c->weight_format, DSV4_WFMT_FP8, key);
 }
 
-/* One rope description: transformers' rope_parameters entry or the official rope_scaling. */
-static dsv4_status parse_rope(cfg_parser *p, uint32_t r, const char *key, dsv4_rope_config *rc, int with_theta)
+/* One rope description: an entry of transformers' rope_parameters (nested: with its own
+ * rope_theta and partial_rotary_factor) or the official rope_scaling / a flat rope_parameters
+ * (YaRN numbers only). A YaRN entry of rope_parameters without attention_factor gets
+ * transformers' default, 0.1 ln(factor) + 1 (factor > 1). */
+static dsv4_status parse_rope(cfg_parser *p, uint32_t r, const char *key, dsv4_rope_config *rc, int nested, double *prf)
 {
     if (p->d->nodes[r].type != MJ_OBJECT) return type_error(p, key, "an object", r);
     static const name_value types[] = {{"yarn", 1}, {"default", 0}};
@@ -441,6 +543,10 @@ static dsv4_status parse_rope(cfg_parser *p, uint32_t r, const char *key, dsv4_r
         return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s has rope_type and type that disagree", p->src, key);
     if (yarn < 0) yarn = other;
     if (yarn >= 0) DSV4_TRY(set_int(p, &rc->yarn, yarn, key));
+    if (!nested && member(p, r, "rope_theta") != MJ_NONE)
+        return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s.rope_theta: a flat %s holds YaRN numbers only (the bases are rope_theta and "
+                         "compress_rope_theta; transformers ignores this one); nest it as {\"main\": ..., \"compress\": ...}",
+                         p->src, key, key);
     static const struct {
         const char *k;
         size_t off;
@@ -449,34 +555,61 @@ static dsv4_status parse_rope(cfg_parser *p, uint32_t r, const char *key, dsv4_r
                 {"beta_fast", offsetof(dsv4_rope_config, beta_fast)},
                 {"beta_slow", offsetof(dsv4_rope_config, beta_slow)},
                 {"attention_factor", offsetof(dsv4_rope_config, attention_factor)}};
-    for (size_t i = with_theta ? 0 : 1; i < sizeof nums / sizeof nums[0]; i++) {
+    for (size_t i = nested ? 0 : 1; i < sizeof nums / sizeof nums[0]; i++) {
         uint32_t v = member(p, r, nums[i].k);
         double x = 0;
         if (v == MJ_NONE) continue;
         DSV4_TRY(get_num(p, v, nums[i].k, &x));
         DSV4_TRY(set_f64(p, (double *)((char *)rc + nums[i].off), x, key));
     }
+    if (nested && member(p, r, "rope_theta") == MJ_NONE)
+        return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s has no rope_theta", p->src, key);
+    if (nested && rc->yarn && member(p, r, "attention_factor") == MJ_NONE)
+        rc->attention_factor = rc->factor > 1 ? 0.1 * log(rc->factor) + 1.0 : 1.0;
     uint32_t v = member(p, r, "original_max_position_embeddings");
     if (v != MJ_NONE) {
         int64_t x = 0;
         DSV4_TRY(get_int(p, v, "original_max_position_embeddings", &x));
         DSV4_TRY(set_i64(p, &rc->original_max_position, x, key));
     }
+    if (nested && (v = member(p, r, "partial_rotary_factor")) != MJ_NONE) {
+        DSV4_TRY(get_num(p, v, "partial_rotary_factor", prf));
+        if (!(*prf > 0)) return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s.partial_rotary_factor %g is not positive", p->src, key, *prf);
+    }
     return DSV4_OK;
 }
 
+/* The two ropes. transformers' rope_parameters {"main": ..., "compress": ...} (both entries)
+ * override rope_theta, compress_rope_theta, rope_scaling and the reference's YaRN keys, which it
+ * then ignores; a flat rope_parameters is compress's YaRN numbers, like rope_scaling. */
 static dsv4_status parse_ropes(cfg_parser *p)
 {
-    uint32_t v = member(p, 0, "rope_scaling");
-    if (v != MJ_NONE) DSV4_TRY(parse_rope(p, v, "rope_scaling", &p->c->rope_compress, 0));
-    uint32_t rp = member(p, 0, "rope_parameters");
+    dsv4_model_config *c = p->c;
+    uint32_t v = key_value(p, KEY_ORIGINAL_SEQ_LEN); /* reference naming: 0 = no YaRN */
+    if (v != MJ_NONE) {
+        const char *key = key_name(KEY_ORIGINAL_SEQ_LEN);
+        int64_t x = 0;
+        DSV4_TRY(get_int(p, v, key, &x));
+        DSV4_TRY(set_i64(p, &c->rope_compress.original_max_position, x, key));
+        DSV4_TRY(set_int(p, &c->rope_compress.yarn, x > 0, key));
+    }
+    if ((v = key_value(p, KEY_ROPE_SCALING)) != MJ_NONE)
+        DSV4_TRY(parse_rope(p, v, key_name(KEY_ROPE_SCALING), &c->rope_compress, 0, NULL));
+    uint32_t rp = key_value(p, KEY_ROPE_PARAMETERS);
     if (rp == MJ_NONE) return DSV4_OK;
-    if (p->d->nodes[rp].type != MJ_OBJECT) return type_error(p, "rope_parameters", "an object", rp);
+    const char *key = key_name(KEY_ROPE_PARAMETERS);
+    if (p->d->nodes[rp].type != MJ_OBJECT) return type_error(p, key, "an object", rp);
     uint32_t main = member(p, rp, "main"), comp = member(p, rp, "compress");
-    if (main == MJ_NONE && comp == MJ_NONE)
-        return dsv4_fail(DSV4_ERR_FORMAT, "%s: rope_parameters needs \"main\" and/or \"compress\" entries", p->src);
-    if (main != MJ_NONE) DSV4_TRY(parse_rope(p, main, "rope_parameters.main", &p->c->rope_main, 1));
-    if (comp != MJ_NONE) DSV4_TRY(parse_rope(p, comp, "rope_parameters.compress", &p->c->rope_compress, 1));
+    if (main == MJ_NONE && comp == MJ_NONE) return parse_rope(p, rp, key, &c->rope_compress, 0, NULL);
+    if (main == MJ_NONE || comp == MJ_NONE)
+        return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s has \"%s\" but no \"%s\" entry (transformers ignores a lone entry); give both",
+                         p->src, key, main != MJ_NONE ? "main" : "compress", main != MJ_NONE ? "compress" : "main");
+    static const dsv4_rope_config plain = {10000.0, 0, 1.0, 0, 32.0, 1.0, 1.0};
+    p->nested[0] = p->nested[1] = plain;
+    DSV4_TRY(parse_rope(p, main, "rope_parameters.main", &p->nested[0], 1, &p->rope_prf[0]));
+    DSV4_TRY(parse_rope(p, comp, "rope_parameters.compress", &p->nested[1], 1, &p->rope_prf[1]));
+    c->rope_main = p->nested[0];
+    c->rope_compress = p->nested[1];
     return DSV4_OK;
 }
 
@@ -515,20 +648,20 @@ static dsv4_status parse_rates(cfg_parser *p, int64_t rate[3], int *have)
 {
     rate[DSV4_ATTN_SWA] = 0, rate[DSV4_ATTN_CSA] = 4, rate[DSV4_ATTN_HCA] = 128;
     *have = 0;
-    uint32_t rates = member(p, 0, "compress_rates");
+    uint32_t rates = key_value(p, KEY_COMPRESS_RATES);
     if (rates != MJ_NONE) {
-        if (p->d->nodes[rates].type != MJ_OBJECT) return type_error(p, "compress_rates", "an object", rates);
+        if (p->d->nodes[rates].type != MJ_OBJECT) return type_error(p, key_name(KEY_COMPRESS_RATES), "an object", rates);
         *have = 1;
         for (int k = DSV4_ATTN_CSA; k <= DSV4_ATTN_HCA; k++) {
             uint32_t x = member(p, rates, layer_type_names[k]);
             if (x != MJ_NONE) DSV4_TRY(get_int(p, x, layer_type_names[k], &rate[k]));
         }
     }
-    static const char *const legacy[3] = {NULL, "compress_rate_csa", "compress_rate_hca"};
+    static const int legacy[3] = {-1, KEY_RATE_CSA, KEY_RATE_HCA};
     for (int k = DSV4_ATTN_CSA; k <= DSV4_ATTN_HCA; k++) {
-        uint32_t x = member(p, 0, legacy[k]);
+        uint32_t x = key_value(p, legacy[k]);
         if (x == MJ_NONE) continue;
-        DSV4_TRY(get_int(p, x, legacy[k], &rate[k]));
+        DSV4_TRY(get_int(p, x, key_name(legacy[k]), &rate[k]));
         *have = 1;
     }
     for (int k = DSV4_ATTN_CSA; k <= DSV4_ATTN_HCA; k++)
@@ -553,46 +686,47 @@ static dsv4_status parse_attention_schedule(cfg_parser *p, int *transformers_def
     int64_t rate[3];
     int have_rates;
     DSV4_TRY(parse_rates(p, rate, &have_rates));
-    uint32_t lt = member(p, 0, "layer_types"), cr = member(p, 0, "compress_ratios");
+    uint32_t lt = key_value(p, KEY_LAYER_TYPES), cr = key_value(p, KEY_COMPRESS_RATIOS);
+    const char *lt_key = key_name(KEY_LAYER_TYPES), *cr_key = key_name(KEY_COMPRESS_RATIOS);
     *transformers_default = lt == MJ_NONE && cr == MJ_NONE;
     if (cr != MJ_NONE) {
-        DSV4_TRY(check_array(p, cr, "compress_ratios", nl, nl + extra));
+        DSV4_TRY(check_array(p, cr, cr_key, nl, nl + extra));
         uint32_t e = cr + 1;
         for (int64_t i = 0; i < (int64_t)p->d->nodes[cr].count && i < nb; i++, e = p->d->nodes[e].end) {
             int64_t r = 0;
-            DSV4_TRY(get_int(p, e, "compress_ratios", &r));
+            DSV4_TRY(get_int(p, e, cr_key, &r));
             if (r == 1) r = 0; /* vLLM-style configs write 1 for "no compression" */
             if (r < 0 || r > 65536)
-                return dsv4_fail(DSV4_ERR_FORMAT, "%s: compress_ratios[%lld] = %lld is not a compression ratio (0, or 2 to 65536)",
-                                 p->src, (long long)i, (long long)r);
+                return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s[%lld] = %lld is not a compression ratio (0, or 2 to 65536)", p->src,
+                                 cr_key, (long long)i, (long long)r);
             dsv4_attn_kind k = kind_of_ratio((int)r);
             if (have_rates && r != 0 && r != 4 && r != 128)
-                return dsv4_fail(DSV4_ERR_FORMAT, "%s: compress_ratios[%lld] = %lld: with compress_rates given, compress_ratios "
-                                 "only names each layer's kind (0 SWA, 4 CSA, 128 HCA), as transformers reads it",
-                                 p->src, (long long)i, (long long)r);
+                return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s[%lld] = %lld: with %s given, %s only names each layer's kind "
+                                 "(0 SWA, 4 CSA, 128 HCA), as transformers reads it", p->src, cr_key, (long long)i,
+                                 (long long)r, key_name(KEY_COMPRESS_RATES), cr_key);
             if (have_rates) r = rate[k];
-            if (lt == MJ_NONE || !have_rates) DSV4_TRY(set_layer(p, i, (int)r, k, "compress_ratios"));
+            if (lt == MJ_NONE || !have_rates) DSV4_TRY(set_layer(p, i, (int)r, k, cr_key));
             else c->attn_kind[i] = (uint8_t)k; /* compared with layer_types below */
         }
     }
     if (lt != MJ_NONE) {
-        DSV4_TRY(check_array(p, lt, "layer_types", nl, 0));
+        DSV4_TRY(check_array(p, lt, lt_key, nl, 0));
         uint32_t e = lt + 1;
         for (int64_t i = 0; i < (int64_t)p->d->nodes[lt].count && i < nb; i++, e = p->d->nodes[e].end) {
             const char *s = NULL;
-            DSV4_TRY(get_str(p, e, "layer_types", &s));
+            DSV4_TRY(get_str(p, e, lt_key, &s));
             int k = 0;
             while (k < 3 && strcmp(s, layer_type_names[k])) k++;
             if (k == 3) {
                 char q[64];
                 mj_quote(s, strlen(s), q, sizeof q);
-                return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: layer_types[%lld] = \"%s\" is not a DeepSeek-V4 attention type",
-                                 p->src, (long long)i, q);
+                return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s[%lld] = \"%s\" is not a DeepSeek-V4 attention type", p->src,
+                                 lt_key, (long long)i, q);
             }
             if (cr != MJ_NONE && have_rates && i < (int64_t)p->d->nodes[cr].count && c->attn_kind[i] != k)
-                return dsv4_fail(DSV4_ERR_FORMAT, "%s: layer_types[%lld] disagrees with compress_ratios[%lld] (layer %lld)",
-                                 p->src, (long long)i, (long long)i, (long long)i);
-            DSV4_TRY(set_layer(p, i, (int)rate[k], (dsv4_attn_kind)k, "layer_types"));
+                return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s[%lld] disagrees with %s[%lld] (layer %lld)", p->src, lt_key,
+                                 (long long)i, cr_key, (long long)i, (long long)i);
+            DSV4_TRY(set_layer(p, i, (int)rate[k], (dsv4_attn_kind)k, lt_key));
         }
     }
     if (*transformers_default) /* kept for the caller: only a transformers-named config takes its default */
@@ -609,34 +743,43 @@ static dsv4_status parse_mlp_schedule(cfg_parser *p)
 {
     dsv4_model_config *c = p->c;
     const int64_t nl = c->n_layers;
-    uint32_t v = member(p, 0, "mlp_layer_types");
+    const char *key = key_name(KEY_MLP_LAYER_TYPES);
+    uint32_t v = key_value(p, KEY_MLP_LAYER_TYPES);
     if (v == MJ_NONE) return DSV4_OK;
-    DSV4_TRY(check_array(p, v, "mlp_layer_types", nl, 0));
+    DSV4_TRY(check_array(p, v, key, nl, 0));
     int64_t n_hash = 0;
     uint32_t e = v + 1;
     for (int64_t i = 0; i < nl; i++, e = p->d->nodes[e].end) {
         const char *s = NULL;
-        DSV4_TRY(get_str(p, e, "mlp_layer_types", &s));
+        DSV4_TRY(get_str(p, e, key, &s));
         if (strcmp(s, "hash_moe") && strcmp(s, "moe")) {
             char q[64];
             mj_quote(s, strlen(s), q, sizeof q);
-            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: mlp_layer_types[%lld] = \"%s\" is not supported (hash_moe or moe)",
-                             p->src, (long long)i, q);
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s[%lld] = \"%s\" is not supported (hash_moe or moe)", p->src, key,
+                             (long long)i, q);
         }
         c->hash_routed[i] = (uint8_t)(s[0] == 'h');
         n_hash += c->hash_routed[i];
     }
-    DSV4_TRY(set_i64(p, &c->n_hash_layers, n_hash, "mlp_layer_types"));
-    return claim(p, c->hash_routed, "mlp_layer_types", 0);
+    DSV4_TRY(set_i64(p, &c->n_hash_layers, n_hash, key));
+    return claim(p, c->hash_routed, key, 0);
 }
 
 static dsv4_status parse_doc(cfg_parser *p)
 {
     dsv4_model_config *c = p->c;
     if (p->d->nodes[0].type != MJ_OBJECT) return dsv4_fail(DSV4_ERR_FORMAT, "%s: config must be a JSON object", p->src);
+    int reference, transformers;
+    DSV4_TRY(check_keys(p, &reference, &transformers));
     int64_t default_layers = c->n_layers;
-    DSV4_TRY(parse_scalars(p));
-    DSV4_TRY(parse_strings(p));
+    DSV4_TRY(parse_keys(p));
+    DSV4_TRY(parse_eos(p));
+    uint32_t v = key_value(p, KEY_ATTN_BIAS);
+    if (v != MJ_NONE) {
+        int b = 0;
+        DSV4_TRY(get_bool(p, v, key_name(KEY_ATTN_BIAS), &b));
+        if (b) return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s = true: DeepSeek-V4 has no attention biases", p->src, key_name(KEY_ATTN_BIAS));
+    }
     DSV4_TRY(parse_quantization(p));
     DSV4_TRY(parse_ropes(p));
     /* everything below depends on n_layers: bound it before using it as an array size */
@@ -648,10 +791,6 @@ static dsv4_status parse_doc(cfg_parser *p)
     int no_schedule;
     DSV4_TRY(parse_attention_schedule(p, &no_schedule));
     DSV4_TRY(parse_mlp_schedule(p));
-    static const char *const tf_only[] = {"layer_types", "mlp_layer_types", "rope_parameters", "compress_rates",
-                                          "compress_rate_csa", "compress_rate_hca", "partial_rotary_factor"};
-    int transformers = 0;
-    for (size_t i = 0; i < sizeof tf_only / sizeof tf_only[0]; i++) transformers |= member(p, 0, tf_only[i]) != MJ_NONE;
     if (no_schedule && transformers) /* transformers' default: 2 HCA layers, then HCA / CSA alternating */
         for (int64_t i = 0; i < DSV4_MAX_LAYERS; i++) {
             c->compress_ratio[i] = p->tf_ratio[i];
@@ -670,20 +809,23 @@ static dsv4_status parse_doc(cfg_parser *p)
     dsv4_rope_config *ropes[2] = {&c->rope_main, &c->rope_compress};
     for (int k = 0; k < 2; k++)
         if (!ropes[k]->yarn) *ropes[k] = (dsv4_rope_config){ropes[k]->theta, 0, 1.0, 0, 32.0, 1.0, 1.0};
-    /* the rope head dims, given as a fraction by transformers */
-    uint32_t v = member(p, 0, "partial_rotary_factor");
-    if (v != MJ_NONE) {
+    /* the rope head dims, given as a fraction by transformers (also per rope_parameters entry) */
+    const char *prf_key = key_name(KEY_PARTIAL_ROTARY);
+    if ((v = key_value(p, KEY_PARTIAL_ROTARY)) != MJ_NONE) {
         double f = 0;
-        DSV4_TRY(get_num(p, v, "partial_rotary_factor", &f));
+        DSV4_TRY(get_num(p, v, prf_key, &f));
         double dims = f * (double)c->head_dim;
         if (!was_set(p, &c->rope_head_dim) && dims >= 0 && dims <= 65536 && dims == floor(dims))
             c->rope_head_dim = (int64_t)dims;
         else if (dims != (double)c->rope_head_dim)
-            return dsv4_fail(DSV4_ERR_FORMAT, "%s: partial_rotary_factor %g x head_dim %lld disagrees with %lld rope dims",
-                             p->src, f, (long long)c->head_dim, (long long)c->rope_head_dim);
+            return dsv4_fail(DSV4_ERR_FORMAT, "%s: %s %g x head_dim %lld disagrees with %lld rope dims", p->src, prf_key, f,
+                             (long long)c->head_dim, (long long)c->rope_head_dim);
     }
+    for (int k = 0; k < 2; k++)
+        if (p->rope_prf[k] != 0 && p->rope_prf[k] * (double)c->head_dim != (double)c->rope_head_dim)
+            return dsv4_fail(DSV4_ERR_FORMAT, "%s: rope_parameters.%s.%s %g x head_dim %lld disagrees with %lld rope dims", p->src,
+                             k ? "compress" : "main", prf_key, p->rope_prf[k], (long long)c->head_dim, (long long)c->rope_head_dim);
     c->nope_head_dim = c->head_dim - c->rope_head_dim;
-    int reference = member(p, 0, "dim") != MJ_NONE || member(p, 0, "n_layers") != MJ_NONE || member(p, 0, "n_heads") != MJ_NONE;
     snprintf(c->naming, sizeof c->naming, "%s", transformers ? "transformers" : reference ? "reference" : "hf");
     if (!was_set(p, &c->weight_format)) c->weight_format = reference ? DSV4_WFMT_FP8 : DSV4_WFMT_BF16;
     if (!was_set(p, &c->expert_format) && c->weight_format == DSV4_WFMT_BF16) c->expert_format = DSV4_WFMT_BF16;
@@ -742,35 +884,6 @@ dsv4_status dsv4_config_load(const char *path, dsv4_model_config *out)
 
 /* ---- validation --------------------------------------------------------------------------- */
 
-typedef struct range {
-    const char *name;
-    size_t off;
-    int64_t lo, hi;
-} range;
-
-static const range ranges[] = {
-    {"hidden_size", CF(dim), 1, 65536},
-    {"vocab_size", CF(vocab_size), 1, 1 << 24},
-    {"num_attention_heads", CF(n_heads), 1, 4096},
-    {"num_key_value_heads", CF(n_kv_heads), 1, 1},
-    {"head_dim", CF(head_dim), 512, 512},
-    {"qk_rope_head_dim", CF(rope_head_dim), 64, 64},
-    {"q_lora_rank", CF(q_lora_rank), 1, 65536},
-    {"o_groups", CF(o_groups), 1, 4096},
-    {"o_lora_rank", CF(o_lora_rank), 1, 65536},
-    {"sliding_window", CF(window_size), 1, 1 << 20},
-    {"index_n_heads", CF(index_n_heads), 1, 4096},
-    {"index_head_dim", CF(index_head_dim), 64, 1024},
-    {"index_topk", CF(index_topk), 1, 1 << 24},
-    {"n_routed_experts", CF(n_routed_experts), 1, 4096},
-    {"n_shared_experts", CF(n_shared_experts), 0, 1},
-    {"num_experts_per_tok", CF(n_activated_experts), 1, 64},
-    {"moe_intermediate_size", CF(moe_inter_dim), 1, 1 << 18},
-    {"hc_mult", CF(hc_mult), 1, 16},
-    {"hc_sinkhorn_iters", CF(hc_sinkhorn_iters), 1, 10000},
-    {"max_position_embeddings", CF(max_position_embeddings), 1, (int64_t)1 << 32},
-};
-
 static int finite_in(double x, double lo, double hi) { return isfinite(x) && x >= lo && x <= hi; }
 
 static dsv4_status check_rope(const dsv4_rope_config *r, const char *which)
@@ -785,6 +898,9 @@ static dsv4_status check_rope(const dsv4_rope_config *r, const char *which)
                          "%s rope YaRN parameters out of range (factor %g >= 1, original_max_position_embeddings %lld >= 1, "
                          "beta_fast %g >= beta_slow %g > 0, attention_factor %g > 0)",
                          which, r->factor, (long long)r->original_max_position, r->beta_fast, r->beta_slow, r->attention_factor);
+    if (r->attention_factor != 1.0) /* the RoPE tables (dsv4/attention.h) apply no mscale, as DeepSeek-V4 */
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s rope YaRN attention_factor %g: dsv4 scales no logits (DeepSeek-V4 uses 1.0; "
+                         "transformers takes 0.1 ln(factor) + 1 where rope_parameters leaves it out)", which, r->attention_factor);
     return DSV4_OK;
 }
 
@@ -795,15 +911,20 @@ dsv4_status dsv4_config_validate(const dsv4_model_config *c)
         c->n_layers + c->n_mtp_layers > DSV4_MAX_LAYERS)
         return dsv4_fail(DSV4_ERR_RANGE, "%lld layers + %lld MTP layers: at most %d blocks in all", (long long)c->n_layers,
                          (long long)c->n_mtp_layers, DSV4_MAX_LAYERS);
-    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
-        int64_t v = *(const int64_t *)((const char *)c + ranges[i].off);
-        if (v < ranges[i].lo || v > ranges[i].hi) {
-            if (ranges[i].lo == ranges[i].hi)
-                return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s = %lld: dsv4 needs %lld (the 512 = 448 + 64 head and cache layout)",
-                                 ranges[i].name, (long long)v, (long long)ranges[i].lo);
-            return dsv4_fail(DSV4_ERR_RANGE, "%s = %lld is out of range (%lld to %lld)", ranges[i].name, (long long)v,
-                             (long long)ranges[i].lo, (long long)ranges[i].hi);
+    for (int k = 0; k < N_KEYS; k++) { /* the table's ranges */
+        const cfg_key *r = &keys[k];
+        if (r->lo > r->hi) continue;
+        const char *f = (const char *)c + r->off;
+        if (r->type == K_INT) {
+            int64_t v = *(const int64_t *)f;
+            if ((double)v >= r->lo && (double)v <= r->hi) continue;
+            if (r->lo == r->hi)
+                return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s = %lld: dsv4 needs %.0f (the 512 = 448 + 64 head and cache layout)",
+                                 key_name(k), (long long)v, r->lo);
+            return dsv4_fail(DSV4_ERR_RANGE, "%s = %lld is out of range (%.0f to %.0f)", key_name(k), (long long)v, r->lo, r->hi);
         }
+        if (r->type == K_NUM && !finite_in(*(const double *)f, r->lo, r->hi))
+            return dsv4_fail(DSV4_ERR_RANGE, "%s = %g is not finite in [%g, %g]", key_name(k), *(const double *)f, r->lo, r->hi);
     }
     if (c->nope_head_dim != c->head_dim - c->rope_head_dim)
         return dsv4_fail(DSV4_ERR_RANGE, "nope dims %lld != head_dim %lld - rope dims %lld", (long long)c->nope_head_dim,
@@ -822,10 +943,6 @@ dsv4_status dsv4_config_validate(const dsv4_model_config *c)
     if (c->n_hash_layers < 0 || c->n_hash_layers > c->n_layers)
         return dsv4_fail(DSV4_ERR_RANGE, "num_hash_layers %lld is not in [0, %lld]", (long long)c->n_hash_layers, (long long)c->n_layers);
     if ((unsigned)c->score_func > DSV4_SCORE_SIGMOID) return dsv4_fail(DSV4_ERR_RANGE, "unknown scoring function %d", (int)c->score_func);
-    if (!finite_in(c->route_scale, 1e-9, 1e9)) return dsv4_fail(DSV4_ERR_RANGE, "routed_scaling_factor %g is not positive and finite", c->route_scale);
-    if (!finite_in(c->swiglu_limit, 0, 1e9)) return dsv4_fail(DSV4_ERR_RANGE, "swiglu_limit %g is not >= 0 and finite", c->swiglu_limit);
-    if (!finite_in(c->hc_eps, 1e-30, 0.5)) return dsv4_fail(DSV4_ERR_RANGE, "hc_eps %g is not in (0, 0.5]", c->hc_eps);
-    if (!finite_in(c->norm_eps, 1e-30, 0.5)) return dsv4_fail(DSV4_ERR_RANGE, "rms_norm_eps %g is not in (0, 0.5]", c->norm_eps);
     DSV4_TRY(check_rope(&c->rope_main, "main"));
     DSV4_TRY(check_rope(&c->rope_compress, "compress"));
     if (c->bos_token_id < 0 || c->bos_token_id >= c->vocab_size)
@@ -907,68 +1024,100 @@ static void jw_num(jw *w, const char *key, double x)
     jw_put(w, "  \"%s\": %s,\n", key, b);
 }
 
+static const char *enum_name(int k, int value)
+{
+    for (int i = 0; i < keys[k].n_values; i++)
+        if (keys[k].values[i].value == value) return keys[k].values[i].name;
+    return keys[k].values[0].name;
+}
+
+/* The schedule in the official naming (compress_ratios, CSA exactly where the ratio is 4, hash
+ * routing on the first num_hash_layers) or, where that cannot say it, in transformers' (layer_types
+ * + compress_rates, one rate per kind; mlp_layer_types). */
+static dsv4_status schedule_naming(const dsv4_model_config *c, int *tf_types, int *tf_mlp, int rate[3])
+{
+    const int64_t nb = c->n_layers + c->n_mtp_layers;
+    *tf_types = *tf_mlp = 0;
+    rate[0] = 0, rate[DSV4_ATTN_CSA] = rate[DSV4_ATTN_HCA] = -1;
+    for (int64_t i = 0; i < nb; i++) {
+        int k = c->attn_kind[i], r = c->compress_ratio[i];
+        *tf_types |= (k == DSV4_ATTN_CSA) != (r == 4);
+        if (k != DSV4_ATTN_SWA && rate[k] < 0) rate[k] = r;
+        if (i < c->n_layers) *tf_mlp |= c->hash_routed[i] != (i < c->n_hash_layers);
+    }
+    for (int64_t i = 0; i < nb && *tf_types; i++) { /* transformers' naming has one rate per kind */
+        int k = c->attn_kind[i];
+        if (k != DSV4_ATTN_SWA && c->compress_ratio[i] != rate[k])
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "config_to_json: %s layers of ratios %d and %d, and a CSA layer of ratio other "
+                             "than 4 or an HCA layer of ratio 4: no naming says that", dsv4_attn_kind_name((dsv4_attn_kind)k),
+                             rate[k], c->compress_ratio[i]);
+    }
+    if (rate[DSV4_ATTN_CSA] < 0) rate[DSV4_ATTN_CSA] = 4;
+    if (rate[DSV4_ATTN_HCA] < 0) rate[DSV4_ATTN_HCA] = 128;
+    return DSV4_OK;
+}
+
 dsv4_status dsv4_config_to_json(const dsv4_model_config *c, char *buf, size_t cap, size_t *len)
 {
     DSV4_CHECK_ARG(c && (buf || !cap) && len, "config_to_json: null argument");
     DSV4_TRY(dsv4_config_validate(c));
-    int64_t nb = c->n_layers + c->n_mtp_layers;
-    for (int64_t i = 0; i < nb; i++) {
-        int r = c->compress_ratio[i];
-        if ((c->attn_kind[i] == DSV4_ATTN_CSA) != (r == 4))
-            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "config_to_json: block %lld is %s with ratio %d; the official naming "
-                             "ties CSA to ratio 4", (long long)i, dsv4_attn_kind_name((dsv4_attn_kind)c->attn_kind[i]), r);
-        if (i < c->n_layers && c->hash_routed[i] != (i < c->n_hash_layers))
-            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "config_to_json: hash-routed layers must be the first num_hash_layers");
-    }
+    const int64_t nb = c->n_layers + c->n_mtp_layers;
+    int tf_types, tf_mlp, rate[3];
+    DSV4_TRY(schedule_naming(c, &tf_types, &tf_mlp, rate));
     if (c->rope_main.yarn) return dsv4_fail(DSV4_ERR_UNSUPPORTED, "config_to_json: YaRN on the main rope has no official key");
     jw w = {buf, cap, 0};
     jw_put(&w, "{\n  \"architectures\": [\"DeepseekV4ForCausalLM\"],\n  \"model_type\": \"deepseek_v4\",\n");
-    const struct {
-        const char *k;
-        int64_t v;
-    } ints[] = {{"hidden_size", c->dim}, {"num_hidden_layers", c->n_layers}, {"num_nextn_predict_layers", c->n_mtp_layers},
-                {"vocab_size", c->vocab_size}, {"num_attention_heads", c->n_heads}, {"num_key_value_heads", c->n_kv_heads},
-                {"head_dim", c->head_dim}, {"qk_rope_head_dim", c->rope_head_dim}, {"q_lora_rank", c->q_lora_rank},
-                {"o_groups", c->o_groups}, {"o_lora_rank", c->o_lora_rank}, {"sliding_window", c->window_size},
-                {"index_n_heads", c->index_n_heads}, {"index_head_dim", c->index_head_dim}, {"index_topk", c->index_topk},
-                {"n_routed_experts", c->n_routed_experts}, {"n_shared_experts", c->n_shared_experts},
-                {"num_experts_per_tok", c->n_activated_experts}, {"moe_intermediate_size", c->moe_inter_dim},
-                {"num_hash_layers", c->n_hash_layers}, {"hc_mult", c->hc_mult}, {"hc_sinkhorn_iters", c->hc_sinkhorn_iters},
-                {"max_position_embeddings", c->max_position_embeddings}, {"bos_token_id", c->bos_token_id}};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) jw_put(&w, "  \"%s\": %lld,\n", ints[i].k, (long long)ints[i].v);
-    jw_put(&w, "  \"eos_token_id\": ");
+    const char *base = (const char *)c;
+    for (int k = 0; k < N_KEYS; k++) /* integers */
+        if (keys[k].type == K_INT && (keys[k].flags & KF_WRITE) && !(k == KEY_N_HASH && tf_mlp))
+            jw_put(&w, "  \"%s\": %lld,\n", key_name(k), (long long)*(const int64_t *)(base + keys[k].off));
+    jw_put(&w, "  \"%s\": ", key_name(KEY_EOS));
     if (c->n_eos == 1) jw_put(&w, "%lld,\n", (long long)c->eos_token_ids[0]);
     else
         for (int i = 0; i < c->n_eos; i++) jw_put(&w, "%s%lld%s", i ? ", " : "[", (long long)c->eos_token_ids[i], i + 1 == c->n_eos ? "],\n" : "");
-    static const char *const score[] = {"sqrtsoftplus", "softmax", "sigmoid"};
-    jw_put(&w, "  \"scoring_func\": \"%s\",\n  \"topk_method\": \"noaux_tc\",\n  \"hidden_act\": \"silu\",\n", score[c->score_func]);
-    jw_put(&w, "  \"norm_topk_prob\": %s,\n  \"tie_word_embeddings\": %s,\n  \"attention_bias\": false,\n",
-           c->norm_topk_prob ? "true" : "false", c->tie_word_embeddings ? "true" : "false");
-    jw_num(&w, "routed_scaling_factor", c->route_scale);
-    jw_num(&w, "swiglu_limit", c->swiglu_limit);
-    jw_num(&w, "hc_eps", c->hc_eps);
-    jw_num(&w, "rms_norm_eps", c->norm_eps);
-    jw_num(&w, "rope_theta", c->rope_main.theta);
-    jw_num(&w, "compress_rope_theta", c->rope_compress.theta);
+    for (int k = 0; k < N_KEYS; k++) /* strings, flags */
+        if ((keys[k].flags & KF_WRITE) && keys[k].type == K_ENUM && k != KEY_DTYPE && k != KEY_EXPERT_DTYPE)
+            jw_put(&w, "  \"%s\": \"%s\",\n", key_name(k),
+                   keys[k].off == NO_FIELD ? keys[k].values[0].name : enum_name(k, *(const int *)(base + keys[k].off)));
+    for (int k = 0; k < N_KEYS; k++)
+        if ((keys[k].flags & KF_WRITE) && keys[k].type == K_BOOL)
+            jw_put(&w, "  \"%s\": %s,\n", key_name(k), *(const int *)(base + keys[k].off) ? "true" : "false");
+    jw_put(&w, "  \"%s\": false,\n", key_name(KEY_ATTN_BIAS));
+    for (int k = 0; k < N_KEYS; k++) /* numbers */
+        if ((keys[k].flags & KF_WRITE) && keys[k].type == K_NUM) jw_num(&w, key_name(k), *(const double *)(base + keys[k].off));
     if (c->rope_compress.yarn) {
         char f[64], bf[64], bs[64], af[64];
         fmt_double(c->rope_compress.factor, f, sizeof f);
         fmt_double(c->rope_compress.beta_fast, bf, sizeof bf);
         fmt_double(c->rope_compress.beta_slow, bs, sizeof bs);
         fmt_double(c->rope_compress.attention_factor, af, sizeof af);
-        jw_put(&w, "  \"rope_scaling\": {\"type\": \"yarn\", \"factor\": %s, \"original_max_position_embeddings\": %lld, "
+        jw_put(&w, "  \"%s\": {\"type\": \"yarn\", \"factor\": %s, \"original_max_position_embeddings\": %lld, "
                    "\"beta_fast\": %s, \"beta_slow\": %s, \"attention_factor\": %s},\n",
-               f, (long long)c->rope_compress.original_max_position, bf, bs, af);
+               key_name(KEY_ROPE_SCALING), f, (long long)c->rope_compress.original_max_position, bf, bs, af);
     } else {
-        jw_put(&w, "  \"rope_scaling\": {\"type\": \"default\"},\n");
+        jw_put(&w, "  \"%s\": {\"type\": \"default\"},\n", key_name(KEY_ROPE_SCALING));
     }
-    jw_put(&w, "  \"compress_ratios\": [");
-    for (int64_t i = 0; i < nb; i++) jw_put(&w, "%s%d", i ? ", " : "", c->compress_ratio[i]);
-    jw_put(&w, "],\n  \"torch_dtype\": \"bfloat16\"");
+    if (tf_types) {
+        jw_put(&w, "  \"%s\": [", key_name(KEY_LAYER_TYPES));
+        for (int64_t i = 0; i < nb; i++) jw_put(&w, "%s\"%s\"", i ? ", " : "", layer_type_names[c->attn_kind[i]]);
+        jw_put(&w, "],\n  \"%s\": {\"%s\": %d, \"%s\": %d},\n", key_name(KEY_COMPRESS_RATES), layer_type_names[DSV4_ATTN_CSA],
+               rate[DSV4_ATTN_CSA], layer_type_names[DSV4_ATTN_HCA], rate[DSV4_ATTN_HCA]);
+    } else {
+        jw_put(&w, "  \"%s\": [", key_name(KEY_COMPRESS_RATIOS));
+        for (int64_t i = 0; i < nb; i++) jw_put(&w, "%s%d", i ? ", " : "", c->compress_ratio[i]);
+        jw_put(&w, "],\n");
+    }
+    if (tf_mlp) {
+        jw_put(&w, "  \"%s\": [", key_name(KEY_MLP_LAYER_TYPES));
+        for (int64_t i = 0; i < c->n_layers; i++) jw_put(&w, "%s\"%s\"", i ? ", " : "", c->hash_routed[i] ? "hash_moe" : "moe");
+        jw_put(&w, "],\n");
+    }
+    jw_put(&w, "  \"%s\": \"%s\"", key_name(KEY_DTYPE), keys[KEY_DTYPE].values[0].name);
     if (c->weight_format == DSV4_WFMT_FP8)
-        jw_put(&w, ",\n  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"scale_fmt\": \"ue8m0\", "
-                   "\"weight_block_size\": [128, 128], \"activation_scheme\": \"dynamic\"}");
-    if (c->expert_format != DSV4_WFMT_AUTO) jw_put(&w, ",\n  \"expert_dtype\": \"%s\"", dsv4_weight_format_name(c->expert_format));
+        jw_put(&w, ",\n  \"%s\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"scale_fmt\": \"ue8m0\", "
+                   "\"weight_block_size\": [128, 128], \"activation_scheme\": \"dynamic\"}", key_name(KEY_QUANT));
+    if (c->expert_format != DSV4_WFMT_AUTO)
+        jw_put(&w, ",\n  \"%s\": \"%s\"", key_name(KEY_EXPERT_DTYPE), dsv4_weight_format_name(c->expert_format));
     jw_put(&w, "\n}\n");
     *len = w.len;
     if (w.len >= cap) return dsv4_fail(DSV4_ERR_CAPACITY, "config_to_json: needs %zu bytes, the buffer has %zu", w.len + 1, cap);

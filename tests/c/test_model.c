@@ -375,6 +375,75 @@ static void test_config_schedule(void)
     CHECK(has("heavily_compressed_attention is 1"), "%s", dsv4_last_error());
 }
 
+/* The key table (src/model/config.c): nulls, transformers' rope_parameters, and what the writer
+ * writes when the official naming cannot say the schedule. */
+static void test_config_keys(void)
+{
+    dsv4_model_config c, d, def;
+    dsv4_config_default(&def);
+    static const char *const nulls[] = {"{\"hidden_size\": null}", "{\"dim\": null}", "{\"eos_token_id\": null}",
+                                        "{\"scoring_func\": null}", "{\"bos_token_id\": null}", "{\"norm_topk_prob\": null}"};
+    for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++) {
+        CHECK_STATUS(parse(nulls[i], &c), DSV4_ERR_FORMAT);
+        CHECK(has("is null") && has("null is not the default"), "%s: %s", nulls[i], dsv4_last_error());
+    }
+    /* null where transformers types the field optional: absent */
+    CHECK_STATUS(parse("{\"pad_token_id\": null, \"rope_scaling\": null, \"partial_rotary_factor\": null, \"layer_types\": null,"
+                       " \"compress_rates\": null, \"mlp_layer_types\": null, \"rope_parameters\": null,"
+                       " \"quantization_config\": null}", &c), DSV4_OK);
+    CHECK_STATUS(parse("{}", &d), DSV4_OK);
+    CHECK(same_config(&c, &d), "optional nulls are absent");
+    /* nested rope_parameters win over the top-level rope keys (which transformers then drops) */
+    const char *nested = "{\"rope_theta\": 10000.0, \"compress_rope_theta\": 5, \"rope_parameters\": {\"main\": {\"rope_type\": "
+                         "\"default\", \"rope_theta\": 20000.0, \"partial_rotary_factor\": 0.125}, \"compress\": {\"rope_type\": "
+                         "\"yarn\", \"rope_theta\": 80000.0, \"factor\": 4.0, \"original_max_position_embeddings\": 4096, "
+                         "\"attention_factor\": 1.0}}}";
+    CHECK_STATUS(parse(nested, &c), DSV4_OK);
+    CHECK(c.rope_main.theta == 20000 && c.rope_compress.theta == 80000 && c.rope_compress.factor == 4 && c.rope_compress.yarn &&
+              c.rope_compress.original_max_position == 4096,
+          "nested rope_parameters: %g %g", c.rope_main.theta, c.rope_compress.theta);
+    /* a flat rope_parameters is compress's YaRN numbers */
+    CHECK_STATUS(parse("{\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8.0, \"original_max_position_embeddings\": 1024}}",
+                       &c), DSV4_OK);
+    CHECK(c.rope_compress.yarn && c.rope_compress.factor == 8 && c.rope_compress.original_max_position == 1024 &&
+              c.rope_compress.theta == def.rope_compress.theta,
+          "flat rope_parameters");
+    static const struct {
+        const char *json, *needle;
+    } bad[] = {
+        {"{\"rope_parameters\": {\"main\": {\"rope_type\": \"default\", \"rope_theta\": 1e4}}}", "lone entry"},
+        {"{\"rope_parameters\": {\"main\": {\"rope_type\": \"default\", \"rope_theta\": 1e4}, \"compress\": {\"rope_type\": \"yarn\","
+         " \"rope_theta\": 1e5, \"factor\": 16.0, \"original_max_position_embeddings\": 4096}}}", "attention_factor 1.27726"},
+        {"{\"rope_parameters\": {\"main\": {\"rope_type\": \"default\"}, \"compress\": {\"rope_type\": \"default\", "
+         "\"rope_theta\": 1e5}}}", "rope_parameters.main has no rope_theta"},
+        {"{\"rope_parameters\": {\"main\": {\"rope_type\": \"default\", \"rope_theta\": 1e4, \"partial_rotary_factor\": 0.25},"
+         " \"compress\": {\"rope_type\": \"default\", \"rope_theta\": 1e5}}}", "rope_parameters.main.partial_rotary_factor"},
+        {"{\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 4096,"
+         " \"attention_factor\": 1.5}}", "attention_factor 1.5"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        CHECK(parse(bad[k].json, &c) != DSV4_OK, "accepted: %s", bad[k].json);
+        CHECK(has(bad[k].needle), "%s: message lacks '%s': %s", bad[k].json, bad[k].needle, dsv4_last_error());
+    }
+    /* the writer: an HCA layer of ratio 4, a CSA layer of ratio 8 and hash routing not on a prefix
+     * are written in transformers' naming, and read back the same */
+    dsv4_config_tiny(&c);
+    c.compress_ratio[1] = c.compress_ratio[3] = 8; /* CSA */
+    c.compress_ratio[2] = 4;                       /* HCA */
+    c.hash_routed[0] = 0, c.hash_routed[2] = 1;
+    char buf[8192];
+    size_t len = 0;
+    CHECK_STATUS(dsv4_config_to_json(&c, buf, sizeof buf, &len), DSV4_OK);
+    CHECK(strstr(buf, "\"layer_types\"") && strstr(buf, "\"compress_rates\"") && strstr(buf, "\"mlp_layer_types\"") &&
+              !strstr(buf, "\"compress_ratios\"") && !strstr(buf, "\"num_hash_layers\""),
+          "transformers schedule written: %s", buf);
+    CHECK_STATUS(dsv4_config_parse(buf, len, "rt.json", &d), DSV4_OK);
+    CHECK(same_config(&c, &d), "the transformers-named schedule does not read back the same");
+    c.compress_ratio[3] = 16; /* two CSA rates besides an HCA of ratio 4: neither naming */
+    CHECK_STATUS(dsv4_config_to_json(&c, buf, sizeof buf, &len), DSV4_ERR_UNSUPPORTED);
+    CHECK(has("no naming says that"), "%s", dsv4_last_error());
+}
+
 /* ---- checkpoints ------------------------------------------------------------------------------ */
 
 static void check_tiny_weights(const dsv4_model *m)
@@ -733,6 +802,7 @@ int main(void)
     test_config_hf_tiny();
     test_config_hostile();
     test_config_schedule();
+    test_config_keys();
     test_make_tiny();
     test_hostile_dirs();
     test_hf_layout();

@@ -211,6 +211,10 @@ def parse_config(c):
     if comp_rp is not None:
         compress_theta = float(comp_rp.get("rope_theta", compress_theta))
         yarn = comp_rp if comp_rp.get("rope_type", comp_rp.get("type")) == "yarn" else {}
+        # transformers scales cos/sin by attention_factor, 0.1 ln(factor) + 1 where a nested entry leaves
+        # it out; DeepSeek-V4 (and this reference) apply none
+        if yarn and float(yarn.get("attention_factor", 0.1 * math.log(float(yarn["factor"])) + 1.0)) != 1.0:
+            raise ValueError("config.json: rope_parameters.compress: a YaRN attention_factor other than 1.0")
     else:  # rope_scaling (HF root config) or a flat rope_parameters dict
         flat = rp if rp.get("rope_type", rp.get("type")) == "yarn" else {}
         yarn = c.get("rope_scaling") or flat

@@ -327,7 +327,7 @@ def _namings(m):
         rope_parameters={"main": {"rope_type": "default", "rope_theta": m["theta"]},
                          "compress": {"rope_type": "yarn", "rope_theta": m["ctheta"], "factor": m["factor"],
                                       "original_max_position_embeddings": m["orig"], "beta_fast": m["bf"],
-                                      "beta_slow": m["bs"]}})
+                                      "beta_slow": m["bs"], "attention_factor": 1.0}})  # as save_pretrained writes it
     return official, reference, transformers
 
 
@@ -350,6 +350,49 @@ def test_config_three_namings_agree():
 
 
 # ---- hostile inputs -----------------------------------------------------------------------------
+def test_config_spellings_each_set_their_field():
+    """Every spelling of the key table (src/model/config.c) is read: the official / transformers one
+    and the reference's, each alone, give the same config; a value of the wrong type is refused."""
+    pairs = [("hidden_size", "dim", 1024), ("num_hidden_layers", "n_layers", 7), ("num_nextn_predict_layers", "n_mtp_layers", 0),
+             ("num_attention_heads", "n_heads", 16), ("sliding_window", "window_size", 64),
+             ("num_experts_per_tok", "n_activated_experts", 3), ("moe_intermediate_size", "moe_inter_dim", 512),
+             ("num_hash_layers", "n_hash_layers", 1), ("routed_scaling_factor", "route_scale", 2.0),
+             ("rms_norm_eps", "norm_eps", 1e-5), ("scoring_func", "score_func", "sqrtsoftplus")]
+    for hf, ref, v in pairs:
+        a, b = model.config_parse(json.dumps({hf: v})), model.config_parse(json.dumps({ref: v}))
+        a.pop("naming"), b.pop("naming")
+        a.pop("weight_format"), b.pop("weight_format")  # the reference naming defaults to FP8 weights
+        a.pop("expert_format"), b.pop("expert_format")
+        assert a == b, (hf, ref)
+        with pytest.raises(DSV4Error, match=hf):
+            model.config_parse(json.dumps({hf: [v]}))
+
+
+def test_config_null_is_refused_not_the_default():
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size", "rms_norm_eps", "sliding_window", "eos_token_id"):
+        with pytest.raises(DSV4Error, match=f'"{key}" is null'):
+            model.config_parse(json.dumps({key: None}))
+
+
+def test_config_unknown_keys_warn(capfd, tiny):
+    """A key of no row draws one warning on stderr naming it; the keys transformers configs carry
+    that dsv4 does not use, the hf-tiny-a config and the writer's own output draw none."""
+    ignored = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "transformers_version": "5.17.0",
+               "use_cache": True, "pad_token_id": None, "initializer_range": 0.02, "router_aux_loss_coef": 0.001,
+               "router_jitter_noise": 0.0, "output_router_logits": False, "attention_dropout": 0.0, "mlp_bias": False}
+    capfd.readouterr()
+    model.config_parse(json.dumps(dict(ignored, hidden_size=4096, my_new_knob=3, **{"bad\u0001key": 1})), source="w.json")
+    err = capfd.readouterr().err
+    assert 'w.json: unknown config key "my_new_knob" ignored' in err
+    assert 'unknown config key "bad\\x01key"' in err  # untrusted names are quoted
+    assert err.count("unknown config key") == 2
+    model.config_parse(json.dumps(ignored))
+    model.config_load(tiny)
+    if HF_TINY.is_dir():
+        model.config_load(HF_TINY)
+    assert "unknown config key" not in capfd.readouterr().err
+
+
 def _open_untouched(path):
     """dsv4_model_open must fail and leave the caller's handle as it was."""
     handle = ctypes.c_void_p(0x5151)
