@@ -97,14 +97,21 @@ DSV4_API void dsv4_config_default(dsv4_model_config *cfg);
 DSV4_API void dsv4_config_tiny(dsv4_model_config *cfg);
 /* Parse config.json text in any of the three namings (official root config.json, the reference's
  * inference/config.json ModelArgs keys, Hugging Face transformers' DeepseekV4Config); absent
- * fields keep their defaults; the result is validated. `source` names the text in messages. */
+ * fields keep their defaults (null is refused except where transformers types the field
+ * optional); the result is validated. `source` names the text in messages. A layer's attention
+ * kind comes from layer_types and its ratio from compress_rates of that kind, as transformers
+ * reads them (compress_ratios alone: the official rule, CSA where the ratio is 4). A key the
+ * library does not know, and that transformers configs do not carry as a matter of course, gets a
+ * warning on stderr naming it. */
 DSV4_API dsv4_status dsv4_config_parse(const char *json, size_t len, const char *source, dsv4_model_config *out);
 /* `path` is config.json or a directory holding it. */
 DSV4_API dsv4_status dsv4_config_load(const char *path, dsv4_model_config *out);
 /* Ranges and consistency (sizes bounded so that no tensor size can overflow). */
 DSV4_API dsv4_status dsv4_config_validate(const dsv4_model_config *cfg);
-/* config.json text in the official naming. *len receives the length (without the NUL); fails
- * with DSV4_ERR_CAPACITY if cap is too small. */
+/* config.json text in the official naming; a schedule it cannot say (a CSA layer of ratio other
+ * than 4, an HCA layer of ratio 4, hash routing off the first layers) in transformers' layer_types
+ * + compress_rates / mlp_layer_types (one rate per kind). *len receives the length (without the
+ * NUL); fails with DSV4_ERR_CAPACITY if cap is too small. */
 DSV4_API dsv4_status dsv4_config_to_json(const dsv4_model_config *cfg, char *buf, size_t cap, size_t *len);
 DSV4_API const char *dsv4_attn_kind_name(dsv4_attn_kind kind);
 DSV4_API const char *dsv4_weight_format_name(dsv4_weight_format fmt);
