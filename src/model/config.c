@@ -54,7 +54,8 @@ enum { KF_NULLABLE = 1, /* null reads as absent (a field transformers types as o
        KF_WRITE = 2 };  /* dsv4_config_to_json writes the official spelling (the K_OTHER rows by hand) */
 
 typedef struct cfg_key {
-    const char *name[3]; /* official root config (Hugging Face repos), reference ModelArgs, transformers; NULL: none */
+    const char *name[4]; /* official root config (Hugging Face repos), reference ModelArgs, transformers, and an alias
+                            transformers' attribute_map maps onto the field; NULL: none */
     key_type type;
     size_t off;          /* field of dsv4_model_config; NO_FIELD: checked, nothing stored */
     double def;          /* default of the field (every int default is exact in a double) */
@@ -87,7 +88,7 @@ static const name_value act_values[] = {{"silu", 0}};
 static const name_value ue8m0_values[] = {{"ue8m0", 0}};
 /* the reference's weight format ("fp8", "bf16") or a torch dtype (the checkpoint's tensors tell) */
 static const name_value dtype_values[] = {{"bfloat16", -1}, {"fp8", DSV4_WFMT_FP8}, {"bf16", DSV4_WFMT_BF16},
-                                          {"float32", -1}, {"float16", -1}};
+                                          {"float32", -1}, {"float16", -1}, {"float8_e4m3fn", -1}, {"auto", -1}};
 static const name_value expert_values[] = {{"fp4", DSV4_WFMT_FP4}, {"fp8", DSV4_WFMT_FP8}, {"bf16", DSV4_WFMT_BF16}};
 #define ENUM_OF(t) t, (int)(sizeof t / sizeof t[0])
 
@@ -108,12 +109,13 @@ static const cfg_key keys[N_KEYS] = {
     [KEY_INDEX_HEADS] = {ALL3("index_n_heads"), K_INT, CF(index_n_heads), 64, 1, 4096, NULL, 0, KF_WRITE},
     [KEY_INDEX_DIM] = {ALL3("index_head_dim"), K_INT, CF(index_head_dim), 128, 64, 1024, NULL, 0, KF_WRITE},
     [KEY_INDEX_TOPK] = {ALL3("index_topk"), K_INT, CF(index_topk), 512, 1, 1 << 24, NULL, 0, KF_WRITE},
-    [KEY_N_ROUTED] = {ALL3("n_routed_experts"), K_INT, CF(n_routed_experts), 256, 1, 4096, NULL, 0, KF_WRITE},
+    [KEY_N_ROUTED] = {{"n_routed_experts", "n_routed_experts", "n_routed_experts", "num_local_experts"}, /* alias */
+                      K_INT, CF(n_routed_experts), 256, 1, 4096, NULL, 0, KF_WRITE},
     [KEY_N_SHARED] = {ALL3("n_shared_experts"), K_INT, CF(n_shared_experts), 1, 0, 1, NULL, 0, KF_WRITE},
     [KEY_N_ACTIVATED] = {HF_TF("num_experts_per_tok", "n_activated_experts"), K_INT, CF(n_activated_experts), 6, 1, 64, NULL, 0,
                          KF_WRITE},
-    [KEY_MOE_DIM] = {HF_TF("moe_intermediate_size", "moe_inter_dim"), K_INT, CF(moe_inter_dim), 2048, 1, 1 << 18, NULL, 0,
-                     KF_WRITE},
+    [KEY_MOE_DIM] = {{"moe_intermediate_size", "moe_inter_dim", "moe_intermediate_size", "intermediate_size"}, /* alias */
+                     K_INT, CF(moe_inter_dim), 2048, 1, 1 << 18, NULL, 0, KF_WRITE},
     /* transformers takes num_hash_layers (legacy) or mlp_layer_types */
     [KEY_N_HASH] = {HF_TF("num_hash_layers", "n_hash_layers"), K_INT, CF(n_hash_layers), 3, NO_RANGE, NULL, 0, KF_WRITE},
     [KEY_HC_MULT] = {ALL3("hc_mult"), K_INT, CF(hc_mult), 4, 1, 16, NULL, 0, KF_WRITE},
@@ -164,7 +166,7 @@ static const cfg_key keys[N_KEYS] = {
 static const char *const known_ignored[] = {
     "architectures", "model_type", "transformers_version", "_name_or_path", "auto_map", "use_cache", "initializer_range",
     "pad_token_id", "attention_dropout", "mlp_bias", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
-    "num_local_experts", "intermediate_size", "return_dict", "output_hidden_states", "output_attentions", "torchscript",
+    "return_dict", "output_hidden_states", "output_attentions", "torchscript",
     "use_bfloat16", "tie_encoder_decoder", "is_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id",
     "problem_type", "tokenizer_class", "keys_to_ignore_at_inference", "max_batch_size", "max_seq_len", "ep_size",
     "n_group", "topk_group", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "first_k_dense_replace", "moe_layer_freq",
@@ -369,10 +371,10 @@ static uint32_t member(const cfg_parser *p, uint32_t obj, const char *key)
 }
 
 /* The value of row k: its first spelling present (parse_keys reads and compares every spelling
- * of the field rows; the K_OTHER rows have one spelling per naming, and at most one given). */
+ * of the field rows; a K_OTHER row has one spelling, or one the namings share). */
 static uint32_t key_value(const cfg_parser *p, int k)
 {
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < 4; s++) {
         uint32_t v = keys[k].name[s] ? member(p, 0, keys[k].name[s]) : MJ_NONE;
         if (v != MJ_NONE) return v;
     }
@@ -383,7 +385,7 @@ static uint32_t key_value(const cfg_parser *p, int k)
 static int key_row(const char *key)
 {
     for (int k = 0; k < N_KEYS; k++)
-        for (int s = 0; s < 3; s++)
+        for (int s = 0; s < 4; s++)
             if (keys[k].name[s] && !strcmp(keys[k].name[s], key)) return k;
     return -1;
 }
@@ -405,7 +407,8 @@ static dsv4_status check_keys(const cfg_parser *p, int *reference, int *transfor
             if (d->nodes[v].type == MJ_NULL && !(keys[k].flags & KF_NULLABLE))
                 return dsv4_fail(DSV4_ERR_FORMAT, "%s: \"%s\" is null; give a value or leave the key out (null is not the default)",
                                  p->src, q);
-            int hf = keys[k].name[0] && !strcmp(keys[k].name[0], key), tf = keys[k].name[2] && !strcmp(keys[k].name[2], key);
+            int hf = keys[k].name[0] && !strcmp(keys[k].name[0], key);
+            int tf = (keys[k].name[2] && !strcmp(keys[k].name[2], key)) || (keys[k].name[3] && !strcmp(keys[k].name[3], key));
             int ref = keys[k].name[1] && !strcmp(keys[k].name[1], key);
             int given = d->nodes[v].type != MJ_NULL;
             *reference |= given && ref && !hf && !tf;
@@ -445,10 +448,11 @@ static dsv4_status parse_keys(cfg_parser *p)
     char *base = (char *)p->c;
     for (int k = 0; k < N_KEYS; k++) {
         const cfg_key *r = &keys[k];
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < 4; s++) {
             const char *key = r->name[s];
-            if (!key || (s && r->name[0] && !strcmp(key, r->name[0])) || (s == 2 && r->name[1] && !strcmp(key, r->name[1])))
-                continue; /* a spelling already read */
+            int seen = 0;
+            for (int t = 0; t < s && key; t++) seen |= r->name[t] && !strcmp(key, r->name[t]);
+            if (!key || seen) continue; /* a spelling already read */
             uint32_t v = member(p, 0, key);
             if (v == MJ_NONE || r->type == K_OTHER) continue;
             void *f = r->off == NO_FIELD ? NULL : base + r->off;

@@ -357,12 +357,15 @@ def test_config_spellings_each_set_their_field():
              ("num_attention_heads", "n_heads", 16), ("sliding_window", "window_size", 64),
              ("num_experts_per_tok", "n_activated_experts", 3), ("moe_intermediate_size", "moe_inter_dim", 512),
              ("num_hash_layers", "n_hash_layers", 1), ("routed_scaling_factor", "route_scale", 2.0),
-             ("rms_norm_eps", "norm_eps", 1e-5), ("scoring_func", "score_func", "sqrtsoftplus")]
+             ("rms_norm_eps", "norm_eps", 1e-5), ("scoring_func", "score_func", "sqrtsoftplus"),
+             ("n_routed_experts", "num_local_experts", 32), ("moe_intermediate_size", "intermediate_size", 256)]  # aliases
     for hf, ref, v in pairs:
         a, b = model.config_parse(json.dumps({hf: v})), model.config_parse(json.dumps({ref: v}))
         a.pop("naming"), b.pop("naming")
         a.pop("weight_format"), b.pop("weight_format")  # the reference naming defaults to FP8 weights
         a.pop("expert_format"), b.pop("expert_format")
+        for k in ("attn_kind", "compress_ratio"):  # an alias is transformers-only: its default schedule
+            a.pop(k), b.pop(k)
         assert a == b, (hf, ref)
         with pytest.raises(DSV4Error, match=hf):
             model.config_parse(json.dumps({hf: [v]}))
