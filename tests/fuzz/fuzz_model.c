@@ -52,7 +52,7 @@ static void try_config(const uint8_t *data, size_t size)
     if (dsv4_config_validate(&c) != DSV4_OK) abort();
     static char buf[65536];
     size_t len = 0;
-    if (dsv4_config_to_json(&c, buf, sizeof buf, &len) != DSV4_OK) return; /* e.g. CSA with a ratio other than 4 */
+    if (dsv4_config_to_json(&c, buf, sizeof buf, &len) != DSV4_OK) return; /* e.g. CSA layers of two ratios and an HCA of 4 */
     if (dsv4_config_parse(buf, len, "fuzz-roundtrip.json", &back) != DSV4_OK) abort();
     memset(c.naming, 0, sizeof c.naming);
     memset(back.naming, 0, sizeof back.naming);
