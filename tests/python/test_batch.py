@@ -7,8 +7,10 @@ it gets when it runs alone, token by token or in one prefill, for any mix of seq
 order and thread count (the alone runs use 1 thread, the batched ones 2). Models: the built-in
 tiny checkpoint (window 16, CSA ratio 4 with a top-4 indexer, HCA ratio 8, MTP), its vocabulary-8
 variant whose MTP block echoes the main prediction (drafts get accepted), and the Hugging Face
-checkpoint hf-tiny-a (window 16, HCA 8 and CSA 4, no MTP weights). Lengths cross the window, compression
-block and indexer boundaries; chunks are shorter than the prompts (max_batch 16)."""
+checkpoint hf-tiny-a (window 16, HCA 8 and CSA 4, no MTP weights), and tiny's layers re-rated in
+transformers' naming (a CSA layer of ratio 8; CSA and HCA layers of ratio 2 sharing a page pool).
+Lengths cross the window, compression block and indexer boundaries; chunks are shorter than the
+prompts (max_batch 16)."""
 import os
 
 import numpy as np
@@ -18,7 +20,7 @@ import dsv4
 import oracles as o
 import ref_checkpoint as rc
 from dsv4.engine import Engine, rng_seed
-from test_engine import _write_variant
+from test_engine import _write_rates_variant, _write_variant
 
 SEED = int(os.environ.get("DSV4_TEST_SEED", np.random.SeedSequence().entropy % (1 << 32)))
 HF_TINY = os.path.join(o.TESTDATA, "hf-tiny-a")
@@ -35,8 +37,11 @@ def paths(tmp_path_factory, rng):
     root = tmp_path_factory.mktemp("batch-models")
     tiny = str(root / "tiny")
     dsv4.model.make_tiny(tiny, seed=int(rng.integers(1 << 30)))
-    vocab8 = _write_variant(rc.Checkpoint(tiny), str(root / "vocab8"), vocab=8, echo=True)
-    return {"tiny": (tiny, 512), "hf": (HF_TINY, 512), "vocab8": (vocab8, 8)}
+    base = rc.Checkpoint(tiny)
+    vocab8 = _write_variant(base, str(root / "vocab8"), vocab=8, echo=True)
+    csa8 = _write_rates_variant(base, str(root / "csa8"), [0, 1, 2], {"csa": 8, "hca": 4}, rng)
+    r2 = _write_rates_variant(base, str(root / "hca2-csa2"), [2, 1], {"csa": 2, "hca": 2}, rng)
+    return {"tiny": (tiny, 512), "hf": (HF_TINY, 512), "vocab8": (vocab8, 8), "csa8": (csa8, 512), "r2": (r2, 512)}
 
 
 def mt(e, n):
@@ -58,7 +63,7 @@ def alone(path, prompt, singles, max_mtp=1):
         return np.concatenate(lgs), np.concatenate(mls), e.export(s)
 
 
-@pytest.mark.parametrize("name", ["tiny", "hf"])
+@pytest.mark.parametrize("name", ["tiny", "hf", "csa8", "r2"])
 def test_batch_equals_alone(paths, rng, name):
     """Four sequences of prompt lengths 37 / 3 / 20 / 58 prefilled in one call (in random entry order,
     split over chunks of 16 rows), then rounds in which a random subset, in random order, appends
@@ -166,12 +171,13 @@ def test_copy_shares_a_prefix(paths, rng):
         assert np.array_equal(got[j], ex)
 
 
-@pytest.mark.parametrize("name,max_mtp", [("tiny", 2), ("hf", 1), ("tiny", 0)])
+@pytest.mark.parametrize("name,max_mtp", [("tiny", 2), ("hf", 1), ("tiny", 0), ("csa8", 1), ("r2", 0)])
 def test_truncate_is_exact(paths, rng, name, max_mtp):
     """Truncate a 70-token sequence to lengths on and off the compression boundaries (8 = a block of
     every ratio, 33, 47, 64, 69) and to 0, then feed a new tail: the caches, states and logits equal a
     sequence that only ever saw the kept tokens and the tail. Short cuts recompute at most
-    lcm(ratios) + 4 tokens; long ones (whose window left the ring) recompute from position 0."""
+    lcm(ratios) + the largest CSA ratio tokens; long ones (whose window left the ring) recompute from
+    position 0."""
     path, vocab = paths[name]
     ids = rng.integers(0, vocab, 70)
     tail = list(rng.integers(0, vocab, 6))
@@ -183,7 +189,7 @@ def test_truncate_is_exact(paths, rng, name, max_mtp):
             assert e.seq_length(s) == keep and np.array_equal(e.seq_tokens(s), ids[:keep])
             assert n <= keep
             if keep >= 64:
-                assert n <= 8 + 4, f"keep {keep}: recomputed {n}"
+                assert n <= 8 + (8 if name == "csa8" else 4), f"keep {keep}: recomputed {n}"
             nm = mt(e, len(tail) - (keep == 0))
             lg, ml = e.forward(s, tail, n_mtp_logits=nm)
             got = e.export(s)
