@@ -679,7 +679,7 @@ static dsv4_status parse_rates(cfg_parser *p, int64_t rate[3], int *have)
  * its layer_types entry and its ratio from the compression rate of that kind (parse_rates); a CSA
  * layer compresses overlapping windows and has an indexer, an HCA layer neither, whatever the
  * ratio. Without layer_types, compress_ratios names the kinds: with rates given, through
- * transformers' table {0: SWA, 4: CSA, 128: HCA}; without, by the official rule (OF model.py): the
+ * transformers' table {0: SWA, 4: CSA, 128: HCA}; without, by the official rule (kind_of_ratio): the
  * ratio as written, CSA where it is 4 (so ratios like 8 stay expressible). When both are given
  * they must describe the same layers. Entries past the blocks (transformers keeps the first
  * num_hidden_layers) are not read. *transformers_default: neither is given. */
