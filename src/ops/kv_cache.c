@@ -3,15 +3,11 @@
  * it serves host and device caches alike. Allocation happens only in the create functions. */
 #include "core/error.h"
 #include "dsv4/attention.h"
+#include "formats/kv_entry.h"
 
 #include <stdlib.h>
 
-int64_t dsv4_kv_page_bytes(int64_t block_size)
-{
-    if (block_size < 1 || block_size > ((int64_t)1 << 40) / DSV4_KV_ENTRY_BYTES) return 0;
-    int64_t payload = block_size * DSV4_KV_ENTRY_BYTES;
-    return (payload + DSV4_KV_DATA_BYTES - 1) / DSV4_KV_DATA_BYTES * DSV4_KV_DATA_BYTES;
-}
+int64_t dsv4_kv_page_bytes(int64_t block_size) { return dsv4_kve_page_bytes(block_size); }
 
 dsv4_status dsv4_kv_cache_view(dsv4_kv_cache *cache, void *pages, int64_t num_pages, int64_t block_size,
                                dsv4_device_kind device, int device_index)

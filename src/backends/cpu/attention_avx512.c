@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#define NOPE DSV4_KV_NOPE_DIM
+#define NOPE DSV4_KVE_NOPE_DIM
 
 /* ---- row kernels (bit-identical to attention_ref.c) ----------------------------------------- */
 
@@ -59,7 +59,7 @@ static void kv_write(const dsv4_kv_geom *g, int64_t slot, const uint16_t *kv, co
     for (int c = 0; c < NOPE / 16; c++) _mm512_storeu_ps(x + 16 * c, v512_bf16_decode(kv + 16 * c));
     uint8_t *data = dsv4_kv_data(g, slot), *sc = dsv4_kv_scale_row(g, slot);
     dsv4_cpu_format_kernels_avx512.quantize_row(DSV4_QRULE_KV64, x, NOPE, data, sc);
-    sc[7] = 0;
+    sc[DSV4_KVE_GROUPS] = 0; /* the pad byte */
     for (int c = 0; c < 4; c++) {
         __m256i bits = _mm256_loadu_si256((const __m256i *)(kv + NOPE + 16 * c));
         if (cs) bits = v512_bf16_encode(rope16(v512_bf16_decode(kv + NOPE + 16 * c), cs + 8 * c, 0));
@@ -70,14 +70,14 @@ static void kv_write(const dsv4_kv_geom *g, int64_t slot, const uint16_t *kv, co
 static void gather_row(const dsv4_kv_geom *g, int64_t slot, uint16_t *out)
 {
     const uint8_t *data = dsv4_kv_data(g, slot), *sc = dsv4_kv_scale_row(g, slot);
-    for (int grp = 0; grp < NOPE / 64; grp++) {
+    for (int grp = 0; grp < DSV4_KVE_GROUPS; grp++) {
         __m512 s = _mm512_set1_ps(dsv4_e8m0_to_f32(sc[grp]));
         for (int c = 0; c < 4; c++) {
             __m512 v = _mm512_mul_ps(v512_e4m3_decode(data + 64 * grp + 16 * c), s);
             _mm256_storeu_si256((__m256i *)(out + 64 * grp + 16 * c), v512_bf16_encode(v));
         }
     }
-    memcpy(out + NOPE, data + NOPE, 128);
+    memcpy(out + NOPE, data + NOPE, DSV4_KVE_ROPE_BYTES);
 }
 
 static void inv_rope_row(uint16_t *o, const float *cs)
@@ -131,7 +131,7 @@ static inline void load_entry(const e4m3_bf16_lut *lut, const dsv4_kv_geom *g, i
     }
     const uint8_t *data = dsv4_kv_data(g, slot), *sc = dsv4_kv_scale_row(g, slot);
     const __m512i q0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), q1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    for (int grp = 0; grp < NOPE / 64; grp++) {
+    for (int grp = 0; grp < DSV4_KVE_GROUPS; grp++) {
         __m512i c = _mm512_loadu_si512(data + 64 * grp);
         __m512i a = _mm512_and_si512(c, _mm512_set1_epi8(0x7F));
         int b = sc[grp];

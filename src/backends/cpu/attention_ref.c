@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#define NOPE DSV4_KV_NOPE_DIM
+#define NOPE DSV4_KVE_NOPE_DIM
 
 void dsv4_ref_rope_pairs(float *x, const float *cs, int inverse)
 {
@@ -59,9 +59,9 @@ void dsv4_ref_kv_write(const dsv4_kv_geom *g, int64_t slot, const uint16_t *kv, 
     float x[NOPE];
     for (int d = 0; d < NOPE; d++) x[d] = dsv4_bf16_to_f32(kv[d]);
     uint8_t *data = dsv4_kv_data(g, slot), *sc = dsv4_kv_scale_row(g, slot);
-    for (int grp = 0; grp < NOPE / 64; grp++)
+    for (int grp = 0; grp < DSV4_KVE_GROUPS; grp++)
         sc[grp] = dsv4_quantize_group(&dsv4_qrules[DSV4_QRULE_KV64], x + 64 * grp, 64, data + 64 * grp);
-    sc[7] = 0;
+    sc[DSV4_KVE_GROUPS] = 0; /* the pad byte */
     memcpy(data + NOPE, rope_bits, 64 * sizeof *rope_bits); /* little-endian BF16 */
 }
 

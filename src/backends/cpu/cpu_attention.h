@@ -5,19 +5,19 @@
 
 #include "core/ops_attention.h"
 #include "formats/codec.h"
+#include "formats/kv_entry.h"
 
 extern const struct dsv4_attention_ops dsv4_cpu_ref_attention_ops;
 extern const struct dsv4_attention_ops dsv4_cpu_attention_ops;
 
-/* ---- cache addressing --------------------------------------------------------------------- */
+/* ---- cache addressing (the layout: formats/kv_entry.h) ------------------------------------- */
 static inline uint8_t *dsv4_kv_data(const dsv4_kv_geom *g, int64_t slot)
 {
-    return g->pages + (slot / g->block_size) * g->page_stride + (slot % g->block_size) * DSV4_KV_DATA_BYTES;
+    return g->pages + dsv4_kve_slot_data(g->page_stride, g->block_size, slot);
 }
 static inline uint8_t *dsv4_kv_scale_row(const dsv4_kv_geom *g, int64_t slot)
 {
-    return g->pages + (slot / g->block_size) * g->page_stride + g->block_size * DSV4_KV_DATA_BYTES +
-           (slot % g->block_size) * DSV4_KV_SCALE_BYTES;
+    return g->pages + dsv4_kve_slot_scale(g->page_stride, g->block_size, slot);
 }
 static inline int dsv4_kv_valid(const dsv4_kv_geom *g, int64_t slot) { return slot >= 0 && slot < g->num_slots; }
 

@@ -24,6 +24,7 @@
  * and applies the sink. */
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "formats/kv_entry.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -53,11 +54,18 @@ __device__ unsigned long long dsv4_ws_prof[3][8];
 #define NT 256           /* threads per CTA */
 #define KB 64            /* entries per block */
 #define ROW_BYTES 1024   /* one BF16 512-vector */
-/* Raw FP8 entries in shared memory: 576 data bytes at a 592-byte stride (37 x 16: the 16-byte
- * reads of 8 consecutive entries hit 8 different bank groups), then 8 scale bytes per entry. */
+/* Raw FP8 entries (formats/kv_entry.h) in shared memory: 576 data bytes at a 592-byte stride
+ * (37 x 16: the 16-byte reads of 8 consecutive entries hit 8 different bank groups), then 8 scale
+ * bytes per entry. */
 #define RAW_STRIDE 592
-#define RAW_BYTES (KB * RAW_STRIDE + KB * 8)
+#define RAW_BYTES (KB * RAW_STRIDE + KB * DSV4_KVE_SCALE_BYTES)
 #define RAW_SPAN 38912 /* RAW_BYTES rounded up to 1024 */
+/* The copies below move an entry as 512 + 64 data bytes and one 8-byte scale row, and dequantize
+ * 64-dim groups 0..6 (one E4M3 byte per dim) with group 7 the BF16 part at byte 448. */
+static_assert(DSV4_KVE_DATA_BYTES == 512 + 64 && DSV4_KVE_SCALE_BYTES == 8 && DSV4_KVE_GROUP == 64 &&
+                  DSV4_KVE_NOPE_BYTES == DSV4_KVE_GROUPS * DSV4_KVE_GROUP && RAW_STRIDE >= DSV4_KVE_DATA_BYTES &&
+                  RAW_SPAN >= RAW_BYTES,
+              "decode_cuda.cu: the entry copies assume the layout of formats/kv_entry.h");
 
 /* Byte offset of 16-byte chunk c (0..63) of row `row` in a tile of `rows` BF16 512-vectors: eight
  * column blocks of 64 values, each [rows][128 B] with the 128-byte swizzle (cuda_device.cuh). */
@@ -162,8 +170,8 @@ static DSV4_CU_INLINE int entry_source(const dsv4_cu_decode &p, const ent_pf &f,
         row = idx;
     }
     const uint8_t *base = c.pages + page * c.page_stride;
-    *data = base + row * 576;
-    *scl = base + bs * 576 + row * 8;
+    *data = base + dsv4_kve_row_data(row);
+    *scl = base + dsv4_kve_row_scale(bs, row);
     return 1;
 }
 
@@ -189,14 +197,14 @@ static DSV4_CU_INLINE void load_block(const dsv4_cu_decode &p, const ent_pf &f, 
         if (FP8) {
             if (!g) continue; /* masked: the dequantization writes zeros */
             uint8_t *raw = dst + e * RAW_STRIDE;
-            uint8_t *rs = dst + KB * RAW_STRIDE + e * 8;
+            uint8_t *rs = dst + KB * RAW_STRIDE + e * DSV4_KVE_SCALE_BYTES;
             if (p.aligned) {
                 cu_cp_async16(cu_smem(raw + lane * 16), src + lane * 16);
                 if (lane < 4) cu_cp_async16(cu_smem(raw + 512 + lane * 16), src + 512 + lane * 16);
                 if (lane == 4) cu_cp_async8(cu_smem(rs), ssrc);
             } else {
-                for (int b = lane; b < 576; b += 32) raw[b] = src[b];
-                if (lane < 8) rs[lane] = ssrc[lane];
+                for (int b = lane; b < DSV4_KVE_DATA_BYTES; b += 32) raw[b] = src[b];
+                if (lane < DSV4_KVE_SCALE_BYTES) rs[lane] = ssrc[lane];
             }
         } else {
 #pragma unroll
@@ -241,7 +249,7 @@ static DSV4_CU_INLINE void dequant_block(const uint8_t *raw, uint8_t *tile, cons
 {
     const uint8_t *rs = raw + KB * RAW_STRIDE;
 #pragma unroll 1
-    for (int it = 0; it < (KB * 8) / NT; it++) {
+    for (int it = 0; it < (KB * (DSV4_KVE_DIM / DSV4_KVE_GROUP)) / NT; it++) {
         const int task = it * NT + tid, e = task & (KB - 1), g = task / KB;
         uint8_t *dst = tile + g * (KB * 128) + e * 128;
         const int sw = e & 7;
@@ -251,8 +259,8 @@ static DSV4_CU_INLINE void dequant_block(const uint8_t *raw, uint8_t *tile, cons
             continue;
         }
         const uint4 *src = (const uint4 *)(raw + e * RAW_STRIDE + g * 64);
-        if (g < 7) {
-            const uint32_t sb = rs[e * 8 + g];
+        if (g < DSV4_KVE_GROUPS) {
+            const uint32_t sb = rs[e * DSV4_KVE_SCALE_BYTES + g];
             uint4 c[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) c[q] = src[q];
@@ -878,7 +886,7 @@ template <int NCTA> struct ws_round {
 /* One producer thread's share of a round: one entry's 16-byte quarter of each 64-byte group
  * (seven FP8 groups, the two halves of the BF16 RoPE part) and its scale bytes. */
 typedef struct {
-    uint4 d[7], rp[2];
+    uint4 d[DSV4_KVE_GROUPS], rp[2];
     uint2 s8;
     int good;
 } ws_raw;
@@ -889,13 +897,13 @@ static DSV4_CU_INLINE void ws_load(const dsv4_cu_decode &p, const ent_pf &f, int
     w.good = entry_source<true>(p, f, &src, &ssrc);
     if (w.good) {
 #pragma unroll
-        for (int g = 0; g < 7; g++) w.d[g] = cu_ldg16_stream(src + g * 64 + q4 * 16);
+        for (int g = 0; g < DSV4_KVE_GROUPS; g++) w.d[g] = cu_ldg16_stream(src + g * DSV4_KVE_GROUP + q4 * 16);
 #pragma unroll
-        for (int i = 0; i < 2; i++) w.rp[i] = cu_ldg16_stream(src + 448 + i * 64 + q4 * 16);
+        for (int i = 0; i < 2; i++) w.rp[i] = cu_ldg16_stream(src + DSV4_KVE_NOPE_BYTES + i * 64 + q4 * 16);
         w.s8 = cu_ldg8_stream(ssrc);
     } else { /* masked: zeros (scale 2^-127, finite) */
 #pragma unroll
-        for (int g = 0; g < 7; g++) w.d[g] = make_uint4(0, 0, 0, 0);
+        for (int g = 0; g < DSV4_KVE_GROUPS; g++) w.d[g] = make_uint4(0, 0, 0, 0);
         w.rp[0] = w.rp[1] = make_uint4(0, 0, 0, 0);
         w.s8 = make_uint2(0, 0);
     }
@@ -908,7 +916,7 @@ static DSV4_CU_INLINE void ws_store(uint32_t base, uint32_t tile, uint32_t okoff
     const uint32_t row = base + tile + e * 128;
     const int sw = e & 7;
 #pragma unroll
-    for (int g = 0; g < 7; g++) {
+    for (int g = 0; g < DSV4_KVE_GROUPS; g++) {
         uint4 v[2];
         cu_e4m3x16_bf16<false>(w.d[g], ((g < 4 ? w.s8.x : w.s8.y) >> (8 * (g & 3))) & 0xFFu, v);
         cu_sts16(row + g * (KB * 128) + (((2 * q4) ^ sw) << 4), v[0]);

@@ -8,8 +8,12 @@
  * one call keeps the later row (as the sequential CPU loop does). */
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_kernels.h"
+#include "formats/kv_entry.h"
 
 #define WARPS_PER_BLOCK 8
+/* One warp per entry row, 16 dims per lane: lanes 0..27 the E4M3 groups (4 lanes each), 28..31 the BF16 part. */
+static_assert(DSV4_KVE_DIM == 32 * 16 && DSV4_KVE_NOPE_DIM == 28 * 16 && DSV4_KVE_GROUP == 4 * 16,
+              "kv_cuda.cu: the lane map assumes the 448 + 64 entry of formats/kv_entry.h");
 
 /* 16 BF16 values (two 16-byte loads) -> floats. */
 static DSV4_CU_INLINE void load_row16(const uint16_t *p, float *v)
@@ -99,7 +103,7 @@ static DSV4_CU_INLINE void kv_row(const dsv4_cu_insert &a, long long i, int lane
     load_row16(a.kv + i * a.ld_kv + lane * 16, v);
     long long row;
     uint8_t *page = entry_page(a.pages, a.page_stride, a.block_size, slot, &row);
-    uint8_t *entry = page + row * 576;
+    uint8_t *entry = page + dsv4_kve_row_data(row);
 
     /* Group amax over the 4 lanes of a 64-dim group (NaN skipped, as the codec's loop does). */
     float amax = 0.0f;
@@ -127,22 +131,22 @@ static DSV4_CU_INLINE void kv_row(const dsv4_cu_insert &a, long long i, int lane
         uint32_t bits[16];
 #pragma unroll
         for (int k = 0; k < 16; k++) bits[k] = cu_f32_bf16(v[k]);
-        store_row16((uint16_t *)(entry + 448 + (lane - 28) * 32), bits);
+        store_row16((uint16_t *)(entry + DSV4_KVE_NOPE_BYTES + (lane - 28) * 32), bits);
     }
     /* 7 scale bytes (group g from lane 4g) and the zero pad byte. */
     uint32_t lo = 0, hi = 0;
 #pragma unroll
-    for (int g = 0; g < 7; g++) {
+    for (int g = 0; g < DSV4_KVE_GROUPS; g++) {
         uint32_t b = __shfl_sync(0xFFFFFFFFu, sbyte, 4 * g);
         if (g < 4) lo |= b << (8 * g);
         else hi |= b << (8 * (g - 4));
     }
     if (lane == 0) {
-        uint8_t *s = page + a.block_size * 576 + row * 8;
+        uint8_t *s = page + dsv4_kve_row_scale(a.block_size, row);
         if (((uintptr_t)s & 7u) == 0) {
             *(uint2 *)s = make_uint2(lo, hi);
         } else {
-            for (int k = 0; k < 8; k++) s[k] = (uint8_t)((k < 4 ? lo : hi) >> (8 * (k & 3)));
+            for (int k = 0; k < DSV4_KVE_SCALE_BYTES; k++) s[k] = (uint8_t)((k < 4 ? lo : hi) >> (8 * (k & 3)));
         }
     }
 }
@@ -182,14 +186,14 @@ __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     }
     long long row;
     const uint8_t *page = entry_page((uint8_t *)c.pages, c.page_stride, c.block_size, slot, &row);
-    const uint8_t *entry = page + row * 576;
+    const uint8_t *entry = page + dsv4_kve_row_data(row);
     if (lane < 28) {
         uint4 v[2];
-        cu_e4m3x16_bf16<true>(cu_ld16(entry + lane * 16), page[c.block_size * 576 + row * 8 + (lane >> 2)], v);
+        cu_e4m3x16_bf16<true>(cu_ld16(entry + lane * 16), page[dsv4_kve_row_scale(c.block_size, row) + (lane >> 2)], v);
         cu_st16(dst, v[0]);
         cu_st16(dst + 8, v[1]);
     } else {
-        const uint8_t *src = entry + 448 + (lane - 28) * 32;
+        const uint8_t *src = entry + DSV4_KVE_NOPE_BYTES + (lane - 28) * 32;
         cu_st16(dst, cu_ld16(src));
         cu_st16(dst + 8, cu_ld16(src + 16));
     }
@@ -214,7 +218,7 @@ __global__ void inv_rope_kernel(uint16_t *o, long long st, long long sh, long lo
     long long th = g >> 5, i = th / h, j = th % h;
     long long pos = positions[i];
     if (pos < 0 || pos >= max_pos) return;
-    uint16_t *p = o + i * st + j * sh + 448 + 2 * pair;
+    uint16_t *p = o + i * st + j * sh + DSV4_KVE_NOPE_DIM + 2 * pair;
     float a = cu_bf16_f32(p[0]), b = cu_bf16_f32(p[1]);
     float c = rope[pos * 64 + pair], s = rope[pos * 64 + 32 + pair];
     p[0] = (uint16_t)cu_f32_bf16(__fadd_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
