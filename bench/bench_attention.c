@@ -164,7 +164,7 @@ int dsv4_bench_attention(int argc, char **argv)
     dsv4_kv_cache cache;
     if (dsv4_kv_cache_view(&cache, pages, num_pages, BS, DSV4_DEVICE_CPU, 0)) die("cache view");
     dsv4_ctx *ctx = NULL;
-    dsv4_ctx_options o = {"cpu", threads, 0};
+    dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
     if (dsv4_ctx_create(&o, &ctx)) die("context");
     {   /* fill the cache through the insert: rows of randn-like BF16 values */
         const int64_t chunk = 4096, nslots = num_pages * BS;

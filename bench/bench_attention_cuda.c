@@ -8,8 +8,8 @@
  * Every timing replays a CUDA graph of NSETS calls over different random index sets drawn from a
  * 600 MB cache pool (so the entries come from HBM, not L2), median of 5 replays.
  * Both sections also time other kernels of the launcher on the same calls (--compare LIST, default
- * "ws1,v1": $DSV4_CUDA_DECODE forced to each; time / default time is printed), and section (1)
- * the mma.sync kernel (DSV4_CUDA_MMA_SYNC=1). Options: --quick (fewer shapes), --peak-tflops X
+ * "ws1,v1": a context with cuda_decode forced to each; time / default time is printed), and section (1)
+ * the mma.sync kernel (cuda_decode "mma-sync"). Options: --quick (fewer shapes), --peak-tflops X
  * (a bf16 matmul rate measured elsewhere in the same run, printed as a ratio). */
 #include "bench.h"
 #include "dsv4.h"
@@ -191,8 +191,16 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
         return 0;
     }
     bctx b = {0};
-    dsv4_ctx_options o = {"cuda", 1, 0};
+    dsv4_ctx_options o = {.backend = "cuda", .threads = 1};
     if (dsv4_ctx_create(&o, &b.ctx)) die("ctx");
+    /* the same calls on other kernels of the launcher: contexts with a forced cuda_decode */
+    dsv4_ctx *cmp_ctx[8], *mma_ctx = NULL, *main_ctx = b.ctx;
+    for (int v = 0; v < ncmp; v++) {
+        dsv4_ctx_options oc = {.backend = "cuda", .threads = 1, .cuda_decode = cmp[v]};
+        if (dsv4_ctx_create(&oc, &cmp_ctx[v])) die("ctx (--compare)");
+    }
+    dsv4_ctx_options om = {.backend = "cuda", .threads = 1, .cuda_decode = "mma-sync"};
+    if (dsv4_ctx_create(&om, &mma_ctx)) die("ctx (mma-sync)");
     dsv4_device_info info;
     if (dsv4_device_info_get(b.ctx, &info)) die("info");
     double copy = copy_bandwidth(b.ctx);
@@ -286,15 +294,15 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
             dsv4_device_upload(b.ctx, b.pidx, pi, (size_t)s->t * e * 4);
             double us = time_us(&b, s, 0), alt[8];
             for (int v = 0; v < ncmp; v++) { /* the same calls on another kernel of the launcher */
-                setenv("DSV4_CUDA_DECODE", cmp[v], 1);
+                b.ctx = cmp_ctx[v];
                 alt[v] = time_us(&b, s, 0);
-                unsetenv("DSV4_CUDA_DECODE");
+                b.ctx = main_ctx;
             }
             double tp = (pass || !quick) ? time_us(&b, s, 1) : 0, mma = 0;
             if (!pass) { /* the same call on the mma.sync kernel (the warpgroup-MMA one is the default) */
-                setenv("DSV4_CUDA_MMA_SYNC", "1", 1);
+                b.ctx = mma_ctx;
                 mma = time_us(&b, s, 0);
-                unsetenv("DSV4_CUDA_MMA_SYNC");
+                b.ctx = main_ctx;
             }
             double flop = 2.0 * s->t * s->h * (double)e * 1024;
             double bytes = (double)s->t * e * (584 + 4) + 2.0 * s->t * s->h * 1024;
@@ -314,6 +322,8 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
            "inputs). %% copy compares the bytes one call\n"
            "must move (584 B + a 4-byte index per entry, q and out) with the measured device copy rate.\n");
     free(hq), free(fq), free(i0), free(i1), free(gs), free(pi);
+    for (int v = 0; v < ncmp; v++) dsv4_ctx_destroy(cmp_ctx[v]);
+    dsv4_ctx_destroy(mma_ctx);
     dsv4_ctx_destroy(b.ctx);
     return 0;
 }

@@ -51,7 +51,7 @@ int dsv4_bench_formats(int argc, char **argv)
     bench_fill_random_f32(x, (size_t)(rows * k), 1, 3.0f);
 
     dsv4_ctx *fast = NULL, *ref = NULL;
-    dsv4_ctx_options o = {"cpu", threads, 0}, orf = {"cpu-ref", threads, 0};
+    dsv4_ctx_options o = {.backend = "cpu", .threads = threads}, orf = {.backend = "cpu-ref", .threads = threads};
     if (dsv4_ctx_create(&o, &fast) || dsv4_ctx_create(&orf, &ref)) {
         fprintf(stderr, "bench formats: %s\n", dsv4_last_error());
         return 1;

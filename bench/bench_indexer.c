@@ -224,7 +224,7 @@ int dsv4_bench_indexer(int argc, char **argv)
     double bw = bench_read_bandwidth(quick ? ((size_t)256 << 20) : ((size_t)1 << 30), threads, 3);
     double fma = bench_fma_peak(threads);
     dsv4_ctx *fast = NULL, *ref = NULL;
-    dsv4_ctx_options o = {"cpu", threads, 0}, orf = {"cpu-ref", threads, 0};
+    dsv4_ctx_options o = {.backend = "cpu", .threads = threads}, orf = {.backend = "cpu-ref", .threads = threads};
     if (dsv4_ctx_create(&o, &fast) || dsv4_ctx_create(&orf, &ref)) die("ctx");
     printf("dsv4 bench indexer — %d thread(s), cpu isa %s; 64 heads x 128, 1 query, top-%d, 68 B/entry\n", threads,
            dsv4_cpu_isa(), TOPK);

@@ -376,7 +376,7 @@ int dsv4_bench_layer(int argc, char **argv)
     printf("dsv4 bench layer — %d thread(s), cpu isa %s; fp32 FMA peak (measured now): %.0f GFLOP/s\n\n", threads,
            dsv4_cpu_isa(), peak);
     dsv4_ctx *fast = NULL, *ref = NULL;
-    dsv4_ctx_options o = {"cpu", threads, 0}, orf = {"cpu-ref", threads, 0};
+    dsv4_ctx_options o = {.backend = "cpu", .threads = threads}, orf = {.backend = "cpu-ref", .threads = threads};
     if (dsv4_ctx_create(&o, &fast) || dsv4_ctx_create(&orf, &ref)) die("contexts");
     const char *only = bench_opt_str(argc, argv, "--only", "");
     if (!*only || !strcmp(only, "mhc")) bench_mhc(fast, ref, threads, peak, quick);

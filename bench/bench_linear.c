@@ -242,7 +242,7 @@ int dsv4_bench_linear(int argc, char **argv)
     if (openblas_set_num_threads) openblas_set_num_threads(threads);
 #endif
     dsv4_ctx *ctx = NULL;
-    const dsv4_ctx_options o = {"cpu", threads, 0};
+    const dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
     if (dsv4_ctx_create(&o, &ctx)) die("context");
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     result *res = calloc((size_t)ncases * 4, sizeof(result));

@@ -137,7 +137,7 @@ static int bench_model(const char *name, const char *dir, int threads, int n_pre
         return 1;
     }
     dsv4_ctx *ctx = NULL;
-    dsv4_ctx_options co = {NULL, threads, 0};
+    dsv4_ctx_options co = {.backend = NULL, .threads = threads};
     dsv4_engine_options eo = {1024, 1, 64, 2, 0};
     dsv4_engine *e = NULL;
     if (dsv4_ctx_create(&co, &ctx) != DSV4_OK || dsv4_engine_create(ctx, dir, &eo, &e) != DSV4_OK) {

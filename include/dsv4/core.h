@@ -38,21 +38,34 @@ DSV4_API void dsv4_clear_error(void);
 DSV4_API const char *dsv4_version(void);
 
 /* ---- execution context -------------------------------------------------------------------
- * A context names the backend that runs the ops and how many CPU threads they may use.
- * Passing NULL as a context means the default one: backend from $DSV4_BACKEND (else "cpu"),
- * threads from $DSV4_THREADS (else all cores). Results never depend on the thread count. */
+ * A context names the backend that runs the ops, how many CPU threads they may use and which
+ * kernels run. Passing NULL as a context means the default one: backend from $DSV4_BACKEND (else
+ * "cpu"), threads from $DSV4_THREADS (else all cores), kernel choices from their environment
+ * variables. Every option is read once, when the context is created. Results never depend on the
+ * thread count. A zero-initialized dsv4_ctx_options asks for every default. */
 typedef struct dsv4_ctx dsv4_ctx;
 
 typedef struct dsv4_ctx_options {
     const char *backend; /* NULL: $DSV4_BACKEND or "cpu" */
     int threads;         /* 0: $DSV4_THREADS or all cores */
     int device;          /* device ordinal for accelerator backends */
+    /* cpu backend: cap its kernels at "scalar", "avx2" or "avx512" (a cap only: a machine without
+     * the ISA runs a lower one). NULL: $DSV4_CPU_ISA, else the best present. */
+    const char *cpu_isa;
+    /* cuda backend: the decode kernel for 64-head tiles of FP8 pages, "auto" (ws2, or v1 where a
+     * CTA gets one block of entries), "ws2", "ws1", "v1" or "mma-sync" (the mma.sync kernels
+     * instead of the warpgroup-MMA ones, BF16 rows too), optionally followed by ",no-pair" (the two
+     * 64-head tiles of H 128 in separate CTAs). NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
+     * and $DSV4_CUDA_NO_PAIR=1, else "auto". Other backends ignore it. */
+    const char *cuda_decode;
 } dsv4_ctx_options;
 
 DSV4_API dsv4_status dsv4_ctx_create(const dsv4_ctx_options *options, dsv4_ctx **out);
 DSV4_API void dsv4_ctx_destroy(dsv4_ctx *ctx);
 DSV4_API const char *dsv4_ctx_backend_name(const dsv4_ctx *ctx);
 DSV4_API int dsv4_ctx_threads(const dsv4_ctx *ctx);
+/* The kernels a context's cpu backend runs, named as dsv4_cpu_isa() names them. */
+DSV4_API const char *dsv4_ctx_cpu_isa(const dsv4_ctx *ctx);
 
 /* Registered backends, in registration order ("cpu", "cpu-ref", and "cuda" when built with it). */
 DSV4_API int dsv4_backend_count(void);
@@ -60,7 +73,9 @@ DSV4_API const char *dsv4_backend_name(int index);
 /* DSV4_OK if the backend can run here (e.g. a CUDA device is present), else why not. */
 DSV4_API dsv4_status dsv4_backend_available(const char *name);
 
-/* CPU facts for `dsv4 info`: the instruction sets found and the one the cpu backend uses. */
+/* CPU facts for `dsv4 info`: the instruction sets found, and the kernels the cpu backend of a
+ * context created now would run ("avx512+bf16", "avx512", "avx2" or "scalar"; $DSV4_CPU_ISA read
+ * at this call). */
 DSV4_API const char *dsv4_cpu_features(void);
 DSV4_API const char *dsv4_cpu_isa(void);
 DSV4_API int dsv4_default_threads(void);

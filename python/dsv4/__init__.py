@@ -18,5 +18,10 @@ from .engine import Engine  # noqa: F401  (dsv4.engine: generate, forward, sampl
 from .tokenizer import DecodeStream, Tokenizer, parse_completion, render_chat  # noqa: F401
 
 
-def cpu_isa():
-    return lib.dsv4_cpu_isa().decode()
+def cpu_isa(backend=None, threads=None):
+    """The kernels the cpu backend runs: of a context created now (no arguments; $DSV4_CPU_ISA is
+    read at this call), or of the binding's context for (backend, threads)."""
+    if backend is None and threads is None:
+        return lib.dsv4_cpu_isa().decode()
+    from ._lib import ctx
+    return lib.dsv4_ctx_cpu_isa(ctx(backend, threads)).decode()

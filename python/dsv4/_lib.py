@@ -52,13 +52,16 @@ class Tensor(ctypes.Structure):
 
 
 class CtxOptions(ctypes.Structure):
-    _fields_ = [("backend", ctypes.c_char_p), ("threads", ctypes.c_int), ("device", ctypes.c_int)]
+    _fields_ = [("backend", ctypes.c_char_p), ("threads", ctypes.c_int), ("device", ctypes.c_int),
+                ("cpu_isa", ctypes.c_char_p), ("cuda_decode", ctypes.c_char_p)]
 
 
 lib.dsv4_last_error.restype = ctypes.c_char_p
 lib.dsv4_backend_name.restype = ctypes.c_char_p
 lib.dsv4_ctx_backend_name.restype = ctypes.c_char_p
 lib.dsv4_cpu_isa.restype = ctypes.c_char_p
+lib.dsv4_ctx_cpu_isa.restype = ctypes.c_char_p
+lib.dsv4_ctx_cpu_isa.argtypes = [ctypes.c_void_p]
 lib.dsv4_cpu_features.restype = ctypes.c_char_p
 lib.dsv4_ctx_create.argtypes = [ctypes.POINTER(CtxOptions), ctypes.POINTER(ctypes.c_void_p)]
 lib.dsv4_ctx_destroy.argtypes = [ctypes.c_void_p]
@@ -71,12 +74,17 @@ def check(status):
 
 _contexts = {}
 
+# The environment variables a context reads its kernel choices from when it is created
+# (include/dsv4/core.h); a cached context is one per value they have at the call.
+_KERNEL_ENV = ("DSV4_CPU_ISA", "DSV4_CUDA_DECODE", "DSV4_CUDA_MMA_SYNC", "DSV4_CUDA_NO_PAIR")
+
 
 def ctx(backend=None, threads=None):
-    """A cached library context for (backend, threads); None means the library default."""
+    """A cached library context for (backend, threads) and the kernel choices the environment
+    makes now ($DSV4_CPU_ISA, $DSV4_CUDA_*); None means the library default."""
     if backend is None and threads is None:
         return None
-    key = (backend, threads or 0)
+    key = (backend, threads or 0) + tuple(os.environ.get(v) for v in _KERNEL_ENV)
     c = _contexts.get(key)
     if c is None:
         opts = CtxOptions(backend.encode() if backend else None, threads or 0, 0)

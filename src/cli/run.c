@@ -344,7 +344,7 @@ int dsv4_cmd_run(int argc, char **argv)
     if (rc) return rc;
     dsv4_ctx *ctx = NULL;
     if (a.backend || a.threads) {
-        dsv4_ctx_options co = {a.backend, a.threads, 0};
+        dsv4_ctx_options co = {.backend = a.backend, .threads = a.threads};
         if (dsv4_ctx_create(&co, &ctx) != DSV4_OK) return fail(dsv4_last_error());
     }
     dsv4_engine_options eo = {a.max_context, a.max_seqs, a.max_batch, a.mtp, 0};

@@ -12,11 +12,17 @@
 #include "dsv4/formats.h"
 #include "dsv4/tensor.h"
 
-/* How one call may run: CPU threads, device ordinal and stream (accelerators). */
+/* CPU instruction-set levels (core/cpu.c); cumulative. */
+typedef enum dsv4_isa { DSV4_ISA_SCALAR = 0, DSV4_ISA_AVX2 = 1, DSV4_ISA_AVX512 = 2 } dsv4_isa;
+
+/* How one call may run: CPU threads, device ordinal and stream (accelerators), and the kernel
+ * choices fixed when the context was created (never re-read on a call). */
 typedef struct dsv4_exec {
     int threads;
     int device;
     void *stream;
+    dsv4_isa isa; /* level of the cpu backend's kernels: the best present, capped by the context */
+    int variant;  /* the backend's own kernel choice, set by its configure hook (0: defaults) */
 } dsv4_exec;
 
 struct dsv4_format_ops;    /* core/ops_formats.h */
@@ -30,6 +36,10 @@ typedef struct dsv4_backend {
     const char *name;
     dsv4_device_kind device;
     dsv4_status (*available)(void); /* NULL: always */
+    /* Context creation: check the options this backend reads (or their environment defaults) and
+     * record its choice in ex->variant; a bad option is an error with a message, a bad environment
+     * value a warning on stderr. NULL: the backend has no options of its own. */
+    dsv4_status (*configure)(const dsv4_ctx_options *options, dsv4_exec *ex);
     const struct dsv4_memory_ops *memory;
     const struct dsv4_format_ops *formats;
     const struct dsv4_attention_ops *attention;
@@ -54,12 +64,17 @@ dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream);
          ? DSV4_OK                                                                                 \
          : dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: backend '%s' does not implement it", op, (b)->name))
 
-/* CPU facts (core/cpu.c). Levels are cumulative. */
-typedef enum dsv4_isa { DSV4_ISA_SCALAR = 0, DSV4_ISA_AVX2 = 1, DSV4_ISA_AVX512 = 2 } dsv4_isa;
-/* The ISA the cpu backend uses: the best one present, capped by $DSV4_CPU_ISA
- * (scalar|avx2|avx512) so tests can run every path on one machine. */
-dsv4_isa dsv4_cpu_isa_level(void);
-/* AVX-512 BF16 dot products (vdpbf16ps) present and allowed. */
-int dsv4_cpu_has_avx512bf16(void);
+/* CPU facts (core/cpu.c). */
+/* The best level this machine has. */
+dsv4_isa dsv4_cpu_isa_best(void);
+/* The level a context runs: the best one, capped by `name` ("scalar", "avx2", "avx512"), or when
+ * name is NULL by $DSV4_CPU_ISA (tests run every path on one machine that way). An unknown name
+ * is DSV4_ERR_INVALID_ARG; an unknown $DSV4_CPU_ISA is a warning on stderr and no cap. */
+dsv4_status dsv4_cpu_isa_resolve(const char *name, dsv4_isa *out);
+/* At a level: AVX-512 BF16 dot products (vdpbf16ps), AVX-512 VNNI present and allowed. */
+int dsv4_cpu_isa_bf16(dsv4_isa isa);
+int dsv4_cpu_isa_vnni(dsv4_isa isa);
+/* The name of a level as dsv4_cpu_isa() reports it ("avx512+bf16", "avx512", "avx2", "scalar"). */
+const char *dsv4_cpu_isa_name(dsv4_isa isa);
 
 #endif

@@ -1,5 +1,6 @@
 /* CPU facts: instruction sets (run-time detection) and the default thread count. */
 #include "core/backend.h"
+#include "core/error.h"
 
 #include <omp.h>
 #include <pthread.h>
@@ -28,27 +29,58 @@ static void detect(void)
     if (!features[0]) snprintf(features, sizeof features, "(no vector extensions used)");
 }
 
-static dsv4_isa cap(void)
-{
-    const char *s = getenv("DSV4_CPU_ISA");
-    if (!s || !*s) return DSV4_ISA_AVX512;
-    if (!strcmp(s, "scalar")) return DSV4_ISA_SCALAR;
-    if (!strcmp(s, "avx2")) return DSV4_ISA_AVX2;
-    return DSV4_ISA_AVX512;
-}
-
-dsv4_isa dsv4_cpu_isa_level(void)
+dsv4_isa dsv4_cpu_isa_best(void)
 {
     pthread_once(&once, detect);
-    dsv4_isa best = has_avx512 ? DSV4_ISA_AVX512 : has_avx2 ? DSV4_ISA_AVX2 : DSV4_ISA_SCALAR;
-    dsv4_isa c = cap();
-    return best < c ? best : c;
+    return has_avx512 ? DSV4_ISA_AVX512 : has_avx2 ? DSV4_ISA_AVX2 : DSV4_ISA_SCALAR;
 }
 
-int dsv4_cpu_has_avx512bf16(void)
+static int parse_isa(const char *s, dsv4_isa *out)
+{
+    if (!strcmp(s, "scalar")) *out = DSV4_ISA_SCALAR;
+    else if (!strcmp(s, "avx2")) *out = DSV4_ISA_AVX2;
+    else if (!strcmp(s, "avx512")) *out = DSV4_ISA_AVX512;
+    else return 0;
+    return 1;
+}
+
+dsv4_status dsv4_cpu_isa_resolve(const char *name, dsv4_isa *out)
+{
+    dsv4_isa cap = DSV4_ISA_AVX512;
+    if (name) {
+        if (!parse_isa(name, &cap))
+            return dsv4_fail(DSV4_ERR_INVALID_ARG, "context: cpu_isa '%s' is not one of scalar, avx2, avx512", name);
+    } else {
+        const char *env = getenv("DSV4_CPU_ISA");
+        if (env && *env && !parse_isa(env, &cap)) {
+            fprintf(stderr, "dsv4: warning: DSV4_CPU_ISA='%s' is not one of scalar, avx2, avx512; not capping\n", env);
+            cap = DSV4_ISA_AVX512;
+        }
+    }
+    dsv4_isa best = dsv4_cpu_isa_best();
+    *out = best < cap ? best : cap;
+    return DSV4_OK;
+}
+
+int dsv4_cpu_isa_bf16(dsv4_isa isa)
 {
     pthread_once(&once, detect);
-    return has_bf16 && dsv4_cpu_isa_level() == DSV4_ISA_AVX512;
+    return has_bf16 && isa == DSV4_ISA_AVX512;
+}
+
+int dsv4_cpu_isa_vnni(dsv4_isa isa)
+{
+    pthread_once(&once, detect);
+    return has_vnni && isa == DSV4_ISA_AVX512;
+}
+
+const char *dsv4_cpu_isa_name(dsv4_isa isa)
+{
+    switch (isa) {
+    case DSV4_ISA_AVX512: return dsv4_cpu_isa_bf16(isa) ? "avx512+bf16" : "avx512";
+    case DSV4_ISA_AVX2: return "avx2";
+    default: return "scalar";
+    }
 }
 
 const char *dsv4_cpu_features(void)
@@ -59,11 +91,9 @@ const char *dsv4_cpu_features(void)
 
 const char *dsv4_cpu_isa(void)
 {
-    switch (dsv4_cpu_isa_level()) {
-    case DSV4_ISA_AVX512: return dsv4_cpu_has_avx512bf16() ? "avx512+bf16" : "avx512";
-    case DSV4_ISA_AVX2: return "avx2";
-    default: return "scalar";
-    }
+    dsv4_isa isa = DSV4_ISA_SCALAR;
+    dsv4_cpu_isa_resolve(NULL, &isa); /* never fails without a name */
+    return dsv4_cpu_isa_name(isa);
 }
 
 int dsv4_default_threads(void)

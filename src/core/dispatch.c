@@ -67,6 +67,12 @@ static dsv4_status ctx_init(dsv4_ctx *c, const dsv4_ctx_options *o)
     c->exec.threads = threads > 0 ? threads : dsv4_default_threads();
     c->exec.device = o ? o->device : 0;
     c->exec.stream = NULL;
+    c->exec.variant = 0;
+    DSV4_TRY(dsv4_cpu_isa_resolve(o ? o->cpu_isa : NULL, &c->exec.isa));
+    if (b->configure) {
+        static const dsv4_ctx_options none = {0};
+        DSV4_TRY(b->configure(o ? o : &none, &c->exec));
+    }
     return DSV4_OK;
 }
 
@@ -127,4 +133,11 @@ int dsv4_ctx_threads(const dsv4_ctx *ctx)
     const dsv4_backend *b;
     dsv4_exec ex;
     return dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? ex.threads : 0;
+}
+
+const char *dsv4_ctx_cpu_isa(const dsv4_ctx *ctx)
+{
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    return dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? dsv4_cpu_isa_name(ex.isa) : NULL;
 }

@@ -399,7 +399,7 @@ dsv4_status dsv4_checkpoint_write(const char *dir, const dsv4_model_config *cfg,
             buf = malloc((size_t)biggest * 4 + 64);
             if (!scratch || !buf) st = dsv4_fail(DSV4_ERR_NO_MEMORY, "checkpoint_write: out of memory");
             /* one thread: the generation between quantize calls is serial, idle workers would only spin */
-            dsv4_ctx_options one = {NULL, 1, 0};
+            dsv4_ctx_options one = {.backend = NULL, .threads = 1};
             if (st == DSV4_OK) st = dsv4_ctx_create(&one, &ctx);
         }
     }

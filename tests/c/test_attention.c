@@ -10,7 +10,7 @@
 
 static dsv4_ctx *make_ctx(const char *backend, int threads)
 {
-    dsv4_ctx_options o = {backend, threads, 0};
+    dsv4_ctx_options o = {.backend = backend, .threads = threads};
     dsv4_ctx *c = NULL;
     if (dsv4_ctx_create(&o, &c) != DSV4_OK) {
         fprintf(stderr, "ctx %s: %s\n", backend, dsv4_last_error());
@@ -191,10 +191,11 @@ static void compare_decode(const char *what, decode_case *c, const uint16_t *o, 
     CHECK(lerr <= 1e-5 && !inf_bad, "%s: lse error %g, %d +inf mismatches", what, lerr, inf_bad);
 }
 
-static void test_decode_paths(fixture *f, dsv4_ctx *ref, dsv4_ctx *fast1, dsv4_ctx *fast2)
+/* fast[i][k]: the cpu backend capped at test_isas[i], with k + 1 threads */
+static void test_decode_paths(fixture *f, dsv4_ctx *ref, dsv4_ctx *fast[3][2])
 {
     const int64_t shapes[][4] = {{1, 64, 128, 512}, {3, 22, 128, 0}, {2, 1, 40, 70}, {5, 8, 200, 96}};
-    const char *isas[3] = {"avx512", "avx2", "scalar"};
+    const char *const *isas = test_isas;
     for (int sI = 0; sI < 4; sI++) {
         decode_case c;
         make_decode(&c, f, shapes[sI][0], shapes[sI][1], shapes[sI][2], shapes[sI][3]);
@@ -203,21 +204,19 @@ static void test_decode_paths(fixture *f, dsv4_ctx *ref, dsv4_ctx *fast1, dsv4_c
         float *rl = malloc(nl * 4), *l1 = malloc(nl * 4), *l2 = malloc(nl * 4);
         CHECK_STATUS(run_decode(ref, &c, ro, rl), DSV4_OK);
         for (int i = 0; i < 3; i++) {
-            setenv("DSV4_CPU_ISA", isas[i], 1);
-            CHECK_STATUS(run_decode(fast1, &c, o1, l1), DSV4_OK);
-            CHECK_STATUS(run_decode(fast2, &c, o2, l2), DSV4_OK);
+            CHECK_STATUS(run_decode(fast[i][0], &c, o1, l1), DSV4_OK);
+            CHECK_STATUS(run_decode(fast[i][1], &c, o2, l2), DSV4_OK);
             char what[96];
             snprintf(what, sizeof what, "decode T%lld H%lld %s", (long long)c.t, (long long)c.h, isas[i]);
             CHECK(!memcmp(o1, o2, no * 2) && !memcmp(l1, l2, nl * 4), "%s: 1 and 2 threads differ", what);
             compare_decode(what, &c, o1, l1, ro, rl);
         }
-        unsetenv("DSV4_CPU_ISA");
         free(ro), free(o1), free(o2), free(rl), free(l1), free(l2);
         free_decode(&c);
     }
 }
 
-static void test_insert_paths(fixture *f, dsv4_ctx *ref, dsv4_ctx *fast1, dsv4_ctx *fast2)
+static void test_insert_paths(fixture *f, dsv4_ctx *ref, dsv4_ctx *fast[3][2])
 {
     const int64_t n = 40, h = 6;
     uint16_t *q = malloc(n * h * 512 * 2), *q0 = malloc(n * h * 512 * 2), *qr = malloc(n * h * 512 * 2);
@@ -243,20 +242,17 @@ static void test_insert_paths(fixture *f, dsv4_ctx *ref, dsv4_ctx *fast1, dsv4_c
     CHECK_STATUS(dsv4_qnorm_rope_kv_insert(ref, &tq, &tkv, &f->kc, &ts, &tp, &f->trope, 1e-6f), DSV4_OK);
     memcpy(qr, q, n * h * 512 * 2);
     memcpy(cref, init, cb);
-    const char *isas[3] = {"avx512", "avx2", "scalar"};
-    dsv4_ctx *ctxs[2] = {fast1, fast2};
+    const char *const *isas = test_isas;
     for (int i = 0; i < 3; i++)
         for (int k = 0; k < 2; k++) {
-            setenv("DSV4_CPU_ISA", isas[i], 1);
             memcpy(init, saved, cb);
             memcpy(q, q0, n * h * 512 * 2);
-            CHECK_STATUS(dsv4_qnorm_rope_kv_insert(ctxs[k], &tq, &tkv, &f->kc, &ts, &tp, &f->trope, 1e-6f), DSV4_OK);
+            CHECK_STATUS(dsv4_qnorm_rope_kv_insert(fast[i][k], &tq, &tkv, &f->kc, &ts, &tp, &f->trope, 1e-6f), DSV4_OK);
             memcpy(cout, init, cb);
             /* the same fp32 operations in the same order: bit-identical to the reference */
             CHECK(!memcmp(q, qr, n * h * 512 * 2), "qnorm %s, %d threads: q differs from cpu-ref", isas[i], k + 1);
             CHECK(!memcmp(cout, cref, cb), "insert %s, %d threads: cache differs from cpu-ref", isas[i], k + 1);
         }
-    unsetenv("DSV4_CPU_ISA");
     memcpy(init, saved, cb);
     free(q), free(q0), free(qr), free(kv), free(cref), free(cout), free(saved);
 }
@@ -311,8 +307,13 @@ int main(void)
     CHECK_STATUS(dsv4_rope_table(fast2, &rp, &f.trope), DSV4_OK);
     CHECK(f.rope[0] == 1.0f && f.rope[32] == 0.0f && fabsf(f.rope[64 + 1] - cosf(0.7498942f)) < 1e-6f, "rope rows");
     fill_cache(&f, ref);
-    test_insert_paths(&f, ref, fast1, fast2);
-    test_decode_paths(&f, ref, fast1, fast2);
+    dsv4_ctx *fast[3][2];
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 2; k++) fast[i][k] = test_ctx("cpu", k + 1, test_isas[i]);
+    test_insert_paths(&f, ref, fast);
+    test_decode_paths(&f, ref, fast);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 2; k++) dsv4_ctx_destroy(fast[i][k]);
     test_errors(&f, fast2);
     free(f.cache);
     dsv4_ctx_destroy(ref);

@@ -71,7 +71,7 @@ static void test_contexts(void)
     CHECK(!strcmp(dsv4_backend_name(0), "cpu"), "first backend is cpu");
     CHECK(dsv4_backend_name(-1) == NULL && dsv4_backend_name(99) == NULL, "out-of-range backend index");
     dsv4_ctx *c = NULL;
-    dsv4_ctx_options o = {"no-such-backend", 0, 0};
+    dsv4_ctx_options o = {.backend = "no-such-backend", .threads = 0};
     CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_ERR_NOT_FOUND);
     CHECK(c == NULL, "failed create wrote its output");
     o.backend = "cpu-ref";
@@ -83,6 +83,45 @@ static void test_contexts(void)
     dsv4_ctx_destroy(c);
     CHECK_STATUS(dsv4_ctx_create(NULL, NULL), DSV4_ERR_INVALID_ARG);
     CHECK(dsv4_ctx_backend_name(NULL) != NULL, "default context resolves");
+}
+
+/* The kernel choices are options read when a context is created: the ISA cap (option, else
+ * $DSV4_CPU_ISA), a clear error for an unknown name, a warning and no cap for an unknown
+ * environment value, and a context keeps its choice when the environment changes later. */
+static void test_context_options(void)
+{
+    dsv4_ctx *c = NULL;
+    dsv4_ctx_options o = {.backend = "cpu", .threads = 1, .cpu_isa = "avx3"};
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_ERR_INVALID_ARG);
+    CHECK(c == NULL && strstr(dsv4_last_error(), "avx3") && strstr(dsv4_last_error(), "scalar"), "message: %s",
+          dsv4_last_error());
+    o.cpu_isa = "scalar";
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_OK);
+    CHECK(c && !strcmp(dsv4_ctx_cpu_isa(c), "scalar"), "capped at scalar: %s", c ? dsv4_ctx_cpu_isa(c) : "-");
+    dsv4_ctx_destroy(c);
+    char best[32];
+    snprintf(best, sizeof best, "%s", dsv4_cpu_isa());
+    o.cpu_isa = "avx512"; /* a cap only: the best present at most */
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_OK);
+    CHECK(c && !strcmp(dsv4_ctx_cpu_isa(c), best), "avx512 cap: %s, best %s", c ? dsv4_ctx_cpu_isa(c) : "-", best);
+    dsv4_ctx_destroy(c);
+
+    o.cpu_isa = NULL;
+    setenv("DSV4_CPU_ISA", "scalar", 1);
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_OK);
+    CHECK(!strcmp(dsv4_cpu_isa(), "scalar"), "dsv4_cpu_isa follows $DSV4_CPU_ISA: %s", dsv4_cpu_isa());
+    setenv("DSV4_CPU_ISA", "avx2", 1); /* read at creation only */
+    CHECK(c && !strcmp(dsv4_ctx_cpu_isa(c), "scalar"), "env default: %s", c ? dsv4_ctx_cpu_isa(c) : "-");
+    dsv4_ctx_destroy(c);
+    setenv("DSV4_CPU_ISA", "bogus", 1); /* a warning on stderr, then no cap */
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_OK);
+    CHECK(c && !strcmp(dsv4_ctx_cpu_isa(c), best), "bad env value: %s", c ? dsv4_ctx_cpu_isa(c) : "-");
+    dsv4_ctx_destroy(c);
+    unsetenv("DSV4_CPU_ISA");
+    /* options another backend reads are not checked here: cpu ignores cuda_decode */
+    o.cuda_decode = "ws2";
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_OK);
+    dsv4_ctx_destroy(c);
 }
 
 /* Bad input to an op: an error status and message, and the outputs untouched. */
@@ -155,7 +194,7 @@ static void test_thread_independence(void)
     const char *backs[2] = {"cpu", "cpu-ref"};
     for (int b = 0; b < 2; b++) {
         dsv4_ctx *one, *two;
-        dsv4_ctx_options o1 = {backs[b], 1, 0}, o2 = {backs[b], 2, 0};
+        dsv4_ctx_options o1 = {.backend = backs[b], .threads = 1}, o2 = {.backend = backs[b], .threads = 2};
         dsv4_ctx_create(&o1, &one);
         dsv4_ctx_create(&o2, &two);
         for (int r = 0; r < DSV4_QRULE_COUNT; r++) {
@@ -185,6 +224,7 @@ int main(void)
     test_views();
     test_output_views();
     test_contexts();
+    test_context_options();
     test_bad_input();
     test_thread_independence();
     TEST_DONE();

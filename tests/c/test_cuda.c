@@ -20,6 +20,10 @@
 
 #define MAXBUF 64
 static dsv4_ctx *cu, *ref, *cpu;
+/* cuda contexts with a forced decode kernel (dsv4_ctx_options.cuda_decode): the mma.sync kernels,
+ * and each warpgroup-MMA kernel of 64-head tiles */
+static const char *const forced_kernels[3] = {"ws2", "ws1", "v1"};
+static dsv4_ctx *cu_mma, *cu_forced[3];
 static void *bufs[MAXBUF];
 static int nbufs;
 
@@ -458,28 +462,24 @@ static void test_decode(const dcase *c)
 
     /* 64-head tiles run on the warpgroup-MMA kernel; the mma.sync kernel must agree too. */
     if (h > 32) {
-        setenv("DSV4_CUDA_MMA_SYNC", "1", 1);
         dsv4_device_memset(cu, dout, 0xFF, on * 2);
         dsv4_device_memset(cu, dl, 0xFF, t * h * 4);
-        CHECK_STATUS(dsv4_sparse_mla_decode(cu, &dtq, &ds0, k ? &ds1 : NULL, c->sink ? &dtsk : NULL,
+        CHECK_STATUS(dsv4_sparse_mla_decode(cu_mma, &dtq, &ds0, k ? &ds1 : NULL, c->sink ? &dtsk : NULL,
                                             0.044194173824159216f, &dto, &dtl, dwsb ? &dtw : NULL),
                      DSV4_OK);
-        unsetenv("DSV4_CUDA_MMA_SYNC");
         dget(o_2p, dout, on * 2);
         dget(l_2p, dl, t * h * 4);
         compare_decode("sparse_mla_decode (mma.sync kernel)", c, o_2p, l_2p, o_ref, l_ref);
         /* and every warpgroup-MMA kernel the launcher can pick, forced (the default depends on the
          * blocks per CTA); each twice, bit-identical */
-        static const char *const kernels[3] = {"ws2", "ws1", "v1"};
         for (int v = 0; v < 3; v++) {
             char what[64];
-            snprintf(what, sizeof what, "sparse_mla_decode (%s kernel)", kernels[v]);
-            setenv("DSV4_CUDA_DECODE", kernels[v], 1);
+            snprintf(what, sizeof what, "sparse_mla_decode (%s kernel)", forced_kernels[v]);
             for (int rep = 0; rep < 2; rep++) {
                 uint16_t *o_v = rep ? o_2p : o_cu;
                 dsv4_device_memset(cu, dout, 0xFF, on * 2);
                 dsv4_device_memset(cu, dl, 0xFF, t * h * 4);
-                CHECK_STATUS(dsv4_sparse_mla_decode(cu, &dtq, &ds0, k ? &ds1 : NULL, c->sink ? &dtsk : NULL,
+                CHECK_STATUS(dsv4_sparse_mla_decode(cu_forced[v], &dtq, &ds0, k ? &ds1 : NULL, c->sink ? &dtsk : NULL,
                                                     0.044194173824159216f, &dto, &dtl, dwsb ? &dtw : NULL),
                              DSV4_OK);
                 dget(o_v, dout, on * 2);
@@ -487,7 +487,6 @@ static void test_decode(const dcase *c)
                 if (!rep) compare_decode(what, c, o_v, l_2p, o_ref, l_ref);
             }
             CHECK(memcmp(o_2p, o_cu, on * 2) == 0, "%s t=%d h=%d: two runs differ", what, t, h);
-            unsetenv("DSV4_CUDA_DECODE");
         }
     }
 
@@ -585,7 +584,8 @@ static void test_graph(int on_stream)
 int main(void)
 {
     test_seed();
-    dsv4_ctx_options oc = {"cpu", 1, 0}, orf = {"cpu-ref", 1, 0}, ocu = {"cuda", 1, 0};
+    dsv4_ctx_options oc = {.backend = "cpu", .threads = 1}, orf = {.backend = "cpu-ref", .threads = 1},
+                     ocu = {.backend = "cuda", .threads = 1};
     CHECK_STATUS(dsv4_ctx_create(&oc, &cpu), DSV4_OK);
     CHECK_STATUS(dsv4_ctx_create(&orf, &ref), DSV4_OK);
     test_memory(cpu, "host fallback (cpu)");
@@ -605,6 +605,17 @@ int main(void)
     }
     CHECK_STATUS(dsv4_ctx_create(&ocu, &cu), DSV4_OK);
     if (!cu) TEST_DONE();
+    dsv4_ctx_options omma = {.backend = "cuda", .threads = 1, .cuda_decode = "mma-sync"};
+    CHECK_STATUS(dsv4_ctx_create(&omma, &cu_mma), DSV4_OK);
+    for (int v = 0; v < 3; v++) {
+        dsv4_ctx_options of = {.backend = "cuda", .threads = 1, .cuda_decode = forced_kernels[v]};
+        CHECK_STATUS(dsv4_ctx_create(&of, &cu_forced[v]), DSV4_OK);
+    }
+    /* a kernel the backend does not have is refused at context creation */
+    dsv4_ctx_options obad = {.backend = "cuda", .threads = 1, .cuda_decode = "ws3"};
+    dsv4_ctx *bad = NULL;
+    CHECK_STATUS(dsv4_ctx_create(&obad, &bad), DSV4_ERR_INVALID_ARG);
+    if (!cu_mma || !cu_forced[0] || !cu_forced[1] || !cu_forced[2]) TEST_DONE();
     test_memory(cu, "cuda");
 
     /* inserts: n, h, n_ins, bs, pages, stride (0 = padded), fused q, rope */
@@ -642,6 +653,8 @@ int main(void)
     }
 
     dsv4_ctx_destroy(cu);
+    dsv4_ctx_destroy(cu_mma);
+    for (int v = 0; v < 3; v++) dsv4_ctx_destroy(cu_forced[v]);
     dsv4_ctx_destroy(cpu);
     dsv4_ctx_destroy(ref);
     TEST_DONE();

@@ -391,7 +391,8 @@ int main(void)
     }
     CHECK(dsv4_make_tiny(dir, test_rand_u64() % 1000) == DSV4_OK, "make_tiny: %s", dsv4_last_error());
     dsv4_ctx *c1 = NULL, *c2 = NULL, *cr = NULL;
-    dsv4_ctx_options o1 = {"cpu", 1, 0}, o2 = {"cpu", 2, 0}, orf = {"cpu-ref", 1, 0};
+    dsv4_ctx_options o1 = {.backend = "cpu", .threads = 1}, o2 = {.backend = "cpu", .threads = 2},
+                     orf = {.backend = "cpu-ref", .threads = 1};
     CHECK(dsv4_ctx_create(&o1, &c1) == DSV4_OK && dsv4_ctx_create(&o2, &c2) == DSV4_OK &&
               dsv4_ctx_create(&orf, &cr) == DSV4_OK,
           "contexts: %s", dsv4_last_error());

@@ -10,7 +10,7 @@ enum { D = 128, H = 64, R = 4 };
 static dsv4_ctx *make_ctx(const char *backend, int threads)
 {
     dsv4_ctx *c = NULL;
-    dsv4_ctx_options o = {backend, threads, 0};
+    dsv4_ctx_options o = {.backend = backend, .threads = threads};
     if (dsv4_ctx_create(&o, &c) != DSV4_OK) {
         fprintf(stderr, "ctx %s: %s\n", backend, dsv4_last_error());
         exit(1);
@@ -110,12 +110,11 @@ static void test_compressor(void)
         dsv4_ctx *ref = make_ctx("cpu-ref", 1);
         memset(ref_out, 0xA5, m * row);
         run_cmp(ref, &c, c.n, ref_out, ref_kv, ref_ss);
-        const char *isas[3] = {"avx512", "avx2", "scalar"};
+        const char *const *isas = test_isas;
         const int chunks[4] = {1, 3, c.ratio + 1, c.n};
         for (int ii = 0; ii < 3; ii++) {
-            setenv("DSV4_CPU_ISA", isas[ii], 1);
             for (int th = 1; th <= 2; th++) {
-                dsv4_ctx *fast = make_ctx("cpu", th);
+                dsv4_ctx *fast = test_ctx("cpu", th, isas[ii]);
                 for (int k = 0; k < 4; k++) {
                     memset(out, 0x5A, m * row);
                     run_cmp(fast, &c, chunks[k], out, skv, ss);
@@ -127,7 +126,6 @@ static void test_compressor(void)
                 dsv4_ctx_destroy(fast);
             }
         }
-        unsetenv("DSV4_CPU_ISA");
         dsv4_ctx_destroy(ref);
         free(c.kv), free(c.gate), free(c.ape), free(c.norm), free(c.rope);
         free(ref_out), free(out), free(ref_kv), free(ref_ss), free(skv), free(ss);
@@ -212,11 +210,10 @@ static void test_indexer(void)
         dsv4_ctx *cref = make_ctx("cpu-ref", 1);
         dsv4_tensor tref = view2(ref, DSV4_F32, T, N), tgot = view2(got, DSV4_F32, T, N);
         CHECK_STATUS(dsv4_indexer_scores(cref, &c.args, &tref), DSV4_OK);
-        const char *isas[3] = {"avx512", "avx2", "scalar"};
+        const char *const *isas = test_isas;
         for (int ii = 0; ii < 3; ii++) {
-            setenv("DSV4_CPU_ISA", isas[ii], 1);
             for (int th = 1; th <= 2; th++) {
-                dsv4_ctx *fast = make_ctx("cpu", th);
+                dsv4_ctx *fast = test_ctx("cpu", th, isas[ii]);
                 memset(got, 0xFF, sizeof(float) * T * N);
                 CHECK_STATUS(dsv4_indexer_scores(fast, &c.args, &tgot), DSV4_OK);
                 CHECK(!memcmp(got, ref, sizeof(float) * T * N), "scores T%lld N%lld %s threads %d differ from cpu-ref",
@@ -244,7 +241,6 @@ static void test_indexer(void)
                 dsv4_ctx_destroy(fast);
             }
         }
-        unsetenv("DSV4_CPU_ISA");
         dsv4_ctx_destroy(cref);
         free(ref), free(got);
         ix_free(&c);

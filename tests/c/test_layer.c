@@ -7,7 +7,14 @@
 
 static dsv4_ctx *ref_ctx, *cpu1, *cpu2;
 
-static const char *const isas[] = {"avx512", "avx2", "scalar"};
+/* cpu contexts capped at each ISA (1 and 2 threads); use_isa(i) points cpu1/cpu2 at isas[i]'s */
+static const char *const *const isas = test_isas;
+static dsv4_ctx *isa_ctx[3][2];
+static void use_isa(int i)
+{
+    cpu1 = isa_ctx[i][0];
+    cpu2 = isa_ctx[i][1];
+}
 
 static void fill_bf16(uint16_t *p, size_t n, float scale)
 {
@@ -59,7 +66,7 @@ static void test_rms_norm(void)
                 ty2 = view(y2, DSV4_BF16, 2, R, D, 0);
     CHECK_STATUS(dsv4_rms_norm(ref_ctx, &tx, &tw, 1e-6f, &tr), DSV4_OK);
     for (int i = 0; i < 3; i++) {
-        setenv("DSV4_CPU_ISA", isas[i], 1);
+        use_isa(i);
         memset(y, 0xA5, sizeof y);
         CHECK_STATUS(dsv4_rms_norm(cpu2, &tx, &tw, 1e-6f, &ty), DSV4_OK);
         CHECK(bf16_close(y, y_ref, R * D), "rms_norm %s differs from cpu-ref", isas[i]);
@@ -116,7 +123,7 @@ static void test_mhc(void)
     CHECK_STATUS(run_pre(ref_ctx, &site, x, HT, &ref), DSV4_OK);
     CHECK_STATUS(dsv4_hc_post(ref_ctx, &tsub, &tx, &tpost, &tcomb, &tsref), DSV4_OK);
     for (int i = 0; i < 3; i++) {
-        setenv("DSV4_CPU_ISA", isas[i], 1);
+        use_isa(i);
         CHECK_STATUS(run_pre(cpu2, &site, x, HT, &got), DSV4_OK);
         CHECK(bf16_close(got.y, ref.y, HT * HD), "hc_pre y %s vs cpu-ref", isas[i]);
         CHECK(f32_close(got.post, ref.post, HT * HN, 2e-5f) && f32_close(got.comb, ref.comb, HT * HN * HN, 2e-5f),
@@ -197,7 +204,7 @@ static void test_route(void)
     dsv4_tensor ti2 = view(ids2, DSV4_I32, 2, T, K, 0), twt2 = view(wt2, DSV4_F32, 2, T, K, 0);
     CHECK_STATUS(dsv4_route(ref_ctx, &tx, &tw, &tb, NULL, NULL, 1.5f, &ti_ref, &tw_ref), DSV4_OK);
     for (int i = 0; i < 3; i++) {
-        setenv("DSV4_CPU_ISA", isas[i], 1);
+        use_isa(i);
         CHECK_STATUS(dsv4_route(cpu2, &tx, &tw, &tb, NULL, NULL, 1.5f, &ti, &twt), DSV4_OK);
         int same = 1;
         for (int t = 0; t < T; t++) same &= same_selection(ids + t * K, ids_ref + t * K, K, x + t * D, w, bias, D);
@@ -242,7 +249,7 @@ static void test_swiglu(void)
                 th = view(h, DSV4_BF16, 2, R, N, 0), th2 = view(h2, DSV4_BF16, 2, R, N, 0);
     CHECK_STATUS(dsv4_swiglu(ref_ctx, &tg, &tu, &tw, 10.0f, &tr), DSV4_OK);
     for (int i = 0; i < 3; i++) {
-        setenv("DSV4_CPU_ISA", isas[i], 1);
+        use_isa(i);
         CHECK_STATUS(dsv4_swiglu(cpu2, &tg, &tu, &tw, 10.0f, &th), DSV4_OK);
         CHECK(bf16_close(h, h_ref, R * N), "swiglu %s vs cpu-ref", isas[i]);
         CHECK_STATUS(dsv4_swiglu(cpu1, &tg, &tu, &tw, 10.0f, &th2), DSV4_OK);
@@ -300,7 +307,7 @@ static void test_moe(void)
                 ty = view(y, DSV4_BF16, 2, MT, MD, 0), ty2 = view(y2, DSV4_BF16, 2, MT, MD, 0);
     CHECK_STATUS(dsv4_moe(ref_ctx, &tx, &ti, &tw, f, ME, &f[1], 10.0f, &tr, ws, bytes), DSV4_OK);
     for (int i = 0; i < 3; i++) {
-        setenv("DSV4_CPU_ISA", isas[i], 1);
+        use_isa(i);
         CHECK_STATUS(dsv4_moe(cpu2, &tx, &ti, &tw, f, ME, &f[1], 10.0f, &ty, ws, bytes), DSV4_OK);
         CHECK(bf16_close(y, y_ref, MT * MD), "moe %s vs cpu-ref", isas[i]);
         CHECK_STATUS(dsv4_moe(cpu1, &tx, &ti, &tw, f, ME, &f[1], 10.0f, &ty2, ws, bytes), DSV4_OK);
@@ -320,18 +327,18 @@ static void test_moe(void)
 int main(void)
 {
     test_seed();
-    dsv4_ctx_options r = {"cpu-ref", 1, 0}, c1 = {"cpu", 1, 0}, c2 = {"cpu", 2, 0};
-    if (dsv4_ctx_create(&r, &ref_ctx) || dsv4_ctx_create(&c1, &cpu1) || dsv4_ctx_create(&c2, &cpu2)) {
-        fprintf(stderr, "contexts: %s\n", dsv4_last_error());
-        return 1;
+    ref_ctx = test_ctx("cpu-ref", 1, NULL);
+    for (int i = 0; i < 3; i++) {
+        isa_ctx[i][0] = test_ctx("cpu", 1, isas[i]);
+        isa_ctx[i][1] = test_ctx("cpu", 2, isas[i]);
     }
+    use_isa(0);
     test_rms_norm();
     test_mhc();
     test_route();
     test_swiglu();
     test_moe();
     dsv4_ctx_destroy(ref_ctx);
-    dsv4_ctx_destroy(cpu1);
-    dsv4_ctx_destroy(cpu2);
+    for (int i = 0; i < 3; i++) dsv4_ctx_destroy(isa_ctx[i][0]), dsv4_ctx_destroy(isa_ctx[i][1]);
     TEST_DONE();
 }

@@ -125,7 +125,7 @@ static void act_dequant(dsv4_linear_format fmt, const float *x, int64_t m, int64
 static dsv4_ctx *make_ctx(const char *backend, int threads)
 {
     dsv4_ctx *c = NULL;
-    dsv4_ctx_options o = {backend, threads, 0};
+    dsv4_ctx_options o = {.backend = backend, .threads = threads};
     CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_OK);
     return c;
 }
@@ -149,8 +149,9 @@ static dsv4_status run_linear(dsv4_ctx *ctx, const wcase *c, const float *x, int
 
 static void test_formats(void)
 {
-    static const char *const isas[] = {"avx512", "avx2", "scalar"};
-    dsv4_ctx *fast = make_ctx("cpu", 2), *ref = make_ctx("cpu-ref", 2);
+    const char *const *isas = test_isas;
+    dsv4_ctx *fast[3], *ref = make_ctx("cpu-ref", 2);
+    for (int is = 0; is < 3; is++) fast[is] = test_ctx("cpu", 2, isas[is]);
     const int64_t ms[] = {1, 3, 8};
     for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
         const int64_t n = 37 + 2 * (int64_t)(test_rand_u64() % 40), k = f == DSV4_LINEAR_MXFP8 ? 1184 : 1152;
@@ -166,9 +167,8 @@ static void test_formats(void)
             for (int64_t i = 0; i < m * n; i++) yr[i] = NAN; /* poisoned: an unwritten output fails */
             CHECK_STATUS(run_linear(ref, &c, x, m, yr), DSV4_OK);
             for (int is = 0; is < 3; is++) {
-                setenv("DSV4_CPU_ISA", isas[is], 1);
                 for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
-                CHECK_STATUS(run_linear(fast, &c, x, m, y), DSV4_OK);
+                CHECK_STATUS(run_linear(fast[is], &c, x, m, y), DSV4_OK);
                 int bad = 0;
                 for (int64_t i = 0; i < m; i++)
                     for (int64_t j = 0; j < n; j++) {
@@ -183,7 +183,6 @@ static void test_formats(void)
                 CHECK(bad == 0, "%s m=%lld isa=%s: %d outputs off the float64 evaluation",
                       dsv4_linear_format_name(c.fmt), (long long)m, isas[is], bad);
             }
-            unsetenv("DSV4_CPU_ISA");
             free(x);
             free(y);
             free(yr);
@@ -191,7 +190,7 @@ static void test_formats(void)
         }
         wcase_free(&c);
     }
-    dsv4_ctx_destroy(fast);
+    for (int is = 0; is < 3; is++) dsv4_ctx_destroy(fast[is]);
     dsv4_ctx_destroy(ref);
 }
 
@@ -360,17 +359,9 @@ static void test_bad_input(void)
 
 /* ---- staging (dsv4_linear_stage / dsv4_linear_staged) ----------------------------------- */
 typedef struct path {
-    const char *backend, *isa; /* isa NULL: DSV4_CPU_ISA unset */
+    const char *backend, *isa; /* isa NULL: no cap */
 } path;
 static const path paths[] = {{"cpu-ref", NULL}, {"cpu", "scalar"}, {"cpu", "avx2"}, {"cpu", "avx512"}};
-
-static void set_isa(const char *isa)
-{
-    if (isa)
-        setenv("DSV4_CPU_ISA", isa, 1);
-    else
-        unsetenv("DSV4_CPU_ISA");
-}
 
 static const dsv4_tensor *scale_of(const wcase *c, const dsv4_tensor *ts) { return c->fmt <= DSV4_LINEAR_FP4 ? ts : NULL; }
 
@@ -393,8 +384,7 @@ static void test_staged(void)
 {
     for (int pi = 0; pi < 4; pi++)
         for (int threads = 1; threads <= 2; threads++) {
-            set_isa(paths[pi].isa);
-            dsv4_ctx *ctx = make_ctx(paths[pi].backend, threads);
+            dsv4_ctx *ctx = test_ctx(paths[pi].backend, threads, paths[pi].isa);
             for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
                 const dsv4_linear_format fmt = (dsv4_linear_format)f;
                 const int64_t k = fmt == DSV4_LINEAR_MXFP8 ? 1120 : 1248, xld = k + 8; /* act128 edge block */
@@ -467,7 +457,6 @@ static void test_staged(void)
             }
             dsv4_ctx_destroy(ctx);
         }
-    unsetenv("DSV4_CPU_ISA");
 }
 
 /* Bad staging input: an error, y untouched (and the work space for dsv4_linear_stage); a failed
@@ -532,15 +521,14 @@ static void test_staged_bad_input(void)
     CHECK_STATUS(dsv4_linear_staged(NULL, (dsv4_linear_format)9, &tx, &tw, &ts, NULL, &ty, ws, wsb),
                  DSV4_ERR_INVALID_ARG);
     CHECK_STATUS(dsv4_linear_staged(NULL, DSV4_LINEAR_FP8_B128, &tx, &tw, &ts, NULL, &ty, ws, wsb), DSV4_ERR_DTYPE);
-    dsv4_ctx *ref = make_ctx("cpu-ref", 1), *fast = make_ctx("cpu", 1);
-    setenv("DSV4_CPU_ISA", "avx2", 1); /* staged by the scalar kernels, consumed by AVX2 ones */
-    if (strcmp(dsv4_cpu_isa(), "scalar") != 0) {
+    /* staged by the scalar kernels, consumed by AVX2 ones */
+    dsv4_ctx *ref = make_ctx("cpu-ref", 1), *fast = test_ctx("cpu", 1, "avx2");
+    if (strcmp(dsv4_ctx_cpu_isa(fast), "scalar") != 0) {
         CHECK_STATUS(dsv4_linear_stage(ref, F, &tx, ws, wsb), DSV4_OK);
         CHECK_STATUS(product_of(fast, &c, &tx, NULL, y, ws, wsb, 1), DSV4_ERR_INVALID_ARG);
         CHECK(strstr(dsv4_last_error(), "kernels") != NULL, "message: %s", dsv4_last_error());
         CHECK_STATUS(product_of(ref, &c, &tx, NULL, good, ws, wsb, 1), DSV4_OK);
     }
-    unsetenv("DSV4_CPU_ISA");
     dsv4_ctx_destroy(ref);
     dsv4_ctx_destroy(fast);
     CHECK(!memcmp(y, poison, sizeof y), "an output was written on error");

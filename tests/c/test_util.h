@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "dsv4.h"
+
 static int test_failures, test_checks;
 
 #define CHECK(cond, ...)                                                     \
@@ -60,6 +62,20 @@ static inline float test_randn(void)
     double u1 = ((double)(test_rand_u64() >> 11) + 1.0) / 9007199254740993.0;
     double u2 = (double)(test_rand_u64() >> 11) / 9007199254740992.0;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* The cpu backend's ISA levels, best first: a context capped at one of them
+ * (dsv4_ctx_options.cpu_isa; NULL: no cap) runs that path, or a lower one on a machine without it. */
+static const char *const test_isas[3] = {"avx512", "avx2", "scalar"};
+static inline dsv4_ctx *test_ctx(const char *backend, int threads, const char *isa)
+{
+    dsv4_ctx_options o = {.backend = backend, .threads = threads, .cpu_isa = isa};
+    dsv4_ctx *c = NULL;
+    if (dsv4_ctx_create(&o, &c) != DSV4_OK) {
+        fprintf(stderr, "context %s (%d threads, isa %s): %s\n", backend, threads, isa ? isa : "-", dsv4_last_error());
+        exit(1);
+    }
+    return c;
 }
 
 #endif

@@ -1,6 +1,6 @@
 /* Phase profile of the warp-specialized decode kernels (not part of the library or the test
  * suite; `STEPS=profile make test-gpu` builds and runs it): includes decode_cuda.cu built with
- * -DDSV4_WS_PROFILE, times each kernel the launcher can pick ($DSV4_CUDA_DECODE = ws2, ws1, v1) on
+ * -DDSV4_WS_PROFILE, times each kernel the launcher can pick (dsv4_cu_decode.kernel = ws2, ws1, v1) on
  * MODEL1-like shapes (random FP8 entries over a 613 MB pool, one query per row of indices), then
  * runs one more launch and prints clock64 cycles per 64-entry block and warp, by role and phase:
  *   prod  [wait for a free tile, dequantize + store (includes waiting for the loaded data), the
@@ -22,29 +22,29 @@ __global__ void fill_pages(uint8_t *pool, long long nent, long long pb, unsigned
     long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (e >= nent) return;
     long long page = e / 64, row = e % 64;
-    uint8_t *base = pool + page * pb, *d = base + row * 576, *sc = base + 64 * 576 + row * 8;
+    uint8_t *base = pool + page * pb, *d = base + dsv4_kve_row_data(row), *sc = base + dsv4_kve_row_scale(64, row);
     unsigned x = (unsigned)(e * 2654435761ull) ^ seed;
-    for (int k = 0; k < 448; k++) {
+    for (int k = 0; k < DSV4_KVE_NOPE_DIM; k++) {
         x = x * 1664525u + 1013904223u;
         uint8_t c = x >> 24;
         if ((c & 0x7F) == 0x7F) c ^= 1;
         d[k] = c;
     }
-    for (int k = 0; k < 64; k++) {
+    for (int k = 0; k < DSV4_KVE_ROPE_DIM; k++) {
         x = x * 1664525u + 1013904223u;
         uint16_t b = (uint16_t)(((x >> 31) << 15) | (0x3E00 + ((x >> 16) & 0x1FF)));
-        memcpy(d + 448 + 2 * k, &b, 2);
+        memcpy(d + DSV4_KVE_NOPE_BYTES + 2 * k, &b, 2);
     }
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < DSV4_KVE_GROUPS; k++) {
         x = x * 1664525u + 1013904223u;
         sc[k] = 117 + (x >> 24) % 7;
     }
-    sc[7] = 0;
+    sc[DSV4_KVE_GROUPS] = 0;
 }
 
 int main(int argc, char **argv)
 {
-    const long long npages = 16384, pb = 64 * 584, nent = npages * 64;
+    const long long npages = 16384, pb = 64 * DSV4_KVE_ENTRY_BYTES, nent = npages * 64;
     uint8_t *pool;
     CK(cudaMalloc(&pool, npages * pb));
     fill_pages<<<(unsigned)((nent + 255) / 256), 256>>>(pool, nent, pb, 1234);
@@ -66,6 +66,7 @@ int main(int argc, char **argv)
     CK(cudaMemcpy(d1, i1.data(), i1.size() * 4, cudaMemcpyHostToDevice));
     struct { int t, h, k; } shapes[] = {{256, 64, 512}, {256, 128, 512}, {256, 64, 1024}, {128, 64, 512}};
     const char *kern[] = {"ws2", "ws1", "v1"};
+    const int kern_id[] = {DSV4_CU_WS2, DSV4_CU_WS1, DSV4_CU_V1};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     for (auto &sh : shapes) {
@@ -78,8 +79,9 @@ int main(int argc, char **argv)
         d.n_scopes = 2; d.fp8 = 1; d.aligned = 1; d.wgmma = 1; d.splits = 1;
         const double flop = 2.0 * sh.t * sh.h * (128.0 + sh.k) * 1024;
         const int nblk = (128 + sh.k) / 64, ctas = sh.t * (sh.h / 64);
-        for (const char *k : kern) {
-            setenv("DSV4_CUDA_DECODE", k, 1);
+        for (int ki = 0; ki < 3; ki++) {
+            const char *k = kern[ki];
+            d.kernel = kern_id[ki];
             for (int i = 0; i < 3; i++) CK((cudaError_t)dsv4_cu_decode_launch(&d, 0));
             CK(cudaEventRecord(e0));
             for (int i = 0; i < 20; i++) CK((cudaError_t)dsv4_cu_decode_launch(&d, 0));

@@ -39,7 +39,7 @@ def cpu_isa_mismatch(isa):
     the indexer's need avx512_vnni; without them those ops run their AVX2 kernels."""
     import dsv4
     want = {"scalar": "scalar", "avx2": "avx2", "avx512": "avx512+bf16"}[isa]
-    got = dsv4.cpu_isa()
+    got = dsv4.cpu_isa("cpu")  # the binding's context under this environment
     if got != want:
         return f"DSV4_CPU_ISA={isa}: this machine runs the {got} kernels, not {want}"
     if isa == "avx512" and "avx512_vnni" not in dsv4.lib.dsv4_cpu_features().decode():

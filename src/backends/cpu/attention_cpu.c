@@ -22,9 +22,9 @@ static void kv_write_scalar(const dsv4_kv_geom *g, int64_t slot, const uint16_t 
 static const dsv4_cpu_attn_row_kernels rows_scalar = {dsv4_ref_qnorm_rope_row, kv_write_scalar,
                                                       dsv4_ref_kv_read_bf16, dsv4_ref_inv_rope_row};
 
-static const dsv4_cpu_attn_row_kernels *rows(void)
+static const dsv4_cpu_attn_row_kernels *rows(const dsv4_exec *ex)
 {
-    return dsv4_cpu_isa_level() == DSV4_ISA_AVX512 ? &dsv4_cpu_attn_rows_avx512 : &rows_scalar;
+    return ex->isa == DSV4_ISA_AVX512 ? &dsv4_cpu_attn_rows_avx512 : &rows_scalar;
 }
 
 static int in_table(int64_t pos, int64_t max_pos) { return pos >= 0 && pos < max_pos; }
@@ -36,7 +36,7 @@ static int in_table(int64_t pos, int64_t max_pos) { return pos >= 0 && pos < max
 static dsv4_status cpu_kv_insert(const dsv4_exec *ex, const uint16_t *kv, int64_t ld_kv, int64_t n, const int64_t *slots,
                                  const int64_t *positions, const float *rope, int64_t max_pos, const dsv4_kv_geom *g)
 {
-    const dsv4_cpu_attn_row_kernels *rk = rows();
+    const dsv4_cpu_attn_row_kernels *rk = rows(ex);
 #pragma omp parallel for num_threads(ex->threads) schedule(static) if (n >= 4 * CLASSES)
     for (int c = 0; c < CLASSES; c++)
         for (int64_t i = 0; i < n; i++) {
@@ -53,7 +53,7 @@ static dsv4_status cpu_qnorm_rope_kv_insert(const dsv4_exec *ex, uint16_t *q, in
                                             const int64_t *slots, const int64_t *positions, const float *rope,
                                             int64_t max_pos, float eps, const dsv4_kv_geom *g)
 {
-    const dsv4_cpu_attn_row_kernels *rk = rows();
+    const dsv4_cpu_attn_row_kernels *rk = rows(ex);
 #pragma omp parallel for num_threads(ex->threads) schedule(static) if (n * h >= 64)
     for (int64_t r = 0; r < n * h; r++) {
         int64_t i = r / h, j = r % h;
@@ -65,7 +65,7 @@ static dsv4_status cpu_qnorm_rope_kv_insert(const dsv4_exec *ex, uint16_t *q, in
 static dsv4_status cpu_dequant_gather(const dsv4_exec *ex, const dsv4_kv_geom *g, const int32_t *slots, int64_t s,
                                       uint16_t *out, int64_t ld_out)
 {
-    const dsv4_cpu_attn_row_kernels *rk = rows();
+    const dsv4_cpu_attn_row_kernels *rk = rows(ex);
 #pragma omp parallel for num_threads(ex->threads) schedule(static) if (s >= 64)
     for (int64_t i = 0; i < s; i++) {
         if (dsv4_kv_valid(g, slots[i])) rk->gather_row(g, slots[i], out + i * ld_out);
@@ -77,7 +77,7 @@ static dsv4_status cpu_dequant_gather(const dsv4_exec *ex, const dsv4_kv_geom *g
 static dsv4_status cpu_inv_rope(const dsv4_exec *ex, uint16_t *o, int64_t st, int64_t sh, int64_t t, int64_t h,
                                 const int64_t *positions, const float *rope, int64_t max_pos)
 {
-    const dsv4_cpu_attn_row_kernels *rk = rows();
+    const dsv4_cpu_attn_row_kernels *rk = rows(ex);
 #pragma omp parallel for num_threads(ex->threads) schedule(static) if (t * h >= 256)
     for (int64_t r = 0; r < t * h; r++) {
         int64_t i = r / h, j = r % h;
@@ -129,10 +129,10 @@ static void query_lengths(const dsv4_attn_scope *sc, int n_scopes, int64_t t, in
     }
 }
 
-static dsv4_attn_unit_fn unit_kernel(void)
+static dsv4_attn_unit_fn unit_kernel(const dsv4_exec *ex)
 {
-    if (dsv4_cpu_has_avx512bf16()) return dsv4_attn_unit_avx512;
-    if (dsv4_cpu_isa_level() >= DSV4_ISA_AVX2) return dsv4_attn_unit_avx2;
+    if (dsv4_cpu_isa_bf16(ex->isa)) return dsv4_attn_unit_avx512;
+    if (ex->isa >= DSV4_ISA_AVX2) return dsv4_attn_unit_avx2;
     return dsv4_attn_unit_generic;
 }
 
@@ -205,13 +205,13 @@ void dsv4_attn_unit_generic(const dsv4_attn_unit *u, float *part) { dsv4_attn_un
 static dsv4_status cpu_sparse_mla_decode(const dsv4_exec *ex, const dsv4_attn_args *a, const dsv4_attn_scope *scopes,
                                          int n_scopes)
 {
-    decode_run(ex, a, scopes, n_scopes, 0, unit_kernel());
+    decode_run(ex, a, scopes, n_scopes, 0, unit_kernel(ex));
     return DSV4_OK;
 }
 
 static dsv4_status cpu_sparse_attn_bf16(const dsv4_exec *ex, const dsv4_attn_args *a, const dsv4_attn_scope *scope)
 {
-    decode_run(ex, a, scope, 1, 1, unit_kernel());
+    decode_run(ex, a, scope, 1, 1, unit_kernel(ex));
     return DSV4_OK;
 }
 

@@ -3,9 +3,9 @@
  * result never depends on the thread count. */
 #include "backends/cpu/cpu_formats.h"
 
-static const dsv4_cpu_format_kernels *best_kernels(void)
+static const dsv4_cpu_format_kernels *best_kernels(const dsv4_exec *ex)
 {
-    switch (dsv4_cpu_isa_level()) {
+    switch (ex->isa) {
     case DSV4_ISA_AVX512: return &dsv4_cpu_format_kernels_avx512;
     case DSV4_ISA_AVX2: return &dsv4_cpu_format_kernels_avx2;
     default: return &dsv4_cpu_format_kernels_scalar;
@@ -98,7 +98,7 @@ static dsv4_status fp4_g32_with(const dsv4_cpu_format_kernels *kn, const dsv4_ex
     { return fp4_g32_with(kernels_expr, ex, w, ldw, n, k, s, ss0, ss1, o, ldo); }
 
 DEFINE_FORMAT_OPS(ref, &dsv4_cpu_format_kernels_scalar)
-DEFINE_FORMAT_OPS(fast, best_kernels())
+DEFINE_FORMAT_OPS(fast, best_kernels(ex))
 
 const struct dsv4_format_ops dsv4_cpu_ref_format_ops = {ref_encode,     ref_decode, ref_quantize,
                                                         ref_dequantize, ref_fp8,    ref_fp4};

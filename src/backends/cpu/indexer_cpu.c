@@ -12,15 +12,10 @@
 #define IX_CHUNK 2048 /* candidates per parallel work item */
 #define IX_BLOCK 256  /* candidates scored between two top-k updates */
 
-static const dsv4_ix_kernels *best_kernels(void)
+static const dsv4_ix_kernels *best_kernels(const dsv4_exec *ex)
 {
-    switch (dsv4_cpu_isa_level()) {
-    case DSV4_ISA_AVX512:
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512vnni")) return &dsv4_ix_kernels_avx512;
-#endif
-        return &dsv4_ix_kernels_avx2;
+    switch (ex->isa) {
+    case DSV4_ISA_AVX512: return dsv4_cpu_isa_vnni(ex->isa) ? &dsv4_ix_kernels_avx512 : &dsv4_ix_kernels_avx2;
     case DSV4_ISA_AVX2: return &dsv4_ix_kernels_avx2;
     default: return &dsv4_ix_kernels_scalar;
     }
@@ -221,4 +216,4 @@ static dsv4_status ws_size_check(const dsv4_topk_out *out, const dsv4_exec *ex, 
     };
 
 DEFINE_INDEXER_OPS(dsv4_cpu_ref, &dsv4_ix_kernels_scalar, select_ref)
-DEFINE_INDEXER_OPS(dsv4_cpu, best_kernels(), select_fast)
+DEFINE_INDEXER_OPS(dsv4_cpu, best_kernels(ex), select_fast)

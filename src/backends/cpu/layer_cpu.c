@@ -15,9 +15,9 @@ enum {
     HC_MAX_MIX = (2 + DSV4_HC_MAX) * DSV4_HC_MAX,
 };
 
-static const dsv4_cpu_layer_kernels *best_kernels(void)
+static const dsv4_cpu_layer_kernels *best_kernels(const dsv4_exec *ex)
 {
-    switch (dsv4_cpu_isa_level()) {
+    switch (ex->isa) {
     case DSV4_ISA_AVX512: return &dsv4_cpu_layer_kernels_avx512;
     case DSV4_ISA_AVX2: return &dsv4_cpu_layer_kernels_avx2;
     default: return &dsv4_cpu_layer_kernels_scalar;
@@ -278,4 +278,4 @@ static dsv4_status combine_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exe
     };
 
 DEFINE_LAYER_OPS(dsv4_cpu_ref, &dsv4_cpu_layer_kernels_scalar)
-DEFINE_LAYER_OPS(dsv4_cpu, best_kernels())
+DEFINE_LAYER_OPS(dsv4_cpu, best_kernels(ex))

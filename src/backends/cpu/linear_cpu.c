@@ -131,7 +131,7 @@ static dsv4_status use_staging(const dsv4_cpu_linear_kernels *lk, const dsv4_exe
     if (h->lk != lk)
         return dsv4_fail(DSV4_ERR_INVALID_ARG,
                          "%s: the staging was made by the %s kernels, this call runs the %s ones (stage and "
-                         "consume with the same backend and DSV4_CPU_ISA)",
+                         "consume with the same backend and cpu ISA)",
                          op, kernels_name(h->lk), kernels_name(lk));
     const dsv4_linear_format sf = (dsv4_linear_format)h->fmt;
     if (mx32(sf) != mx32(a->fmt))
@@ -194,13 +194,13 @@ static dsv4_status run_with(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_fo
     return DSV4_OK;
 }
 
-static const dsv4_cpu_linear_kernels *fast_kernels(const dsv4_cpu_format_kernels **fk)
+static const dsv4_cpu_linear_kernels *fast_kernels(const dsv4_exec *ex, const dsv4_cpu_format_kernels **fk)
 {
-    if (dsv4_cpu_has_avx512bf16()) {
+    if (dsv4_cpu_isa_bf16(ex->isa)) {
         *fk = &dsv4_cpu_format_kernels_avx512;
         return &dsv4_cpu_linear_kernels_avx512;
     }
-    if (dsv4_cpu_isa_level() >= DSV4_ISA_AVX2) {
+    if (ex->isa >= DSV4_ISA_AVX2) {
         *fk = &dsv4_cpu_format_kernels_avx2;
         return &dsv4_cpu_linear_kernels_avx2;
     }
@@ -216,7 +216,7 @@ static dsv4_status ref_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
 static dsv4_status fast_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
 {
     const dsv4_cpu_format_kernels *fk;
-    const dsv4_cpu_linear_kernels *lk = fast_kernels(&fk);
+    const dsv4_cpu_linear_kernels *lk = fast_kernels(ex, &fk);
     return run_with(lk, fk, ex, a);
 }
 
@@ -229,7 +229,7 @@ static dsv4_status ref_stage(const dsv4_exec *ex, const dsv4_linear_args *a)
 static dsv4_status fast_stage(const dsv4_exec *ex, const dsv4_linear_args *a)
 {
     const dsv4_cpu_format_kernels *fk;
-    const dsv4_cpu_linear_kernels *lk = fast_kernels(&fk);
+    const dsv4_cpu_linear_kernels *lk = fast_kernels(ex, &fk);
     stage_rows(lk, fk, ex, a);
     return DSV4_OK;
 }

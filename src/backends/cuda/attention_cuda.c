@@ -107,18 +107,19 @@ static size_t cu_decode_workspace(const dsv4_exec *ex, int64_t t, int64_t h, int
     return split_bytes(plan_splits(dsv4_cu_sm_count(ex), t, h, width), t, h);
 }
 
-/* The warpgroup-MMA kernel is built for sm_90a only: use it on compute capability 9.0 unless
- * $DSV4_CUDA_MMA_SYNC asks for the mma.sync kernel (tests and benchmarks compare the two). */
+/* The warpgroup-MMA kernel is built for sm_90a only: use it on compute capability 9.0 unless the
+ * context asks for the mma.sync kernels (cuda_decode "mma-sync"; tests and benchmarks compare the
+ * two). */
 static int use_wgmma(const dsv4_exec *ex)
 {
+    if ((ex->variant & DSV4_CU_KERNEL_MASK) == DSV4_CU_MMA_SYNC) return 0;
     int major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ex->device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ex->device) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
-    const char *force = getenv("DSV4_CUDA_MMA_SYNC");
-    return major == 9 && minor == 0 && !(force && *force && *force != '0');
+    return major == 9 && minor == 0;
 }
 
 static int aligned16(const dsv4_kv_geom *g) { return ((uintptr_t)g->pages % 16 == 0) && (g->page_stride % 16 == 0); }
@@ -157,6 +158,9 @@ static dsv4_status decode(const dsv4_exec *ex, const char *op, const dsv4_attn_a
         width += scopes[i].width;
     }
     d.wgmma = use_wgmma(ex);
+    d.kernel = d.wgmma ? ex->variant & DSV4_CU_KERNEL_MASK : DSV4_CU_AUTO;
+    d.no_pair = (ex->variant & DSV4_CU_NO_PAIR) != 0;
+    d.device = ex->device;
     int64_t splits = plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width);
     uintptr_t ws = ((uintptr_t)a->workspace + 255) & ~(uintptr_t)255;
     while (splits > 1 && (!a->workspace || split_bytes(splits, a->t, a->h) > a->workspace_bytes)) splits--;

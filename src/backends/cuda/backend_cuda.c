@@ -281,6 +281,7 @@ const dsv4_backend dsv4_backend_cuda = {
     .name = "cuda",
     .device = DSV4_DEVICE_CUDA,
     .available = cuda_available,
+    .configure = dsv4_cu_configure,
     .memory = &cuda_memory_ops,
     .attention = &dsv4_cuda_attention_ops,
 };

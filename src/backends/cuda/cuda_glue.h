@@ -18,6 +18,9 @@ dsv4_status dsv4_cu_enter(const dsv4_exec *ex, const char *op, dsv4_cu_guard *g)
 void dsv4_cu_leave(dsv4_cu_guard *g);
 /* err (a cudaError_t) -> DSV4_OK or DSV4_ERR_BACKEND naming the op and the CUDA error. */
 dsv4_status dsv4_cu_status(int err, const char *op);
+/* The backend's configure hook (cuda_options.c): dsv4_ctx_options.cuda_decode, or its environment
+ * defaults, into ex->variant. */
+dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex);
 /* Multiprocessors of ex->device (132 on an H200; a guess when the query fails). */
 int dsv4_cu_sm_count(const dsv4_exec *ex);
 

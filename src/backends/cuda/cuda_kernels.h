@@ -49,6 +49,18 @@ int dsv4_cu_inv_rope_launch(uint16_t *o, long long st, long long sh, long long t
 /* table [max_pos, 64] from freq[32] (host values, passed by value). */
 int dsv4_cu_rope_table_launch(const double *freq, long long max_pos, float *table, void *stream);
 
+/* The decode-kernel choice of a context (dsv4_exec.variant, fixed at context creation by
+ * dsv4_cu_configure, cuda_options.c): one kernel value in the low bits, DSV4_CU_NO_PAIR above. */
+enum {
+    DSV4_CU_AUTO = 0,     /* 64-head tiles of FP8 pages: ws2, or v1 where a CTA gets one block */
+    DSV4_CU_WS2 = 1,      /* warp-specialized, one consumer warpgroup owning S */
+    DSV4_CU_WS1 = 2,      /* warp-specialized, the two consumer warpgroups splitting S */
+    DSV4_CU_V1 = 3,       /* single-role warpgroup-MMA kernel */
+    DSV4_CU_MMA_SYNC = 4, /* no warpgroup MMA: the mma.sync kernels (FP8 pages and BF16 rows) */
+    DSV4_CU_KERNEL_MASK = 7,
+    DSV4_CU_NO_PAIR = 8   /* the two 64-head tiles of H 128 in separate CTAs, not a cluster */
+};
+
 /* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass design, docs/kernels.md §3.4). */
 typedef struct dsv4_cu_scope {
     dsv4_cu_cache cache;
@@ -72,6 +84,9 @@ typedef struct dsv4_cu_decode {
     int fp8;                /* 1: FP8 pages, 0: BF16 rows */
     int aligned;            /* cache bases and strides are 16-byte multiples (async copies) */
     int wgmma;              /* 64-head tiles on the warpgroup MMA kernel (device is sm_90) */
+    int kernel;             /* with wgmma, for FP8 pages: DSV4_CU_AUTO, _WS2, _WS1 or _V1 */
+    int no_pair;            /* 1: never launch the 2-CTA clusters of the ws kernels */
+    int device;             /* the current device's ordinal (function attributes are per device) */
     int splits;             /* > 1: partial results in part_o/part_lse, then a combine launch */
     float *part_o;          /* [splits, t, h, 512] */
     float *part_lse;        /* [splits, t, h] */

@@ -18,7 +18,7 @@
  * dequantizes while two consumer warpgroups run the matrix work: "ws2", one of them owning S, by
  * default; "ws1", the two splitting S, for comparison), or the single-role decode_fp8_kernel
  * ("v1") when a CTA has one block only; for BF16 rows decode_wgmma_bf16_kernel. The launcher's
- * choice can be forced with $DSV4_CUDA_DECODE (dsv4_cu_decode_launch).
+ * choice can be forced with the context option cuda_decode (dsv4_cu_decode_launch).
  * Tiles in shared memory use the 128-byte swizzle of wgmma (tile_off). With S > 1 every split
  * writes its normalized partial output and lse; a combine kernel merges them in a fixed order
  * and applies the sink. */
@@ -1345,15 +1345,26 @@ __global__ void __launch_bounds__(NT) combine_kernel(const dsv4_cu_decode p)
 
 extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
 
+/* The opt-in to more than 48 KB of dynamic shared memory is an attribute of a function on one
+ * device: each launcher keeps a flag per device ordinal (set once; a race sets it twice, which is
+ * harmless). A device beyond MAX_DEVICES sets it on every launch. */
+#define MAX_DEVICES 64
+template <typename F> static int smem_opt_in(unsigned char *done, int device, F *kernel, int bytes)
+{
+    const bool known = device >= 0 && device < MAX_DEVICES;
+    if (known && done[device]) return 0;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return (int)e;
+    if (known) done[device] = 1;
+    return 0;
+}
+
 template <int MT, bool FP8> static int launch_decode(const dsv4_cu_decode *d, cudaStream_t stream)
 {
     typedef decode_cfg<MT, FP8> C;
-    static int configured; /* the attribute is per function; setting it twice is harmless */
-    if (!configured) {
-        cudaError_t e = cudaFuncSetAttribute(decode_kernel<MT, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-        if (e != cudaSuccess) return (int)e;
-        configured = 1;
-    }
+    static unsigned char configured[MAX_DEVICES];
+    const int e = smem_opt_in(configured, d->device, decode_kernel<MT, FP8>, C::SMEM);
+    if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + C::ROWS - 1) / C::ROWS), (unsigned)d->splits);
     decode_kernel<MT, FP8><<<grid, NT, C::SMEM, stream>>>(*d);
     return (int)cudaGetLastError();
@@ -1362,12 +1373,9 @@ template <int MT, bool FP8> static int launch_decode(const dsv4_cu_decode *d, cu
 template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_t stream)
 {
     void (*kernel)(dsv4_cu_decode) = FP8 ? decode_fp8_kernel : decode_wgmma_bf16_kernel;
-    static int configured;
-    if (!configured) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<FP8>::SMEM);
-        if (e != cudaSuccess) return (int)e;
-        configured = 1;
-    }
+    static unsigned char configured[MAX_DEVICES];
+    const int e = smem_opt_in(configured, d->device, kernel, wg_cfg<FP8>::SMEM);
+    if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
     kernel<<<grid, NT, wg_cfg<FP8>::SMEM, stream>>>(*d);
     return (int)cudaGetLastError();
@@ -1379,36 +1387,26 @@ static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int p
 {
     void (*const kernels[4])(dsv4_cu_decode) = {decode_ws_kernel<false>, decode_ws_pair_kernel<false>,
                                                 decode_ws_kernel<true>, decode_ws_pair_kernel<true>};
-    static int configured[4]; /* the attribute is per function; setting it twice is harmless */
+    static unsigned char configured[4][MAX_DEVICES];
     const int k = 2 * w2 + pair;
-    if (!configured[k]) {
-        cudaError_t e = cudaFuncSetAttribute(kernels[k], cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM);
-        if (e != cudaSuccess) return (int)e;
-        configured[k] = 1;
-    }
+    const int e = smem_opt_in(configured[k], d->device, kernels[k], WS_SMEM);
+    if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
     kernels[k]<<<grid, WS_NT, WS_SMEM, stream>>>(*d);
     return (int)cudaGetLastError();
 }
 
-static int env_on(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v && *v != '0';
-}
-
 /* The kernel for 64-head tiles of FP8 pages on sm_90a: ws2 by default; v1 (the single-role
  * decode_fp8_kernel) when no CTA has more than one 64-entry block, since with nothing to pipeline
- * its eight warps dequantize a lone block sooner than a producer's four. $DSV4_CUDA_DECODE = ws2,
- * ws1 or v1 forces one, $DSV4_CUDA_NO_PAIR keeps the tiles of a token in separate CTAs
- * (benchmarks and tests compare them). */
+ * its eight warps dequantize a lone block sooner than a producer's four. The context's cuda_decode
+ * option (d->kernel: ws2, ws1 or v1) forces one, and its "no-pair" (d->no_pair) keeps the tiles of
+ * a token in separate CTAs (benchmarks and tests compare them). */
 enum { K_V1, K_WS1, K_WS2 };
 static int fp8_kernel_choice(const dsv4_cu_decode *d)
 {
-    const char *v = getenv("DSV4_CUDA_DECODE");
-    if (v && !strcmp(v, "v1")) return K_V1;
-    if (v && !strcmp(v, "ws1")) return K_WS1;
-    if (v && !strcmp(v, "ws2")) return K_WS2;
+    if (d->kernel == DSV4_CU_V1) return K_V1;
+    if (d->kernel == DSV4_CU_WS1) return K_WS1;
+    if (d->kernel == DSV4_CU_WS2) return K_WS2;
     long long width = d->scope[0].width + (d->n_scopes > 1 ? d->scope[1].width : 0);
     long long blocks = (width + KB - 1) / KB, per_cta = (blocks + d->splits - 1) / d->splits;
     return per_cta <= 1 ? K_V1 : K_WS2;
@@ -1423,7 +1421,7 @@ extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
     const int choice = rows == 64 && d->wgmma && d->fp8 && d->aligned ? fp8_kernel_choice(d) : K_V1;
     int err;
     if (choice != K_V1)
-        err = launch_ws(d, st, choice == K_WS2, tiles % 2 == 0 && !env_on("DSV4_CUDA_NO_PAIR"));
+        err = launch_ws(d, st, choice == K_WS2, tiles % 2 == 0 && !d->no_pair);
     else if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
     else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
     else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);

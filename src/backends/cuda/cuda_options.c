@@ -1,0 +1,81 @@
+/* The cuda backend's context option (dsv4_ctx_options.cuda_decode, include/dsv4/core.h): parsed
+ * once at context creation into dsv4_exec.variant (the DSV4_CU_* values of cuda_kernels.h), so
+ * no launch reads the environment. Plain C without CUDA headers. */
+#include "backends/cuda/cuda_glue.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "core/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int value;
+} kernel_names[] = {
+    {"auto", DSV4_CU_AUTO}, {"ws2", DSV4_CU_WS2}, {"ws1", DSV4_CU_WS1},
+    {"v1", DSV4_CU_V1},     {"mma-sync", DSV4_CU_MMA_SYNC},
+};
+enum { N_KERNELS = (int)(sizeof kernel_names / sizeof kernel_names[0]) };
+
+static int kernel_value(const char *word, size_t len)
+{
+    for (int i = 0; i < N_KERNELS; i++)
+        if (strlen(kernel_names[i].name) == len && !strncmp(kernel_names[i].name, word, len)) return kernel_names[i].value;
+    return -1;
+}
+
+/* "KERNEL[,no-pair]" (either word may be left out, in any order) -> variant; -1 if malformed. */
+static int parse_decode(const char *s)
+{
+    int kernel = -1, no_pair = 0;
+    while (*s) {
+        const char *comma = strchr(s, ',');
+        size_t len = comma ? (size_t)(comma - s) : strlen(s);
+        int k = kernel_value(s, len);
+        if (k >= 0 && kernel < 0) kernel = k;
+        else if (len == 7 && !strncmp(s, "no-pair", 7) && !no_pair) no_pair = 1;
+        else return -1;
+        s += len;
+        if (*s == ',' && !*++s) return -1; /* a trailing comma */
+    }
+    return (kernel < 0 ? DSV4_CU_AUTO : kernel) | (no_pair ? DSV4_CU_NO_PAIR : 0);
+}
+
+static int env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && *v != '0';
+}
+
+dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex)
+{
+    if (o->cuda_decode) {
+        int v = parse_decode(o->cuda_decode);
+        if (v < 0)
+            return dsv4_fail(DSV4_ERR_INVALID_ARG,
+                             "context: cuda_decode '%s' is not KERNEL[,no-pair] with KERNEL one of auto, ws2, ws1, "
+                             "v1, mma-sync",
+                             o->cuda_decode);
+        ex->variant = v;
+        return DSV4_OK;
+    }
+    /* The environment defaults: $DSV4_CUDA_DECODE (the same words), $DSV4_CUDA_MMA_SYNC=1 (the
+     * mma.sync kernels whatever it says), $DSV4_CUDA_NO_PAIR=1. */
+    int kernel = DSV4_CU_AUTO, no_pair = 0;
+    const char *env = getenv("DSV4_CUDA_DECODE");
+    if (env && *env) {
+        int v = parse_decode(env);
+        if (v < 0)
+            fprintf(stderr, "dsv4: warning: DSV4_CUDA_DECODE='%s' is not KERNEL[,no-pair] with KERNEL one of auto, ws2, "
+                            "ws1, v1, mma-sync; using auto\n", env);
+        else {
+            kernel = v & DSV4_CU_KERNEL_MASK;
+            no_pair = (v & DSV4_CU_NO_PAIR) != 0;
+        }
+    }
+    if (env_on("DSV4_CUDA_MMA_SYNC")) kernel = DSV4_CU_MMA_SYNC;
+    if (env_on("DSV4_CUDA_NO_PAIR")) no_pair = 1;
+    ex->variant = kernel | (no_pair ? DSV4_CU_NO_PAIR : 0);
+    return DSV4_OK;
+}
