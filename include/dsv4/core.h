@@ -73,6 +73,14 @@ DSV4_API const char *dsv4_backend_name(int index);
 /* DSV4_OK if the backend can run here (e.g. a CUDA device is present), else why not. */
 DSV4_API dsv4_status dsv4_backend_available(const char *name);
 
+/* ---- struct layout -----------------------------------------------------------------------
+ * The public structs as this library was compiled, for bindings that mirror them (the Python
+ * binding checks its ctypes structures at import): the size and field count of struct `name`
+ * (its C type name, e.g. "dsv4_tensor"), and field `index` (declaration order): name, offset and
+ * size. DSV4_ERR_NOT_FOUND for a name the table lacks, DSV4_ERR_RANGE for an index past the end. */
+DSV4_API dsv4_status dsv4_abi_struct(const char *name, size_t *size, int *n_fields);
+DSV4_API dsv4_status dsv4_abi_field(const char *name, int index, const char **field, size_t *offset, size_t *size);
+
 /* CPU facts for `dsv4 info`: the instruction sets found, and the kernels the cpu backend of a
  * context created now would run ("avx512+bf16", "avx512", "avx2" or "scalar"; $DSV4_CPU_ISA read
  * at this call). */

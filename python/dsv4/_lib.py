@@ -37,8 +37,62 @@ def _find_library():
 
 
 lib = ctypes.CDLL(_find_library())
+lib.dsv4_last_error.restype = ctypes.c_char_p
 
 
+def check(status):
+    if status != 0:
+        raise DSV4Error(status, lib.dsv4_last_error().decode("utf-8", "replace"))
+
+
+try:
+    lib.dsv4_abi_struct.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+    lib.dsv4_abi_field.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                                   ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+except AttributeError as e:
+    raise ImportError(f"dsv4: {lib._name} has no dsv4_abi_struct (built from older sources?): rebuild it") from e
+
+
+def layout_mismatch(cls, c_name):
+    """None when ctypes structure `cls` has the size of C struct `c_name` and its fields in order,
+    each with the C field's name, offset and size (src/core/abi.c reports them); else what differs."""
+    size, n = ctypes.c_size_t(), ctypes.c_int()
+    if lib.dsv4_abi_struct(c_name.encode(), ctypes.byref(size), ctypes.byref(n)) != 0:
+        return lib.dsv4_last_error().decode("utf-8", "replace")
+    problems = []
+    if ctypes.sizeof(cls) != size.value:
+        problems.append(f"size {ctypes.sizeof(cls)} bytes, C has {size.value}")
+    fields = [f[0] for f in cls._fields_]
+    if len(fields) != n.value:
+        problems.append(f"{len(fields)} fields, C has {n.value}")
+    for i in range(min(len(fields), n.value)):
+        name, off, fsize = ctypes.c_char_p(), ctypes.c_size_t(), ctypes.c_size_t()
+        check(lib.dsv4_abi_field(c_name.encode(), i, ctypes.byref(name), ctypes.byref(off), ctypes.byref(fsize)))
+        cname, py = name.value.decode(), getattr(cls, fields[i])
+        if fields[i] != cname:
+            problems.append(f"field {i} is '{fields[i]}', C has '{cname}'")
+        elif py.offset != off.value or py.size != fsize.value:
+            problems.append(f"field '{cname}' at offset {py.offset} ({py.size} bytes), C has {off.value} "
+                            f"({fsize.value} bytes)")
+    return "; ".join(problems) or None
+
+
+def c_struct(c_name):
+    """Class decorator of a ctypes.Structure that mirrors C struct `c_name` (include/dsv4/*.h):
+    its layout is checked against the library's when the class is defined (at import), and a
+    mismatch is an ImportError naming both sides. A new mirrored struct: this decorator here, one
+    line in ABI_STRUCTS of src/core/abi.c there."""
+    def checked(cls):
+        why = layout_mismatch(cls, c_name)
+        if why:
+            raise ImportError(f"dsv4: the ctypes structure {cls.__module__}.{cls.__name__} does not match C {c_name} "
+                              f"of {lib._name}: {why} (rebuild the library, or update python/dsv4 to the headers)")
+        cls._dsv4_c_name = c_name
+        return cls
+    return checked
+
+
+@c_struct("dsv4_tensor")
 class Tensor(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p),
@@ -51,6 +105,7 @@ class Tensor(ctypes.Structure):
     ]
 
 
+@c_struct("dsv4_ctx_options")
 class CtxOptions(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_char_p), ("threads", ctypes.c_int), ("device", ctypes.c_int),
                 ("cpu_isa", ctypes.c_char_p), ("cuda_decode", ctypes.c_char_p)]
@@ -65,11 +120,6 @@ lib.dsv4_ctx_cpu_isa.argtypes = [ctypes.c_void_p]
 lib.dsv4_cpu_features.restype = ctypes.c_char_p
 lib.dsv4_ctx_create.argtypes = [ctypes.POINTER(CtxOptions), ctypes.POINTER(ctypes.c_void_p)]
 lib.dsv4_ctx_destroy.argtypes = [ctypes.c_void_p]
-
-
-def check(status):
-    if status != 0:
-        raise DSV4Error(status, lib.dsv4_last_error().decode("utf-8", "replace"))
 
 
 _contexts = {}

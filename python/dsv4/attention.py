@@ -11,6 +11,7 @@ import ctypes
 
 import numpy as np
 
+from ._lib import c_struct
 from ._lib import (BF16, F32, I32, I64, U8, DSV4Error, Tensor, as_array, check, ctx, lib, new_output, tensor)
 
 SCALE = 512 ** -0.5
@@ -18,15 +19,18 @@ ROPE_KINDS = {"plain": 0, "yarn": 1}
 DEVICE_CPU = 0
 
 
+@c_struct("dsv4_kv_cache")
 class KVCache(ctypes.Structure):
     _fields_ = [("pages", Tensor), ("block_size", ctypes.c_int64)]
 
 
+@c_struct("dsv4_sparse_scope")
 class SparseScope(ctypes.Structure):
     _fields_ = [("cache", ctypes.POINTER(KVCache)), ("indices", ctypes.POINTER(Tensor)),
                 ("lengths", ctypes.POINTER(Tensor))]
 
 
+@c_struct("dsv4_rope_params")
 class RopeParams(ctypes.Structure):
     _fields_ = [("theta", ctypes.c_double), ("factor", ctypes.c_double), ("original_max_pos", ctypes.c_double),
                 ("beta_fast", ctypes.c_double), ("beta_slow", ctypes.c_double)]

@@ -11,12 +11,14 @@ import ctypes
 
 import numpy as np
 
+from ._lib import c_struct
 from ._lib import _NUMPY_KINDS, BF16, MAX_DIMS, DSV4Error, Tensor, check, ctx, lib, new_output
 
 _P = ctypes.c_void_p
 _SIZE = ctypes.c_size_t
 
 
+@c_struct("dsv4_device_info")
 class DeviceInfo(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 128), ("ordinal", ctypes.c_int), ("multiprocessors", ctypes.c_int),
                 ("compute_major", ctypes.c_int), ("compute_minor", ctypes.c_int), ("total_memory", _SIZE),

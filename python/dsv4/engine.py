@@ -6,37 +6,44 @@ import ctypes
 
 import numpy as np
 
+from ._lib import c_struct
 from ._lib import DSV4Error, check, ctx, lib
 from .model import ModelConfig, _config_dict
 
 _P = ctypes.c_void_p
 
 
+@c_struct("dsv4_engine_options")
 class EngineOptions(ctypes.Structure):
     _fields_ = [("max_context", ctypes.c_int64), ("max_seqs", ctypes.c_int), ("max_batch", ctypes.c_int),
                 ("max_mtp", ctypes.c_int), ("logits_rows", ctypes.c_int)]
 
 
+@c_struct("dsv4_engine_memory")
 class EngineMemory(ctypes.Structure):
     _fields_ = [(f, ctypes.c_uint64) for f in ("weights_mapped", "weights_converted", "kv_cache", "state", "scratch",
                                                "planned", "kv_used")]
 
 
+@c_struct("dsv4_sampling")
 class Sampling(ctypes.Structure):
     _fields_ = [("temperature", ctypes.c_float), ("top_p", ctypes.c_float), ("seed", ctypes.c_uint64)]
 
 
+@c_struct("dsv4_batch_entry")
 class BatchEntry(ctypes.Structure):
     _fields_ = [("seq", ctypes.c_int), ("tokens", _P), ("n_tokens", ctypes.c_int64), ("n_logits", ctypes.c_int64),
                 ("n_mtp_logits", ctypes.c_int64)]
 
 
+@c_struct("dsv4_step_request")
 class StepRequest(ctypes.Structure):
     _fields_ = [("seq", ctypes.c_int), ("tokens", _P), ("n_tokens", ctypes.c_int64), ("mtp", ctypes.c_int),
                 ("sample", ctypes.c_int), ("sampling", Sampling), ("rng", _P), ("out", _P), ("n_out", ctypes.c_int),
                 ("drafted", ctypes.c_int), ("accepted", ctypes.c_int)]
 
 
+@c_struct("dsv4_gen_step")
 class GenStep(ctypes.Structure):
     _fields_ = [("step", ctypes.c_int64), ("tokens", ctypes.POINTER(ctypes.c_int32)), ("n_tokens", ctypes.c_int64),
                 ("drafted", ctypes.c_int), ("accepted", ctypes.c_int), ("seconds", ctypes.c_double),
@@ -47,12 +54,14 @@ class GenStep(ctypes.Structure):
 GEN_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, _P, ctypes.POINTER(GenStep))
 
 
+@c_struct("dsv4_generate_options")
 class GenOptions(ctypes.Structure):
     _fields_ = [("max_tokens", ctypes.c_int64), ("mtp", ctypes.c_int), ("sampling", Sampling),
                 ("stop_at_eos", ctypes.c_int), ("prompt_logits", ctypes.c_int), ("callback", GEN_CALLBACK),
                 ("user", _P)]
 
 
+@c_struct("dsv4_generate_stats")
 class GenStats(ctypes.Structure):
     _fields_ = [("prompt_tokens", ctypes.c_int64), ("generated_tokens", ctypes.c_int64), ("steps", ctypes.c_int64),
                 ("drafted", ctypes.c_int64), ("accepted", ctypes.c_int64), ("prefill_seconds", ctypes.c_double),

@@ -6,17 +6,20 @@ import ctypes
 
 import numpy as np
 
+from ._lib import c_struct
 from ._lib import float_tensor, BF16, E8M0, F32, FP4X2, I32, I64, DSV4Error, as_array, check, ctx, lib, new_output, tensor
 
 _P = ctypes.c_void_p
 _KINDS = {"main": 0, "indexer": 1}
 
 
+@c_struct("dsv4_compressor_desc")
 class CompressorDesc(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("ratio", ctypes.c_int), ("dim", ctypes.c_int), ("eps", ctypes.c_float),
                 ("fp8_sim", ctypes.c_int), ("overlap", ctypes.c_int)]
 
 
+@c_struct("dsv4_indexer_args")
 class IndexerArgs(ctypes.Structure):
     _fields_ = [("q", _P), ("q_scales", _P), ("weights", _P), ("k", _P), ("k_scales", _P), ("positions", _P),
                 ("ratio", ctypes.c_int)]

@@ -5,15 +5,18 @@ import ctypes
 
 import numpy as np
 
+from ._lib import c_struct
 from ._lib import float_tensor, BF16, F32, I32, I64, DSV4Error, Tensor, as_array, check, ctx, lib, new_output, ptr, tensor
 from .linear import FORMATS, _weight_tensors
 
 
+@c_struct("dsv4_ffn_weights")
 class FfnWeights(ctypes.Structure):
     _fields_ = [("fmt", ctypes.c_int)] + [(n, ctypes.POINTER(Tensor)) for n in
                                           ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")]
 
 
+@c_struct("dsv4_hc_site")
 class HcSite(ctypes.Structure):
     _fields_ = [("fn", Tensor), ("scale", Tensor), ("base", Tensor), ("sinkhorn_iters", ctypes.c_int),
                 ("eps", ctypes.c_float), ("norm_eps", ctypes.c_float)]

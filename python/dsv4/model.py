@@ -5,6 +5,7 @@ import ctypes
 
 import numpy as np
 
+from ._lib import c_struct
 from ._lib import DSV4Error, check, lib
 
 MAX_LAYERS = 256
@@ -16,6 +17,7 @@ ISSUE_KINDS = ("missing", "unexpected", "dtype", "shape")
 _DSV4_NUMPY = {0: np.float32, 1: np.uint16, 2: np.uint8, 3: np.uint8, 4: np.uint8, 5: np.int32, 6: np.int64, 7: np.uint8}
 
 
+@c_struct("dsv4_rope_config")
 class RopeConfig(ctypes.Structure):
     _fields_ = [("theta", ctypes.c_double), ("yarn", ctypes.c_int), ("factor", ctypes.c_double),
                 ("original_max_position", ctypes.c_int64), ("beta_fast", ctypes.c_double),
@@ -28,6 +30,7 @@ _I64_FIELDS = ["dim", "n_layers", "n_mtp_layers", "vocab_size", "n_heads", "n_kv
                "moe_inter_dim", "n_hash_layers"]
 
 
+@c_struct("dsv4_model_config")
 class ModelConfig(ctypes.Structure):
     _fields_ = ([(f, ctypes.c_int64) for f in _I64_FIELDS] +
                 [("score_func", ctypes.c_int), ("norm_topk_prob", ctypes.c_int), ("route_scale", ctypes.c_double),
@@ -40,6 +43,7 @@ class ModelConfig(ctypes.Structure):
                  ("hash_routed", ctypes.c_uint8 * MAX_LAYERS), ("naming", ctypes.c_char * 16)])
 
 
+@c_struct("dsv4_tensor_entry")
 class TensorEntry(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("canonical", ctypes.c_char_p), ("file", ctypes.c_char_p),
                 ("st_dtype", ctypes.c_char_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
@@ -47,10 +51,12 @@ class TensorEntry(ctypes.Structure):
                 ("data", ctypes.c_void_p)]
 
 
+@c_struct("dsv4_model_issue_info")
 class IssueInfo(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("name", ctypes.c_char_p), ("message", ctypes.c_char_p)]
 
 
+@c_struct("dsv4_model_open_options")
 class OpenOptions(ctypes.Structure):
     _fields_ = [("allow_issues", ctypes.c_int)]
 

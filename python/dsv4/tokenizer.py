@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 
+from ._lib import c_struct
 from ._lib import DSV4Error, check, lib, new_output
 
 ROLES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
@@ -16,11 +17,13 @@ _SZ = ctypes.c_size_t
 _SZP = ctypes.POINTER(ctypes.c_size_t)
 
 
+@c_struct("dsv4_tool_call")
 class ToolCall(ctypes.Structure):
     _fields_ = [("id", ctypes.c_char_p), ("id_len", _SZ), ("name", ctypes.c_char_p), ("name_len", _SZ),
                 ("arguments", ctypes.c_char_p), ("arguments_len", _SZ)]
 
 
+@c_struct("dsv4_chat_message")
 class ChatMessage(ctypes.Structure):
     _fields_ = [("role", ctypes.c_int), ("content", ctypes.c_char_p), ("content_len", _SZ),
                 ("reasoning", ctypes.c_char_p), ("reasoning_len", _SZ),
@@ -29,10 +32,12 @@ class ChatMessage(ctypes.Structure):
                 ("tool_call_id", ctypes.c_char_p), ("tool_call_id_len", _SZ)]
 
 
+@c_struct("dsv4_prompt_options")
 class PromptOptions(ctypes.Structure):
     _fields_ = [("mode", ctypes.c_int), ("keep_reasoning", ctypes.c_int)]
 
 
+@c_struct("dsv4_decode_stream")
 class _Stream(ctypes.Structure):
     _fields_ = [("pending", ctypes.c_uint8 * 4), ("n_pending", ctypes.c_uint32), ("flags", ctypes.c_uint)]
 

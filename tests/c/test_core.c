@@ -3,6 +3,8 @@
 #include "dsv4.h"
 #include "test_util.h"
 
+#include <stddef.h>
+
 static void test_views(void)
 {
     float buf[2 * 3 * 4];
@@ -124,6 +126,25 @@ static void test_context_options(void)
     dsv4_ctx_destroy(c);
 }
 
+/* The struct layout table bindings check themselves against (src/core/abi.c). */
+static void test_abi_layout(void)
+{
+    size_t size = 0, off = 0, fsize = 0;
+    int n = 0;
+    const char *name = NULL;
+    CHECK_STATUS(dsv4_abi_struct("dsv4_tensor", &size, &n), DSV4_OK);
+    CHECK(size == sizeof(dsv4_tensor) && n == 7, "dsv4_tensor: %zu bytes, %d fields", size, n);
+    CHECK_STATUS(dsv4_abi_field("dsv4_tensor", 3, &name, &off, &fsize), DSV4_OK);
+    CHECK(!strcmp(name, "shape") && off == offsetof(dsv4_tensor, shape) && fsize == sizeof(int64_t) * DSV4_MAX_DIMS,
+          "dsv4_tensor field 3: %s at %zu, %zu bytes", name, off, fsize);
+    CHECK_STATUS(dsv4_abi_struct("dsv4_ctx_options", &size, &n), DSV4_OK);
+    CHECK(size == sizeof(dsv4_ctx_options) && n == 5, "dsv4_ctx_options: %zu bytes, %d fields", size, n);
+    CHECK_STATUS(dsv4_abi_field("dsv4_tensor", 7, &name, &off, &fsize), DSV4_ERR_RANGE);
+    CHECK_STATUS(dsv4_abi_field("dsv4_tensor", -1, &name, &off, &fsize), DSV4_ERR_RANGE);
+    CHECK_STATUS(dsv4_abi_struct("dsv4_nothing", &size, &n), DSV4_ERR_NOT_FOUND);
+    CHECK_STATUS(dsv4_abi_struct(NULL, &size, &n), DSV4_ERR_INVALID_ARG);
+}
+
 /* Bad input to an op: an error status and message, and the outputs untouched. */
 static void test_bad_input(void)
 {
@@ -225,6 +246,7 @@ int main(void)
     test_output_views();
     test_contexts();
     test_context_options();
+    test_abi_layout();
     test_bad_input();
     test_thread_independence();
     TEST_DONE();
