@@ -34,26 +34,6 @@ static dsv4_tensor view(void *data, dsv4_dtype dt, int ndim, int64_t a, int64_t 
     return t;
 }
 
-/* BF16 arrays agree within one BF16 ulp (relative 2^-7) plus 1e-5 of the largest magnitude
- * (orders of fp32 sums differ between the vector kernels and the reference). */
-static int bf16_close(const uint16_t *a, const uint16_t *b, size_t n)
-{
-    float big = 0.0f;
-    for (size_t i = 0; i < n; i++) big = fmaxf(big, fabsf(dsv4_bf16_to_f32(b[i])));
-    for (size_t i = 0; i < n; i++) {
-        float x = dsv4_bf16_to_f32(a[i]), y = dsv4_bf16_to_f32(b[i]);
-        if (!(fabsf(x - y) <= 0x1p-7f * fabsf(y) + 1e-5f * big)) return 0;
-    }
-    return 1;
-}
-
-static int f32_close(const float *a, const float *b, size_t n, float atol)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!(fabsf(a[i] - b[i]) <= atol)) return 0;
-    return 1;
-}
-
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
 static void test_rms_norm(void)
 {

@@ -64,6 +64,26 @@ static inline float test_randn(void)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+/* BF16 arrays agree within one BF16 ulp (relative 2^-7) plus 1e-5 of the largest magnitude
+ * (orders of fp32 sums differ between the vector kernels and the reference). */
+static inline int bf16_close(const uint16_t *a, const uint16_t *b, size_t n)
+{
+    float big = 0.0f;
+    for (size_t i = 0; i < n; i++) big = fmaxf(big, fabsf(dsv4_bf16_decode(b[i])));
+    for (size_t i = 0; i < n; i++) {
+        float x = dsv4_bf16_decode(a[i]), y = dsv4_bf16_decode(b[i]);
+        if (!(fabsf(x - y) <= 0x1p-7f * fabsf(y) + 1e-5f * big)) return 0;
+    }
+    return 1;
+}
+
+static inline int f32_close(const float *a, const float *b, size_t n, float atol)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(a[i] - b[i]) <= atol)) return 0;
+    return 1;
+}
+
 /* The cpu backend's ISA levels, best first: a context capped at one of them
  * (dsv4_ctx_options.cpu_isa; NULL: no cap) runs that path, or a lower one on a machine without it. */
 static const char *const test_isas[3] = {"avx512", "avx2", "scalar"};
