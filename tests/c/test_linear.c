@@ -7,12 +7,6 @@
 #include "test_util.h"
 #include "test_linear_cases.h"
 
-/* Tolerance relative to sum_k |x_k w_k|: only the fp32 summation order differs. 96 ulps of
- * sum|terms| (~5.7e-6): the fp32 errors of these random-sign sums are a random walk of a few ulps
- * of sum|terms| whatever K (tests/python/test_linear.py says why); measured at most 12 ulps
- * (7.1e-7) over 38 seeds of this test, all formats and ISA paths: a margin of ~8x. */
-#define TOL (96 * 0x1p-24)
-
 /* x F32 [m, k] quantized with the format's activation rule through dsv4_quantize/dequantize
  * (groups of 128 or 32; k must then be a multiple of the group here). */
 static void act_dequant(dsv4_linear_format fmt, const float *x, int64_t m, int64_t k, double *xq)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU checks of the cuda backend (`make test-gpu`): build, the C tests against cpu-ref, the
-# Python tests on backend "cuda" (the attention suite with DSV4_TEST_BACKENDS=cuda and the
-# device tests), compute-sanitizer memcheck + racecheck on small cases, the SASS instruction mix,
+# GPU checks of the cuda backend (`make test-gpu`): build, the C tests against cpu-ref (test_cuda
+# and the op-by-op conformance test_backend_ops), the Python tests on backend "cuda" (the
+# attention suite with DSV4_TEST_BACKENDS=cuda and the device tests), compute-sanitizer memcheck + racecheck on small cases, the SASS instruction mix,
 # Nsight Compute profiles of one decode launch, and the benchmark next to a bf16 matmul.
 # Without an NVIDIA GPU it says so and exits 0. Each step's log goes to $BUILD/gpu-logs (all of
 # them also to $OUT/gpu-tests.log when OUT is set); STEPS="build test_cuda ..." runs a subset,
@@ -14,7 +14,7 @@ BUILD=${BUILD:-$ROOT/build-gpu}
 LOGS=${LOGS:-$BUILD/gpu-logs}
 ALL=${OUT:+$OUT/gpu-tests.log}
 JOBS=${JOBS:-$(nproc)}
-STEPS=${STEPS:-"build test_cuda matmul bench pytest_device pytest_attention sass ncu memcheck racecheck"}
+STEPS=${STEPS:-"build test_cuda backend_ops matmul bench pytest_device pytest_attention sass ncu memcheck racecheck"}
 mkdir -p "$LOGS"
 if ! nvidia-smi -L > /dev/null 2>&1; then
     echo "test-gpu: SKIP: no NVIDIA GPU visible (nvidia-smi -L failed)"
@@ -41,8 +41,10 @@ step() { # name command...: run, keep the log, print its tail
 }
 
 step build bash -c "cmake -S '$ROOT' -B '$BUILD' -DCMAKE_BUILD_TYPE=Release > /dev/null &&
-                    cmake --build '$BUILD' -j $JOBS --target dsv4 dsv4_cli test_cuda"
+                    cmake --build '$BUILD' -j $JOBS --target dsv4 dsv4_cli test_cuda test_backend_ops"
 step test_cuda "$BUILD/test_cuda"
+# every op of every backend against cpu-ref (tests/c/test_backend_ops.c); cuda's NULL entries are reported skipped
+step backend_ops "$BUILD/test_backend_ops"
 step matmul python3 -c "
 import torch
 a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); b = torch.randn_like(a)

@@ -1,0 +1,1044 @@
+/* Conformance of every backend against the scalar reference, op by op (in the manner of ggml's
+ * test-backend-ops). For each registered backend other than cpu-ref — and for cpu once per ISA
+ * level this machine has — every op family runs its cases on that backend and on cpu-ref with the
+ * same inputs, each in its own backend's memory (the device API of include/dsv4/device.h: host
+ * memory for the CPU backends, device memory for accelerators; outputs are poisoned first), and
+ * the results are compared bit for bit where the contract makes them identical across backends,
+ * within a tolerance stated at the comparison otherwise. An entry a backend leaves NULL
+ * (core/backend.h) is reported as skipped, and so is a backend that cannot run here (no device).
+ * The cases follow the families' own tests (tests/c/test_formats in test_core.c, test_linear.c,
+ * test_layer.c, test_attention.c, test_indexer.c); the float64 oracles are the Python tests. */
+#include "core/backend.h"
+#include "core/ops_attention.h"
+#include "core/ops_formats.h"
+#include "core/ops_indexer.h"
+#include "core/ops_layer.h"
+#include "core/ops_linear.h"
+#include "dsv4.h"
+#include "formats/kv_entry.h"
+#include "test_linear_cases.h"
+#include "test_util.h"
+
+static dsv4_ctx *ref;          /* cpu-ref */
+static dsv4_ctx *tc;           /* the backend under test */
+static const dsv4_backend *tb; /* its op tables */
+static char target[48];        /* "cuda", "cpu[avx2]", ... */
+static int n_compared, n_skipped;
+
+/* ---- memory of a backend -------------------------------------------------------------------- */
+enum { MAX_BUFS = 256 };
+static struct {
+    dsv4_ctx *c;
+    void *p;
+} bufs[MAX_BUFS];
+static int nbufs;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "%s: %s: %s\n", target, what, dsv4_last_error());
+    exit(1);
+}
+
+/* Bytes a view spans from its data pointer (0 for an empty view). */
+static size_t extent(const dsv4_tensor *t)
+{
+    int64_t last = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) return 0;
+        last += (t->shape[i] - 1) * t->stride[i];
+    }
+    return (size_t)(last + 1) * dsv4_dtype_size(t->dtype);
+}
+
+/* `bytes` of host data copied into c's memory (freed by release()). */
+static void *put(dsv4_ctx *c, const void *host, size_t bytes)
+{
+    void *p = NULL;
+    if (nbufs == MAX_BUFS || dsv4_device_alloc(c, bytes ? bytes : 1, &p) != DSV4_OK) die("device_alloc");
+    bufs[nbufs].c = c;
+    bufs[nbufs++].p = p;
+    if (bytes && dsv4_device_upload(c, p, host, bytes) != DSV4_OK) die("device_upload");
+    return p;
+}
+
+static void release(void)
+{
+    for (int i = 0; i < nbufs; i++) dsv4_device_free(bufs[i].c, bufs[i].p);
+    nbufs = 0;
+}
+
+/* The same view over a copy of its bytes in c's memory. */
+static dsv4_tensor on(dsv4_ctx *c, const dsv4_tensor *host)
+{
+    dsv4_tensor d = *host;
+    d.data = put(c, host->data, extent(host));
+    d.device = dsv4_ctx_device_kind(c);
+    d.device_index = 0;
+    return d;
+}
+
+/* The bytes of view d (in c's memory) into the host buffer `host` (laid out as d). */
+static void back(dsv4_ctx *c, const dsv4_tensor *d, void *host)
+{
+    size_t n = extent(d);
+    if (n && dsv4_device_download(c, host, d->data, n) != DSV4_OK) die("device_download");
+}
+
+static dsv4_tensor view(void *p, dsv4_dtype dt, int nd, int64_t a, int64_t b, int64_t c)
+{
+    dsv4_tensor t;
+    const int64_t shape[3] = {a, b, c};
+    dsv4_tensor_init(&t, p, dt, nd, shape);
+    return t;
+}
+
+static void *poisoned(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    memset(p, 0xA5, bytes);
+    return p;
+}
+
+static uint16_t *bf16_rand(size_t n, float scale)
+{
+    uint16_t *p = malloc(2 * n + 2);
+    for (size_t i = 0; i < n; i++) p[i] = dsv4_bf16_encode(scale * test_randn());
+    return p;
+}
+
+static float *f32_rand(size_t n, float scale, float offset)
+{
+    float *p = malloc(4 * n + 4);
+    for (size_t i = 0; i < n; i++) p[i] = offset + scale * test_randn();
+    return p;
+}
+
+static uint8_t *bytes_rand(size_t n, unsigned lo, unsigned span)
+{
+    uint8_t *p = malloc(n + 1);
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(lo + test_rand_u64() % span);
+    return p;
+}
+
+/* ---- entries and comparisons ------------------------------------------------------------------ */
+/* An op whose entries the backend leaves NULL is skipped (and said so once per case). */
+static int missing(const char *op, int have)
+{
+    if (!have) {
+        printf("  %-10s %-28s skipped: %s leaves it NULL\n", target, op, tb->name);
+        n_skipped++;
+    }
+    return !have;
+}
+#define HAS(family, entry) (tb->family && tb->family->entry)
+
+static void ran(const char *op, dsv4_status s, dsv4_status sr)
+{
+    CHECK(sr == DSV4_OK, "%s on cpu-ref: %s", op, dsv4_last_error());
+    CHECK(s == DSV4_OK, "%s on %s: %s", op, target, dsv4_last_error());
+}
+
+/* Bit-identical results. */
+static void same(const char *op, const char *what, const void *a, const void *b, size_t bytes)
+{
+    n_compared++;
+    const uint8_t *x = a, *y = b;
+    size_t i = 0;
+    while (i < bytes && x[i] == y[i]) i++;
+    CHECK(i == bytes, "%s %s on %s: byte %zu of %zu differs from cpu-ref (0x%02x vs 0x%02x)", op, what, target, i,
+          bytes, i < bytes ? x[i] : 0, i < bytes ? y[i] : 0);
+    size_t p = 0; /* outputs start poisoned (0xA5): equal poison would compare equal */
+    while (p < bytes && y[p] == 0xA5) p++;
+    CHECK(bytes < 16 || p < bytes, "%s %s: cpu-ref left the output unwritten", op, what);
+}
+
+/* F32 values bit for bit, except that a NaN matches a NaN of either sign: a NaN scale byte or
+ * code times a number is NaN by the rules (dsv4/formats.h), and which operand's sign the product
+ * keeps is the instruction's choice (the AVX-512 dequantize keeps another than the scalar code). */
+static void same_f32(const char *op, const char *what, const float *a, const float *b, size_t n)
+{
+    n_compared++;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4) && !(isnan(a[i]) && isnan(b[i])) && !bad++) first = i;
+    CHECK(bad == 0, "%s %s on %s: %zu of %zu values differ from cpu-ref (first %zu: %a vs %a)", op, what, target, bad,
+          n, first, bad ? a[first] : 0.0f, bad ? b[first] : 0.0f);
+}
+
+/* Within the BF16 closeness of test_util.h: one BF16 ulp plus 1e-5 of the largest magnitude. */
+static void near_bf16(const char *op, const char *what, const uint16_t *a, const uint16_t *b, size_t n)
+{
+    n_compared++;
+    CHECK(bf16_close(a, b, n), "%s %s on %s: beyond one BF16 ulp (+1e-5 of the largest) of cpu-ref", op, what,
+          target);
+}
+
+static void near_f32(const char *op, const char *what, const float *a, const float *b, size_t n, float atol)
+{
+    n_compared++;
+    CHECK(f32_close(a, b, n, atol), "%s %s on %s: beyond %g of cpu-ref", op, what, target, atol);
+}
+
+/* ---- formats: element codecs and block rules are exact, so bit for bit (dsv4/formats.h) ---- */
+static void formats_codecs(void)
+{
+    enum { N = 1031 };
+    float *x = f32_rand(N, 30.0f, 0.0f);
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 448.0f, 465.0f, 1e-9f, -6.0f, 0.25f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[i * 97] = special[i];
+    static const dsv4_scalar_format enc[] = {DSV4_FMT_E4M3, DSV4_FMT_BF16, DSV4_FMT_E2M1};
+    if (!missing("formats.encode", HAS(formats, encode)))
+        for (int f = 0; f < 3; f++) {
+            size_t cb = (enc[f] == DSV4_FMT_BF16 ? 2 : 1) * (size_t)N;
+            uint8_t *hr = poisoned(cb), *ht = poisoned(cb);
+            void *dr = put(ref, hr, cb), *dt = put(tc, ht, cb);
+            float *xr = put(ref, x, sizeof(float) * N), *xt = put(tc, x, sizeof(float) * N);
+            ran("encode_array", dsv4_encode_array(tc, enc[f], xt, N, dt), dsv4_encode_array(ref, enc[f], xr, N, dr));
+            dsv4_device_download(ref, hr, dr, cb);
+            dsv4_device_download(tc, ht, dt, cb);
+            same("encode_array", "codes", ht, hr, cb);
+            free(hr), free(ht);
+            release();
+        }
+    static const dsv4_scalar_format dec[] = {DSV4_FMT_E4M3, DSV4_FMT_BF16, DSV4_FMT_E2M1, DSV4_FMT_E8M0};
+    uint16_t codes[4096];
+    for (int i = 0; i < 4096; i++) codes[i] = (uint16_t)(i < 256 ? (uint64_t)i * 257 : test_rand_u64());
+    uint8_t bytes[4096];
+    for (int i = 0; i < 4096; i++) bytes[i] = (uint8_t)i;
+    if (!missing("formats.decode", HAS(formats, decode)))
+        for (int f = 0; f < 4; f++) {
+            const void *src = dec[f] == DSV4_FMT_BF16 ? (const void *)codes : (const void *)bytes;
+            size_t cb = (dec[f] == DSV4_FMT_BF16 ? 2 : 1) * 4096u;
+            float *hr = poisoned(4 * 4096), *ht = poisoned(4 * 4096);
+            void *cr = put(ref, src, cb), *ct = put(tc, src, cb);
+            float *dr = put(ref, hr, 4 * 4096), *dt = put(tc, ht, 4 * 4096);
+            ran("decode_array", dsv4_decode_array(tc, dec[f], ct, 4096, dt), dsv4_decode_array(ref, dec[f], cr, 4096, dr));
+            dsv4_device_download(ref, hr, dr, 4 * 4096);
+            dsv4_device_download(tc, ht, dt, 4 * 4096);
+            same("decode_array", "values", ht, hr, 4 * 4096); /* NaN payloads included */
+            free(hr), free(ht);
+            release();
+        }
+    free(x);
+}
+
+static void formats_rules(void)
+{
+    enum { R = 5, K = 256, LD = K + 16 };
+    float *x = f32_rand(R * LD, 4.0f, 0.0f);
+    x[3] = NAN, x[LD + 7] = INFINITY, x[2 * LD] = 1e30f;
+    for (int k = 0; k < K; k++) x[3 * LD + k] = 0.0f; /* an all-zero row */
+    for (int rule = 0; rule < DSV4_QRULE_COUNT; rule++) {
+        const int g = dsv4_qrule_group((dsv4_qrule)rule);
+        dsv4_tensor hx;
+        dsv4_tensor_init_strided(&hx, x, DSV4_F32, 2, (int64_t[]){R, K}, (int64_t[]){LD, 1});
+        if (!missing("formats.quantize_rows", HAS(formats, quantize_rows))) {
+            uint8_t *cr = poisoned(R * K), *ct = poisoned(R * K), *sr = poisoned(R * K / g), *st = poisoned(R * K / g);
+            dsv4_tensor hc = view(cr, DSV4_U8, 2, R, K, 0), hs = view(sr, DSV4_U8, 2, R, K / g, 0);
+            dsv4_tensor xr = on(ref, &hx), xt = on(tc, &hx), c_r = on(ref, &hc), c_t = on(tc, &hc), s_r = on(ref, &hs),
+                        s_t = on(tc, &hs);
+            ran("quantize", dsv4_quantize(tc, (dsv4_qrule)rule, &xt, &c_t, &s_t),
+                dsv4_quantize(ref, (dsv4_qrule)rule, &xr, &c_r, &s_r));
+            back(ref, &c_r, cr), back(tc, &c_t, ct), back(ref, &s_r, sr), back(tc, &s_t, st);
+            same("quantize", dsv4_qrule_name((dsv4_qrule)rule), ct, cr, R * K);
+            same("quantize", "scales", st, sr, R * K / g);
+            free(cr), free(ct), free(sr), free(st);
+            release();
+        }
+        if (!missing("formats.dequantize_rows", HAS(formats, dequantize_rows))) {
+            uint8_t *codes = bytes_rand(R * K, 0, rule == DSV4_QRULE_FP4_32 ? 16 : 256);
+            uint8_t *sc = bytes_rand(R * K / g, 110, 30);
+            sc[1] = 255; /* a NaN scale */
+            float *yr = poisoned(4 * R * K), *yt = poisoned(4 * R * K);
+            dsv4_tensor hc = view(codes, DSV4_U8, 2, R, K, 0), hs = view(sc, DSV4_U8, 2, R, K / g, 0),
+                        hy = view(yr, DSV4_F32, 2, R, K, 0);
+            dsv4_tensor c_r = on(ref, &hc), c_t = on(tc, &hc), s_r = on(ref, &hs), s_t = on(tc, &hs), y_r = on(ref, &hy),
+                        y_t = on(tc, &hy);
+            ran("dequantize", dsv4_dequantize(tc, (dsv4_qrule)rule, &c_t, &s_t, &y_t),
+                dsv4_dequantize(ref, (dsv4_qrule)rule, &c_r, &s_r, &y_r));
+            back(ref, &y_r, yr), back(tc, &y_t, yt);
+            same_f32("dequantize", dsv4_qrule_name((dsv4_qrule)rule), yt, yr, R * K);
+            free(codes), free(sc), free(yr), free(yt);
+            release();
+        }
+    }
+    free(x);
+}
+
+static void formats_weights(void)
+{
+    /* FP8 [130, 256] with 128x128 scale blocks (an edge block of 2 rows), FP4 [33, 128] per 1x32 */
+    for (int fp4 = 0; fp4 < 2; fp4++) {
+        const char *op = fp4 ? "formats.dequantize_fp4_g32" : "formats.dequantize_fp8_b128";
+        if (missing(op, fp4 ? HAS(formats, dequantize_fp4_g32) : HAS(formats, dequantize_fp8_b128))) continue;
+        const int64_t n = fp4 ? 33 : 130, k = fp4 ? 128 : 256, wc = fp4 ? k / 2 : k;
+        const int64_t sr = fp4 ? n : 2, scn = fp4 ? k / 32 : 2;
+        uint8_t *w = bytes_rand((size_t)(n * wc), 0, 256), *s = bytes_rand((size_t)(sr * scn), 115, 20);
+        float *orf = poisoned(4 * (size_t)(n * k)), *ot = poisoned(4 * (size_t)(n * k));
+        dsv4_tensor hw = view(w, fp4 ? DSV4_FP4X2 : DSV4_F8_E4M3, 2, n, wc, 0), hs = view(s, DSV4_E8M0, 2, sr, scn, 0),
+                    ho = view(orf, DSV4_F32, 2, n, k, 0);
+        dsv4_tensor w_r = on(ref, &hw), w_t = on(tc, &hw), s_r = on(ref, &hs), s_t = on(tc, &hs), o_r = on(ref, &ho),
+                    o_t = on(tc, &ho);
+        ran("dequantize_weight", dsv4_dequantize_weight(tc, &w_t, &s_t, &o_t), dsv4_dequantize_weight(ref, &w_r, &s_r, &o_r));
+        back(ref, &o_r, orf), back(tc, &o_t, ot);
+        same_f32("dequantize_weight", fp4 ? "fp4" : "fp8", ot, orf, (size_t)(n * k));
+        free(w), free(s), free(orf), free(ot);
+        release();
+    }
+}
+
+/* ---- linear ------------------------------------------------------------------------------- */
+/* Each backend is within TOL·Σ_k|xq_k w_k| of the float64 evaluation (test_linear.c: only the
+ * fp32 summation order differs), so two backends are within 2·TOL of each other; the bound here
+ * uses the unquantized |x_k|, and the act rules round |x| up by at most 2^-4 (E4M3 RNE), hence
+ * the factor 1.0625. A BF16 x is exact. */
+#define LIN_TOL (2.0 * 1.0625 * TOL)
+
+static dsv4_status linear_on(dsv4_ctx *c, const wcase *w, const dsv4_tensor *hx, const dsv4_tensor *hb, float *y,
+                             int staged)
+{
+    dsv4_tensor hw, hs;
+    wcase_views(w, &hw, &hs);
+    dsv4_tensor x = on(c, hx), wt = on(c, &hw), st = on(c, &hs), b = on(c, hb);
+    dsv4_tensor hy = view(y, DSV4_F32, 2, hx->shape[0], w->n, 0), yt = on(c, &hy);
+    size_t wsb = 0;
+    dsv4_status s = dsv4_linear_workspace_size(c, w->fmt, hx->shape[0], w->k, &wsb);
+    if (s) return s;
+    void *ws = put(c, NULL, 0);
+    if (wsb) {
+        uint8_t *z = poisoned(wsb);
+        ws = put(c, z, wsb);
+        free(z);
+    }
+    const dsv4_tensor *scale = w->fmt <= DSV4_LINEAR_FP4 ? &st : NULL;
+    if (staged) {
+        s = dsv4_linear_stage(c, w->fmt, &x, ws, wsb);
+        if (!s) s = dsv4_linear_staged(c, w->fmt, &x, &wt, scale, &b, &yt, ws, wsb);
+    } else {
+        s = dsv4_linear(c, w->fmt, &x, &wt, scale, &b, &yt, ws, wsb);
+    }
+    back(c, &yt, y);
+    return s;
+}
+
+static void linear_formats(void)
+{
+    if (missing("linear.linear", HAS(linear, linear) && HAS(linear, workspace_size))) return;
+    const int staging = HAS(linear, stage);
+    if (!staging) missing("linear.stage", 0);
+    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++)
+        for (int mi = 0; mi < 2; mi++) {
+            const int64_t m = mi ? 6 : 1, n = 70, k = f == DSV4_LINEAR_MXFP8 ? 288 : 384;
+            const int x_bf16 = (f + mi) % 2;
+            wcase w;
+            wcase_make(&w, (dsv4_linear_format)f, n, k, f % 2, mi);
+            float *xf = f32_rand((size_t)(m * k), 2.0f, 0.0f), *bias = f32_rand((size_t)n, 1.0f, 0.0f);
+            uint16_t *xb = malloc(2 * (size_t)(m * k));
+            for (int64_t i = 0; i < m * k; i++) {
+                xb[i] = dsv4_bf16_encode(xf[i]);
+                if (x_bf16) xf[i] = dsv4_bf16_decode(xb[i]);
+            }
+            dsv4_tensor hx = view(x_bf16 ? (void *)xb : (void *)xf, x_bf16 ? DSV4_BF16 : DSV4_F32, 2, m, k, 0),
+                        hb = view(bias, DSV4_F32, 1, n, 0, 0);
+            float *yr = poisoned(4 * (size_t)(m * n)), *yt = poisoned(4 * (size_t)(m * n)), *ys = poisoned(4 * (size_t)(m * n));
+            ran("linear", linear_on(tc, &w, &hx, &hb, yt, 0), linear_on(ref, &w, &hx, &hb, yr, 0));
+            int bad = 0;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) {
+                    double mag = fabs(bias[j]);
+                    for (int64_t q = 0; q < k; q++) mag += fabs(xf[i * k + q] * w.wq[j * k + q]);
+                    bad += !(fabs((double)yt[i * n + j] - yr[i * n + j]) <= LIN_TOL * mag);
+                }
+            n_compared++;
+            CHECK(bad == 0, "linear %s m=%lld on %s: %d outputs beyond %g of sum|x w| from cpu-ref",
+                  dsv4_linear_format_name(w.fmt), (long long)m, target, bad, LIN_TOL);
+            if (staging) { /* the contract: stage + staged == linear, bit for bit, on one backend */
+                CHECK_STATUS(linear_on(tc, &w, &hx, &hb, ys, 1), DSV4_OK);
+                same("linear_staged", dsv4_linear_format_name(w.fmt), ys, yt, 4 * (size_t)(m * n));
+            }
+            release();
+            free(xf), free(xb), free(bias), free(yr), free(yt), free(ys);
+            wcase_free(&w);
+        }
+}
+
+/* ---- layer --------------------------------------------------------------------------------- */
+/* RMSNorm, mHC pre/head, SwiGLU and MoE sum in fp32 in an order the contract leaves to the
+ * backend: BF16 results within one BF16 ulp (+1e-5 of the largest; test_layer.c), mHC post/comb
+ * weights (sigmoid and Sinkhorn of those sums) within 2e-5 (test_layer.c). hc_post is one fp32
+ * expression per element in a fixed order: bit-identical on the CPU backends (test_layer.c), one
+ * BF16 ulp elsewhere (a device may fuse its multiply-adds). */
+static void layer_rms(void)
+{
+    if (missing("layer.rms_norm", HAS(layer, rms_norm))) return;
+    enum { R = 5, D = 1037 };
+    uint16_t *x = bf16_rand(R * D, 2.0f), *w = bf16_rand(D, 0.5f), *yr = poisoned(2 * R * D), *yt = poisoned(2 * R * D);
+    for (int weighted = 0; weighted < 2; weighted++) {
+        dsv4_tensor hx = view(x, DSV4_BF16, 2, R, D, 0), hw = view(w, DSV4_BF16, 1, D, 0, 0),
+                    hy = view(yr, DSV4_BF16, 2, R, D, 0);
+        dsv4_tensor x_r = on(ref, &hx), x_t = on(tc, &hx), w_r = on(ref, &hw), w_t = on(tc, &hw), y_r = on(ref, &hy),
+                    y_t = on(tc, &hy);
+        ran("rms_norm", dsv4_rms_norm(tc, &x_t, weighted ? &w_t : NULL, 1e-6f, &y_t),
+            dsv4_rms_norm(ref, &x_r, weighted ? &w_r : NULL, 1e-6f, &y_r));
+        back(ref, &y_r, yr), back(tc, &y_t, yt);
+        near_bf16("rms_norm", weighted ? "weighted" : "unweighted", yt, yr, R * D);
+        release();
+    }
+    free(x), free(w), free(yr), free(yt);
+}
+
+enum { HT = 5, HN = 4, HD = 256, HMIX = (2 + HN) * HN };
+
+typedef struct hc_host {
+    float *fn, scale[3], *base;
+    dsv4_tensor tfn, tscale, tbase;
+    int nmix;
+} hc_host;
+
+static void hc_make(hc_host *h, int nmix)
+{
+    h->nmix = nmix;
+    h->fn = f32_rand((size_t)nmix * HN * HD, 0.02f, 0.0f);
+    h->base = f32_rand((size_t)nmix, 0.5f, 0.0f);
+    for (int i = 0; i < 3; i++) h->scale[i] = 0.5f + 0.3f * (float)i;
+    h->tfn = view(h->fn, DSV4_F32, 2, nmix, HN * HD, 0);
+    h->tscale = view(h->scale, DSV4_F32, 1, nmix == HN ? 1 : 3, 0, 0);
+    h->tbase = view(h->base, DSV4_F32, 1, nmix, 0, 0);
+}
+
+static dsv4_hc_site hc_site_on(dsv4_ctx *c, const hc_host *h)
+{
+    dsv4_hc_site s = {on(c, &h->tfn), on(c, &h->tscale), on(c, &h->tbase), 20, 1e-6f, 1e-6f};
+    return s;
+}
+
+typedef struct hc_out {
+    uint16_t y[HT * HD], streams[HT * HN * HD];
+    float post[HT * HN], comb[HT * HN * HN];
+} hc_out;
+
+/* which: 0 hc_pre, 1 hc_post, 2 hc_post_pre, 3 hc_head */
+static dsv4_status hc_on(dsv4_ctx *c, int which, const hc_host *site, const uint16_t *x, const uint16_t *sub,
+                         const float *post, const float *comb, hc_out *o)
+{
+    memset(o, 0xA5, sizeof *o);
+    if (!post) post = o->post, comb = o->comb; /* hc_pre / hc_head read neither */
+    dsv4_hc_site s = hc_site_on(c, site);
+    dsv4_tensor hx = view((void *)x, DSV4_BF16, 3, HT, HN, HD), hsub = view((void *)sub, DSV4_BF16, 2, HT, HD, 0);
+    dsv4_tensor hp = view((void *)post, DSV4_F32, 2, HT, HN, 0), hcm = view((void *)comb, DSV4_F32, 3, HT, HN, HN);
+    dsv4_tensor hy = view(o->y, DSV4_BF16, 2, HT, HD, 0), hs = view(o->streams, DSV4_BF16, 3, HT, HN, HD);
+    dsv4_tensor hpo = view(o->post, DSV4_F32, 2, HT, HN, 0), hco = view(o->comb, DSV4_F32, 3, HT, HN, HN);
+    dsv4_tensor tx = on(c, &hx), tsub = on(c, &hsub), tp = on(c, &hp), tcm = on(c, &hcm), ty = on(c, &hy),
+                ts = on(c, &hs), tpo = on(c, &hpo), tco = on(c, &hco);
+    dsv4_status st;
+    switch (which) {
+    case 0: st = dsv4_hc_pre(c, &s, &tx, &ty, &tpo, &tco); break;
+    case 1: st = dsv4_hc_post(c, &tsub, &tx, &tp, &tcm, &ts); break;
+    case 2: st = dsv4_hc_post_pre(c, &tsub, &tx, &tp, &tcm, &s, &ts, &ty, &tpo, &tco); break;
+    default: st = dsv4_hc_head(c, &s, &tx, &ty); break;
+    }
+    back(c, &ty, o->y), back(c, &ts, o->streams), back(c, &tpo, o->post), back(c, &tco, o->comb);
+    release();
+    return st;
+}
+
+static void layer_mhc(void)
+{
+    static const char *const names[4] = {"hc_pre", "hc_post", "hc_post_pre", "hc_head"};
+    const int have[4] = {HAS(layer, hc_pre), HAS(layer, hc_post), HAS(layer, hc_post_pre), HAS(layer, hc_head)};
+    hc_host site, head;
+    hc_make(&site, HMIX);
+    hc_make(&head, HN);
+    uint16_t *x = bf16_rand(HT * HN * HD, 2.0f), *sub = bf16_rand(HT * HD, 1.0f);
+    static hc_out pre, r, t;
+    CHECK_STATUS(hc_on(ref, 0, &site, x, sub, NULL, NULL, &pre), DSV4_OK); /* post and comb of a real site */
+    for (int which = 0; which < 4; which++) {
+        char op[32];
+        snprintf(op, sizeof op, "layer.%s", names[which]);
+        if (missing(op, have[which])) continue;
+        const hc_host *s = which == 3 ? &head : &site;
+        ran(names[which], hc_on(tc, which, s, x, sub, pre.post, pre.comb, &t),
+            hc_on(ref, which, s, x, sub, pre.post, pre.comb, &r));
+        if (which != 1) near_bf16(names[which], "y", t.y, r.y, HT * HD);
+        if (which == 0 || which == 2) {
+            near_f32(names[which], "post", t.post, r.post, HT * HN, 2e-5f);
+            near_f32(names[which], "comb", t.comb, r.comb, HT * HN * HN, 2e-5f);
+        }
+        if (which == 1 || which == 2) {
+            if (tb->device == DSV4_DEVICE_CPU) same(names[which], "streams", t.streams, r.streams, sizeof r.streams);
+            else near_bf16(names[which], "streams", t.streams, r.streams, HT * HN * HD);
+        }
+    }
+    free(site.fn), free(site.base), free(head.fn), free(head.base), free(x), free(sub);
+}
+
+/* Router: the experts chosen are the same (the random scores here have no near-ties), and their
+ * weights (normalized sqrt-softplus of fp32 dot products summed in the backend's order) agree
+ * within 1e-5 relative to route_scale (test_layer.c). Hash layers pick by table: identical. */
+static void layer_route(void)
+{
+    if (missing("layer.route", HAS(layer, route))) return;
+    enum { T = 6, D = 256, E = 64, K = 6, V = 50 };
+    uint16_t *x = bf16_rand(T * D, 1.0f), *gw = bf16_rand(E * D, 0.1f);
+    float *bias = f32_rand(E, 0.1f, 0.0f);
+    int32_t tid[V * K], tok[T];
+    for (int i = 0; i < V * K; i++) tid[i] = (int32_t)(test_rand_u64() % E);
+    for (int i = 0; i < T; i++) tok[i] = (int32_t)(test_rand_u64() % V);
+    for (int hash = 0; hash < 2; hash++) {
+        int32_t ir[T * K], it[T * K];
+        float wr[T * K], wt[T * K];
+        memset(ir, 0xA5, sizeof ir), memset(wr, 0xA5, sizeof wr);
+        dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hg = view(gw, DSV4_BF16, 2, E, D, 0),
+                    hb = view(bias, DSV4_F32, 1, E, 0, 0), htid = view(tid, DSV4_I32, 2, V, K, 0),
+                    htok = view(tok, DSV4_I32, 1, T, 0, 0), hi = view(ir, DSV4_I32, 2, T, K, 0),
+                    hw = view(wr, DSV4_F32, 2, T, K, 0);
+        dsv4_tensor x_r = on(ref, &hx), g_r = on(ref, &hg), b_r = on(ref, &hb), d_r = on(ref, &htid), k_r = on(ref, &htok),
+                    i_r = on(ref, &hi), w_r = on(ref, &hw);
+        dsv4_tensor x_t = on(tc, &hx), g_t = on(tc, &hg), b_t = on(tc, &hb), d_t = on(tc, &htid), k_t = on(tc, &htok),
+                    i_t = on(tc, &hi), w_t = on(tc, &hw);
+        ran("route", dsv4_route(tc, &x_t, &g_t, hash ? NULL : &b_t, hash ? &d_t : NULL, hash ? &k_t : NULL, 2.5f, &i_t, &w_t),
+            dsv4_route(ref, &x_r, &g_r, hash ? NULL : &b_r, hash ? &d_r : NULL, hash ? &k_r : NULL, 2.5f, &i_r, &w_r));
+        back(ref, &i_r, ir), back(tc, &i_t, it), back(ref, &w_r, wr), back(tc, &w_t, wt);
+        same("route", hash ? "hash ids" : "ids", it, ir, sizeof ir);
+        near_f32("route", "weights", wt, wr, T * K, 2.5e-5f);
+        release();
+    }
+    free(x), free(gw), free(bias);
+}
+
+static void layer_swiglu(void)
+{
+    if (missing("layer.swiglu", HAS(layer, swiglu))) return;
+    enum { R = 5, I = 300 };
+    uint16_t *g = bf16_rand(R * I, 4.0f), *u = bf16_rand(R * I, 4.0f), *hr = poisoned(2 * R * I), *ht = poisoned(2 * R * I);
+    float *rw = f32_rand(R, 0.3f, 1.0f);
+    dsv4_tensor hg = view(g, DSV4_BF16, 2, R, I, 0), hu = view(u, DSV4_BF16, 2, R, I, 0), hw = view(rw, DSV4_F32, 1, R, 0, 0),
+                hh = view(hr, DSV4_BF16, 2, R, I, 0);
+    dsv4_tensor g_r = on(ref, &hg), u_r = on(ref, &hu), w_r = on(ref, &hw), h_r = on(ref, &hh);
+    dsv4_tensor g_t = on(tc, &hg), u_t = on(tc, &hu), w_t = on(tc, &hw), h_t = on(tc, &hh);
+    ran("swiglu", dsv4_swiglu(tc, &g_t, &u_t, &w_t, 7.0f, &h_t), dsv4_swiglu(ref, &g_r, &u_r, &w_r, 7.0f, &h_r));
+    back(ref, &h_r, hr), back(tc, &h_t, ht);
+    near_bf16("swiglu", "h", ht, hr, R * I);
+    release();
+    free(g), free(u), free(hr), free(ht), free(rw);
+}
+
+/* MoE of BF16 experts: the same sums as the products and SwiGLU above, one BF16 rounding more per
+ * product; BF16 closeness as the rest of the family. */
+static void layer_moe(void)
+{
+    const int have = HAS(layer, moe_group) && HAS(layer, moe_gather) && HAS(layer, moe_combine) &&
+                     HAS(layer, swiglu) && HAS(linear, linear);
+    if (missing("layer.moe (+ linear)", have)) return;
+    enum { T = 5, D = 128, I = 64, E = 4, K = 2 };
+    uint16_t *x = bf16_rand(T * D, 1.0f), *yr = poisoned(2 * T * D), *yt = poisoned(2 * T * D);
+    uint16_t *w13[E][2], *w2[E];
+    for (int e = 0; e < E; e++) w13[e][0] = bf16_rand(I * D, 0.1f), w13[e][1] = bf16_rand(I * D, 0.1f), w2[e] = bf16_rand(D * I, 0.1f);
+    int32_t ids[T * K];
+    float wts[T * K];
+    for (int t = 0; t < T; t++) {
+        ids[t * K] = (int32_t)(test_rand_u64() % E);
+        ids[t * K + 1] = (ids[t * K] + 1 + (int32_t)(test_rand_u64() % (E - 1))) % E;
+        wts[t * K] = 0.6f, wts[t * K + 1] = 0.4f;
+    }
+    uint16_t *ys[2] = {yr, yt};
+    dsv4_ctx *cs[2] = {ref, tc};
+    dsv4_status st[2];
+    for (int side = 0; side < 2; side++) {
+        dsv4_ctx *c = cs[side];
+        dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hi = view(ids, DSV4_I32, 2, T, K, 0), hw = view(wts, DSV4_F32, 2, T, K, 0),
+                    hy = view(ys[side], DSV4_BF16, 2, T, D, 0);
+        dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
+        dsv4_tensor t1[E], t3[E], t2[E];
+        dsv4_ffn_weights ex[E];
+        for (int e = 0; e < E; e++) {
+            dsv4_tensor a = view(w13[e][0], DSV4_BF16, 2, I, D, 0), b = view(w13[e][1], DSV4_BF16, 2, I, D, 0),
+                        d = view(w2[e], DSV4_BF16, 2, D, I, 0);
+            t1[e] = on(c, &a), t3[e] = on(c, &b), t2[e] = on(c, &d);
+            ex[e] = (dsv4_ffn_weights){DSV4_LINEAR_BF16, &t1[e], NULL, &t3[e], NULL, &t2[e], NULL};
+        }
+        size_t wsb = 0;
+        st[side] = dsv4_moe_workspace_size(c, T, K, E, &ex[0], NULL, &wsb);
+        if (st[side] == DSV4_OK) {
+            uint8_t *z = poisoned(wsb);
+            void *ws = put(c, z, wsb);
+            free(z);
+            st[side] = dsv4_moe(c, &tx, &ti, &tw, ex, E, NULL, 10.0f, &ty, ws, wsb);
+        }
+        back(c, &ty, ys[side]);
+        release();
+    }
+    ran("moe", st[1], st[0]);
+    near_bf16("moe", "y", yt, yr, T * D);
+    for (int e = 0; e < E; e++) free(w13[e][0]), free(w13[e][1]), free(w2[e]);
+    free(x), free(yr), free(yt);
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+/* Insert, gather and inverse RoPE are defined to the bit (fp32 operations in a fixed order, no
+ * contraction, then the exact KV64 rule): bit-identical cache bytes and values on every backend
+ * (kv_cuda.cu says how the device keeps to it). The RoPE table takes cos/sin in double and rounds
+ * once: within one float ulp of cpu-ref (the device's double cos/sin are not glibc's). The sparse
+ * decode sums exponentials in a backend's own order and rounds P to BF16 where FlashMLA does:
+ * relative L2 of the output 8e-3 and lse within 1e-5·max(1, |lse|) (test_attention.c). */
+enum { BS = 16, PAGES = 6, SLOTS = BS * PAGES, MAXPOS = 300 };
+
+typedef struct attn_host {
+    uint8_t *pages; /* PAGES pages of dsv4_kv_page_bytes(BS) */
+    size_t page_bytes;
+    float *rope; /* [MAXPOS, 64] from cpu-ref */
+} attn_host;
+
+static void attn_make(attn_host *a)
+{
+    a->page_bytes = (size_t)dsv4_kv_page_bytes(BS);
+    a->pages = calloc(PAGES, a->page_bytes);
+    for (int s = 0; s < SLOTS; s++) { /* valid random entries: finite codes, scales near 1 */
+        uint8_t *data = a->pages + dsv4_kve_slot_data((int64_t)a->page_bytes, BS, s);
+        uint8_t *sc = a->pages + dsv4_kve_slot_scale((int64_t)a->page_bytes, BS, s);
+        for (int d = 0; d < DSV4_KVE_NOPE_DIM; d++) {
+            uint8_t c = (uint8_t)test_rand_u64();
+            data[d] = (c & 0x7F) == 0x7F ? c ^ 1 : c;
+        }
+        for (int d = 0; d < DSV4_KVE_ROPE_DIM; d++) {
+            uint16_t b = dsv4_bf16_encode(test_randn());
+            memcpy(data + DSV4_KVE_NOPE_BYTES + 2 * d, &b, 2);
+        }
+        for (int g = 0; g < DSV4_KVE_GROUPS; g++) sc[g] = (uint8_t)(118 + test_rand_u64() % 8);
+        sc[DSV4_KVE_GROUPS] = 0;
+    }
+    a->rope = malloc(sizeof(float) * MAXPOS * 64);
+    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
+    dsv4_tensor tr = view(a->rope, DSV4_F32, 2, MAXPOS, 64, 0);
+    CHECK_STATUS(dsv4_rope_table(ref, &rp, &tr), DSV4_OK);
+}
+
+/* The cache of c: a copy of the host pages. */
+static dsv4_kv_cache cache_on(dsv4_ctx *c, const attn_host *a)
+{
+    dsv4_kv_cache kc;
+    void *p = put(c, a->pages, PAGES * a->page_bytes);
+    if (dsv4_kv_cache_view(&kc, p, PAGES, BS, dsv4_ctx_device_kind(c), 0) != DSV4_OK) die("kv_cache_view");
+    return kc;
+}
+
+static void attn_rope_table(void)
+{
+    if (missing("attention.rope_table", HAS(attention, rope_table))) return;
+    for (int kind = 0; kind < 2; kind++) {
+        float *tr = poisoned(4 * MAXPOS * 64), *tt = poisoned(4 * MAXPOS * 64);
+        dsv4_rope_params rp = dsv4_rope_v4_params((dsv4_rope_kind)kind);
+        dsv4_tensor h = view(tr, DSV4_F32, 2, MAXPOS, 64, 0), d_r = on(ref, &h), d_t = on(tc, &h);
+        ran("rope_table", dsv4_rope_table(tc, &rp, &d_t), dsv4_rope_table(ref, &rp, &d_r));
+        back(ref, &d_r, tr), back(tc, &d_t, tt);
+        int bad = 0;
+        for (int i = 0; i < MAXPOS * 64; i++) bad += !(fabsf(tt[i] - tr[i]) <= nextafterf(fabsf(tr[i]), INFINITY) - fabsf(tr[i]));
+        n_compared++;
+        CHECK(bad == 0, "rope_table kind %d on %s: %d values more than one float ulp from cpu-ref", kind, target, bad);
+        free(tr), free(tt);
+        release();
+    }
+}
+
+static void attn_insert(const attn_host *a)
+{
+    enum { N = 20, H = 3, NINS = 17 };
+    uint16_t *kv = bf16_rand(N * 512, 1.0f), *q = bf16_rand(N * H * 512, 3.0f);
+    int64_t slots[N], pos[N];
+    for (int i = 0; i < N; i++) {
+        slots[i] = i % 7 == 3 ? -1 : (int64_t)(test_rand_u64() % SLOTS); /* skipped rows, likely duplicates */
+        pos[i] = (int64_t)(test_rand_u64() % MAXPOS);
+    }
+    const size_t cb = PAGES * a->page_bytes;
+    uint8_t *cr = malloc(cb), *ct = malloc(cb);
+    uint16_t *qr = malloc(2 * N * H * 512), *qt = malloc(2 * N * H * 512);
+    /* 0: kv_insert with RoPE, 1: kv_insert as is, 2: fused q-norm + RoPE + insert */
+    for (int mode = 0; mode < 3; mode++) {
+        const char *op = mode == 2 ? "attention.qnorm_rope_kv_insert" : "attention.kv_insert";
+        if (missing(op, mode == 2 ? HAS(attention, qnorm_rope_kv_insert) : HAS(attention, kv_insert))) continue;
+        dsv4_tensor hkv = view(kv, DSV4_BF16, 2, N, 512, 0), hq = view(q, DSV4_BF16, 3, N, H, 512),
+                    hs = view(slots, DSV4_I64, 1, mode == 2 ? NINS : N, 0, 0), hp = view(pos, DSV4_I64, 1, N, 0, 0),
+                    hr = view(a->rope, DSV4_F32, 2, MAXPOS, 64, 0);
+        dsv4_status st[2];
+        dsv4_ctx *cs[2] = {ref, tc};
+        uint8_t *cout[2] = {cr, ct};
+        uint16_t *qout[2] = {qr, qt};
+        for (int side = 0; side < 2; side++) {
+            dsv4_ctx *c = cs[side];
+            dsv4_kv_cache kc = cache_on(c, a);
+            dsv4_tensor tkv = on(c, &hkv), tq = on(c, &hq), ts = on(c, &hs), tp = on(c, &hp), tr = on(c, &hr);
+            st[side] = mode == 2 ? dsv4_qnorm_rope_kv_insert(c, &tq, &tkv, &kc, &ts, &tp, &tr, 1e-6f)
+                                 : dsv4_kv_insert(c, &tkv, &kc, &ts, mode ? NULL : &tp, mode ? NULL : &tr);
+            back(c, &kc.pages, cout[side]);
+            back(c, &tq, qout[side]);
+            release();
+        }
+        ran(op + 10, st[1], st[0]);
+        same(op + 10, "cache bytes", ct, cr, cb);
+        if (mode == 2) same(op + 10, "q", qt, qr, 2 * N * H * 512);
+    }
+    free(kv), free(q), free(cr), free(ct), free(qr), free(qt);
+}
+
+static void attn_gather_inv_rope(const attn_host *a)
+{
+    enum { S = 30, T = 4, H = 5 };
+    if (!missing("attention.dequant_gather", HAS(attention, dequant_gather))) {
+        int32_t slots[S];
+        for (int i = 0; i < S; i++) slots[i] = i % 9 == 4 ? -1 : (int32_t)(test_rand_u64() % SLOTS);
+        uint16_t *gr = poisoned(2 * S * 512), *gt = poisoned(2 * S * 512);
+        uint16_t *gout[2] = {gr, gt};
+        dsv4_status st[2];
+        dsv4_ctx *cs[2] = {ref, tc};
+        for (int side = 0; side < 2; side++) {
+            dsv4_kv_cache kc = cache_on(cs[side], a);
+            dsv4_tensor hs = view(slots, DSV4_I32, 1, S, 0, 0), ho = view(gout[side], DSV4_BF16, 2, S, 512, 0);
+            dsv4_tensor ts = on(cs[side], &hs), to = on(cs[side], &ho);
+            st[side] = dsv4_dequant_gather(cs[side], &kc, &ts, &to);
+            back(cs[side], &to, gout[side]);
+            release();
+        }
+        ran("dequant_gather", st[1], st[0]);
+        same("dequant_gather", "rows", gt, gr, 2 * S * 512);
+        free(gr), free(gt);
+    }
+    if (!missing("attention.inv_rope", HAS(attention, inv_rope))) {
+        uint16_t *o = bf16_rand(T * H * 512, 1.0f), *orf = malloc(2 * T * H * 512), *ot = malloc(2 * T * H * 512);
+        int64_t pos[T] = {0, 7, MAXPOS - 1, 123};
+        uint16_t *oout[2] = {orf, ot};
+        dsv4_status st[2];
+        dsv4_ctx *cs[2] = {ref, tc};
+        for (int side = 0; side < 2; side++) {
+            dsv4_tensor ho = view(o, DSV4_BF16, 3, T, H, 512), hp = view(pos, DSV4_I64, 1, T, 0, 0),
+                        hr = view(a->rope, DSV4_F32, 2, MAXPOS, 64, 0);
+            dsv4_tensor to = on(cs[side], &ho), tp = on(cs[side], &hp), tr = on(cs[side], &hr);
+            st[side] = dsv4_inv_rope(cs[side], &to, &tp, &tr);
+            back(cs[side], &to, oout[side]);
+            release();
+        }
+        ran("inv_rope", st[1], st[0]);
+        same("inv_rope", "o", ot, orf, 2 * T * H * 512);
+        free(o), free(orf), free(ot);
+    }
+}
+
+static void compare_decode(const char *op, int64_t n_out, const uint16_t *o, const float *lse, const uint16_t *ro,
+                           const float *rlse, int64_t n_lse)
+{
+    double num = 0, den = 0, lerr = 0;
+    int inf_bad = 0;
+    for (int64_t i = 0; i < n_out; i++) {
+        double x = dsv4_bf16_decode(o[i]), y = dsv4_bf16_decode(ro[i]);
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    for (int64_t i = 0; i < n_lse; i++) {
+        if (isinf(rlse[i]) || isinf(lse[i])) {
+            inf_bad += !(isinf(rlse[i]) && isinf(lse[i]) && lse[i] > 0);
+            continue;
+        }
+        double e = fabs(lse[i] - rlse[i]) / fmax(1.0, fabs(rlse[i]));
+        lerr = e > lerr ? e : lerr;
+    }
+    n_compared++;
+    const double rel = sqrt(num / fmax(den, 1e-300));
+    CHECK(rel <= 8e-3, "%s on %s: relative L2 %g of cpu-ref", op, target, rel);
+    CHECK(lerr <= 1e-5 && !inf_bad, "%s on %s: lse error %g, %d +inf mismatches", op, target, lerr, inf_bad);
+}
+
+/* One sparse decode (bf16_rows: sparse_attn_bf16 over the gathered rows instead of the FP8 pages). */
+typedef struct dcase {
+    int64_t t, h, w, k;
+} dcase;
+
+static dsv4_status decode_on(dsv4_ctx *c, const attn_host *a, const dcase *d, int bf16_rows, const uint16_t *q,
+                             const float *sink, const int32_t *idx, const int32_t *len, const int32_t *xidx,
+                             const int32_t *xlen, const uint16_t *rows, uint16_t *out, float *lse)
+{
+    dsv4_kv_cache kc = cache_on(c, a);
+    dsv4_tensor hq = view((void *)q, DSV4_BF16, 3, d->t, d->h, 512), hsk = view((void *)sink, DSV4_F32, 1, d->h, 0, 0),
+                hi = view((void *)idx, DSV4_I32, 2, d->t, d->w, 0), hl = view((void *)len, DSV4_I32, 1, d->t, 0, 0),
+                hxi = view((void *)xidx, DSV4_I32, 2, d->t, d->k, 0), hxl = view((void *)xlen, DSV4_I32, 1, d->t, 0, 0),
+                hrows = view((void *)rows, DSV4_BF16, 2, SLOTS, 512, 0), ho = view(out, DSV4_BF16, 3, d->t, d->h, 512),
+                hlse = view(lse, DSV4_F32, 2, d->t, d->h, 0);
+    dsv4_tensor tq = on(c, &hq), tsk = on(c, &hsk), ti = on(c, &hi), tl = on(c, &hl), txi = on(c, &hxi),
+                txl = on(c, &hxl), trows = on(c, &hrows), to = on(c, &ho), tlse = on(c, &hlse);
+    size_t wsb = 0;
+    dsv4_status s = dsv4_sparse_mla_decode_workspace(c, d->t, d->h, d->w, bf16_rows ? 0 : d->k, &wsb);
+    if (s) return s;
+    uint8_t *z = poisoned(wsb);
+    dsv4_tensor hws = view(z, DSV4_U8, 1, (int64_t)wsb, 0, 0), tws = on(c, &hws);
+    free(z);
+    dsv4_sparse_scope swa = {&kc, &ti, &tl}, extra = {&kc, &txi, &txl};
+    const float scale = 0.044194173824159216f;
+    if (bf16_rows)
+        s = dsv4_sparse_attn_bf16(c, &tq, &trows, &ti, &tl, &tsk, scale, &to, &tlse, &tws);
+    else
+        s = dsv4_sparse_mla_decode(c, &tq, &swa, d->k ? &extra : NULL, &tsk, scale, &to, &tlse, &tws);
+    back(c, &to, out), back(c, &tlse, lse);
+    release();
+    return s;
+}
+
+static void attn_decode(const attn_host *a)
+{
+    static const dcase cases[] = {{1, 64, 128, 256}, {3, 16, 40, 0}, {2, 128, 64, 64}, {5, 8, 70, 96}, {2, 1, 3, 5}};
+    /* the BF16 rows of the two-pass peer: every cache entry dequantized (cpu-ref's gather) */
+    uint16_t *rows = malloc(2 * SLOTS * 512);
+    {
+        int32_t all[SLOTS];
+        for (int i = 0; i < SLOTS; i++) all[i] = i;
+        dsv4_kv_cache kc;
+        CHECK_STATUS(dsv4_kv_cache_view(&kc, a->pages, PAGES, BS, DSV4_DEVICE_CPU, 0), DSV4_OK);
+        dsv4_tensor ts = view(all, DSV4_I32, 1, SLOTS, 0, 0), tr = view(rows, DSV4_BF16, 2, SLOTS, 512, 0);
+        CHECK_STATUS(dsv4_dequant_gather(ref, &kc, &ts, &tr), DSV4_OK);
+    }
+    for (int bf16_rows = 0; bf16_rows < 2; bf16_rows++) {
+        const char *op = bf16_rows ? "attention.sparse_attn_bf16" : "attention.sparse_mla_decode";
+        if (missing(op, (bf16_rows ? HAS(attention, sparse_attn_bf16) : HAS(attention, sparse_mla_decode)) &&
+                            HAS(attention, decode_workspace)))
+            continue;
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const dcase *d = &cases[ci];
+            const int64_t t = d->t, h = d->h, kk = d->k ? d->k : 1;
+            uint16_t *q = bf16_rand((size_t)(t * h * 512), 0.5f);
+            float *sink = f32_rand((size_t)h, 1.0f, 0.0f);
+            for (int64_t i = 4; i < h; i += 5) sink[i] = -INFINITY;
+            int32_t *idx = malloc(4 * (size_t)(t * d->w)), *xidx = malloc(4 * (size_t)(t * kk)), *len = malloc(4 * (size_t)t),
+                    *xlen = malloc(4 * (size_t)t);
+            for (int64_t i = 0; i < t * d->w; i++) idx[i] = (int32_t)(test_rand_u64() % (SLOTS + 8)) - 4; /* some masked */
+            for (int64_t i = 0; i < t * kk; i++) xidx[i] = (int32_t)(test_rand_u64() % SLOTS);
+            for (int64_t i = 0; i < t; i++) {
+                len[i] = (int32_t)(test_rand_u64() % (uint64_t)(d->w + 1));
+                xlen[i] = d->k ? (int32_t)(test_rand_u64() % (uint64_t)(d->k + 1)) : 0;
+            }
+            len[0] = (int32_t)d->w;
+            size_t no = (size_t)(t * h * 512), nl = (size_t)(t * h);
+            uint16_t *orf = poisoned(2 * no), *ot = poisoned(2 * no);
+            float *lr = poisoned(4 * nl), *lt = poisoned(4 * nl);
+            ran(op + 10, decode_on(tc, a, d, bf16_rows, q, sink, idx, len, xidx, xlen, rows, ot, lt),
+                decode_on(ref, a, d, bf16_rows, q, sink, idx, len, xidx, xlen, rows, orf, lr));
+            char what[80];
+            snprintf(what, sizeof what, "%s t%lld h%lld w%lld k%lld", op + 10, (long long)t, (long long)h, (long long)d->w,
+                     bf16_rows ? 0LL : (long long)d->k);
+            compare_decode(what, (int64_t)no, ot, lt, orf, lr, (int64_t)nl);
+            free(q), free(sink), free(idx), free(xidx), free(len), free(xlen), free(orf), free(ot), free(lr), free(lt);
+        }
+    }
+    free(rows);
+}
+
+/* ---- indexer --------------------------------------------------------------------------------- */
+/* The compressor, the q path, head weights, scores and top-k are defined to the bit (dsv4/indexer.h:
+ * exact FP4 group dots, a fixed fp32 summation order, a total order for top-k), so every backend
+ * gives cpu-ref's bytes. Compressor states and query positions are host memory by contract. */
+static void ix_compressor(void)
+{
+    if (missing("indexer.compress", HAS(indexer, compress))) return;
+    static const dsv4_compressor_desc descs[] = {
+        {DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1}, {DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0},
+        {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0}};
+    enum { N = 136 };
+    float rope[(N + 128) * 64];
+    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
+    dsv4_tensor trope = view(rope, DSV4_F32, 2, N + 128, 64, 0);
+    CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
+    for (int di = 0; di < 3; di++) {
+        const dsv4_compressor_desc *dc = &descs[di];
+        const int coff = dc->ratio == 4 ? 2 : 1, w = coff * dc->dim, srows = coff * dc->ratio;
+        const int64_t start = 5, m = dsv4_compressor_emit_count(dc->ratio, start, N);
+        const int packed = dc->kind == DSV4_COMPRESSOR_INDEXER;
+        const size_t row = packed ? (size_t)dc->dim / 2 : 2 * (size_t)dc->dim, srow = (size_t)dc->dim / 32;
+        float *kv = f32_rand((size_t)N * w, 1.0f, 0.0f), *gate = f32_rand((size_t)N * w, 2.0f, 0.0f),
+              *ape = f32_rand((size_t)dc->ratio * w, 1.0f, 0.0f), *norm = f32_rand((size_t)dc->dim, 0.1f, 1.0f);
+        uint8_t *out[2] = {poisoned(m * row), poisoned(m * row)}, *osc[2] = {poisoned(m * srow), poisoned(m * srow)};
+        float *skv[2], *ssc[2];
+        dsv4_status st[2];
+        dsv4_ctx *cs[2] = {ref, tc};
+        for (int side = 0; side < 2; side++) {
+            dsv4_ctx *c = cs[side];
+            skv[side] = malloc(4 * (size_t)srows * w), ssc[side] = malloc(4 * (size_t)srows * w);
+            dsv4_tensor tskv = view(skv[side], DSV4_F32, 2, srows, w, 0), tssc = view(ssc[side], DSV4_F32, 2, srows, w, 0);
+            CHECK_STATUS(dsv4_compressor_state_init(dc, &tskv, &tssc), DSV4_OK);
+            dsv4_tensor hkv = view(kv, DSV4_F32, 2, N, w, 0), hg = view(gate, DSV4_F32, 2, N, w, 0),
+                        ha = view(ape, DSV4_F32, 2, dc->ratio, w, 0), hn = view(norm, DSV4_F32, 1, dc->dim, 0, 0),
+                        ho = packed ? view(out[side], DSV4_U8, 2, m, dc->dim / 2, 0) : view(out[side], DSV4_BF16, 2, m, dc->dim, 0),
+                        hos = view(osc[side], DSV4_U8, 2, m, dc->dim / 32, 0);
+            dsv4_tensor tkv = on(c, &hkv), tg = on(c, &hg), ta = on(c, &ha), tn = on(c, &hn), tr = on(c, &trope),
+                        to = on(c, &ho), tos = on(c, &hos);
+            st[side] = dsv4_compressor_forward(c, dc, start, &tkv, &tg, &ta, &tn, &tr, &tskv, &tssc, &to,
+                                               packed ? &tos : NULL);
+            back(c, &to, out[side]);
+            if (packed) back(c, &tos, osc[side]);
+            release();
+        }
+        char what[48];
+        snprintf(what, sizeof what, "%s r%d d%d", packed ? "indexer" : "main", dc->ratio, dc->dim);
+        ran("compressor_forward", st[1], st[0]);
+        same("compressor_forward", what, out[1], out[0], m * row);
+        if (packed) same("compressor_forward", "scales", osc[1], osc[0], m * srow);
+        same("compressor_forward", "state", skv[1], skv[0], 4 * (size_t)srows * w);
+        same("compressor_forward", "state scores", ssc[1], ssc[0], 4 * (size_t)srows * w);
+        for (int side = 0; side < 2; side++) free(out[side]), free(osc[side]), free(skv[side]), free(ssc[side]);
+        free(kv), free(gate), free(ape), free(norm);
+    }
+}
+
+static void ix_query_and_weights(void)
+{
+    enum { T = 3, H = 8, D = 128, MP = 64 };
+    float rope[MP * 64];
+    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
+    dsv4_tensor trope = view(rope, DSV4_F32, 2, MP, 64, 0);
+    CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
+    if (!missing("indexer.index_q", HAS(indexer, index_q))) {
+        uint16_t *q = bf16_rand(T * H * D, 2.0f);
+        int32_t pos[T] = {0, 17, MP - 1};
+        uint8_t *oc[2] = {poisoned(T * H * D / 2), poisoned(T * H * D / 2)}, *os[2] = {poisoned(T * H * D / 32), poisoned(T * H * D / 32)};
+        dsv4_status st[2];
+        dsv4_ctx *cs[2] = {ref, tc};
+        for (int side = 0; side < 2; side++) {
+            dsv4_tensor hq = view(q, DSV4_BF16, 3, T, H, D), hp = view(pos, DSV4_I32, 1, T, 0, 0),
+                        hc = view(oc[side], DSV4_U8, 3, T, H, D / 2), hs = view(os[side], DSV4_U8, 3, T, H, D / 32);
+            dsv4_tensor tq = on(cs[side], &hq), tp = on(cs[side], &hp), tr = on(cs[side], &trope), tcd = on(cs[side], &hc),
+                        ts = on(cs[side], &hs);
+            st[side] = dsv4_indexer_q(cs[side], &tq, &tp, &tr, &tcd, &ts);
+            back(cs[side], &tcd, oc[side]), back(cs[side], &ts, os[side]);
+            release();
+        }
+        ran("indexer_q", st[1], st[0]);
+        same("indexer_q", "codes", oc[1], oc[0], T * H * D / 2);
+        same("indexer_q", "scales", os[1], os[0], T * H * D / 32);
+        free(q), free(oc[0]), free(oc[1]), free(os[0]), free(os[1]);
+    }
+    if (!missing("indexer.head_weights", HAS(indexer, head_weights))) {
+        float *proj = f32_rand(T * 64, 3.0f, 0.0f), *wr = poisoned(4 * T * 64), *wt = poisoned(4 * T * 64);
+        dsv4_tensor hp = view(proj, DSV4_F32, 2, T, 64, 0), hw = view(wr, DSV4_F32, 2, T, 64, 0);
+        dsv4_tensor p_r = on(ref, &hp), p_t = on(tc, &hp), w_r = on(ref, &hw), w_t = on(tc, &hw);
+        ran("indexer_weights", dsv4_indexer_weights(tc, &p_t, D, &w_t), dsv4_indexer_weights(ref, &p_r, D, &w_r));
+        back(ref, &w_r, wr), back(tc, &w_t, wt);
+        same("indexer_weights", "w", wt, wr, 4 * T * 64);
+        release();
+        free(proj), free(wr), free(wt);
+    }
+}
+
+static void ix_scores_topk(void)
+{
+    enum { T = 4, H = 64, D = 128, N = 700, TOPK = 64 };
+    uint8_t *q = bytes_rand(T * H * D / 2, 0, 256), *qs = bytes_rand(T * H * D / 32, 120, 12);
+    uint8_t *k = bytes_rand(N * D / 2, 0, 256), *ks = bytes_rand(N * D / 32, 120, 12);
+    float *w = f32_rand(T * H, 0.1f, 0.0f);
+    int32_t pos[T] = {4 * N - 1, 4 * N - 3, 9, 2}; /* n_t = (p + 1) / 4 <= N */
+    dsv4_tensor hq = view(q, DSV4_FP4X2, 3, T, H, D / 2), hqs = view(qs, DSV4_E8M0, 3, T, H, D / 32),
+                hw = view(w, DSV4_F32, 2, T, H, 0), hk = view(k, DSV4_FP4X2, 2, N, D / 2, 0),
+                hks = view(ks, DSV4_E8M0, 2, N, D / 32, 0), hp = view(pos, DSV4_I32, 1, T, 0, 0);
+    float *sc[2] = {poisoned(4 * T * N), poisoned(4 * T * N)};
+    int32_t *ix[2] = {poisoned(4 * T * TOPK), poisoned(4 * T * TOPK)}, *ln[2] = {poisoned(4 * T), poisoned(4 * T)};
+    const int have[3] = {HAS(indexer, scores), HAS(indexer, select) && HAS(indexer, workspace_size),
+                         HAS(indexer, topk) && HAS(indexer, workspace_size)};
+    static const char *const names[3] = {"indexer.scores", "indexer.select", "indexer.topk"};
+    int32_t nvalid[T] = {N, 300, 2, 0};
+    float *given = f32_rand(T * N, 1.0f, 0.0f);
+    for (int i = 0; i < T * N; i += 37) given[i] = given[i + 1]; /* ties */
+    given[5] = NAN;
+    for (int op = 0; op < 3; op++) {
+        if (missing(names[op], have[op])) continue;
+        dsv4_status st[2];
+        dsv4_ctx *cs[2] = {ref, tc};
+        for (int side = 0; side < 2; side++) {
+            dsv4_ctx *c = cs[side];
+            memset(sc[side], 0xA5, 4 * T * N), memset(ix[side], 0xA5, 4 * T * TOPK), memset(ln[side], 0xA5, 4 * T);
+            dsv4_tensor tq = on(c, &hq), tqs = on(c, &hqs), tw = on(c, &hw), tk = on(c, &hk), tks = on(c, &hks);
+            dsv4_indexer_args args = {&tq, &tqs, &tw, &tk, &tks, &hp, 4}; /* positions: host memory */
+            dsv4_tensor hs = view(op == 2 ? given : sc[side], DSV4_F32, 2, T, N, 0), ts = on(c, &hs),
+                        hi = view(ix[side], DSV4_I32, 2, T, TOPK, 0), ti = on(c, &hi),
+                        hl = view(ln[side], DSV4_I32, 1, T, 0, 0), tl = on(c, &hl),
+                        hnv = view(nvalid, DSV4_I32, 1, T, 0, 0);
+            size_t wsb = op ? dsv4_indexer_workspace_size(c, T, TOPK) : 0;
+            uint8_t *z = poisoned(wsb);
+            void *ws = put(c, z, wsb);
+            free(z);
+            if (op == 0) st[side] = dsv4_indexer_scores(c, &args, &ts);
+            else if (op == 1) st[side] = dsv4_indexer_select(c, &args, TOPK, &ti, &tl, ws, wsb);
+            else st[side] = dsv4_indexer_topk(c, &ts, &hnv, TOPK, &ti, &tl, ws, wsb); /* n_valid: host memory */
+            if (op == 0) back(c, &ts, sc[side]);
+            else back(c, &ti, ix[side]), back(c, &tl, ln[side]);
+            release();
+        }
+        ran(names[op] + 8, st[1], st[0]);
+        if (op == 0) same(names[op] + 8, "scores", sc[1], sc[0], 4 * T * N);
+        else {
+            same(names[op] + 8, "indices", ix[1], ix[0], 4 * T * TOPK);
+            same(names[op] + 8, "lengths", ln[1], ln[0], 4 * T);
+        }
+    }
+    for (int s = 0; s < 2; s++) free(sc[s]), free(ix[s]), free(ln[s]);
+    free(q), free(qs), free(k), free(ks), free(w), free(given);
+}
+
+/* ---- driver ---------------------------------------------------------------------------------- */
+static void run_families(void)
+{
+    const int f0 = test_failures, c0 = n_compared, s0 = n_skipped;
+    formats_codecs();
+    formats_rules();
+    formats_weights();
+    linear_formats();
+    layer_rms();
+    layer_mhc();
+    layer_route();
+    layer_swiglu();
+    layer_moe();
+    attn_host a;
+    attn_make(&a);
+    attn_rope_table();
+    attn_insert(&a);
+    attn_gather_inv_rope(&a);
+    attn_decode(&a);
+    free(a.pages), free(a.rope);
+    ix_compressor();
+    ix_query_and_weights();
+    ix_scores_topk();
+    printf("%-10s %d comparisons with cpu-ref, %d failed checks, %d ops skipped\n", target, n_compared - c0,
+           test_failures - f0, n_skipped - s0);
+}
+
+int main(void)
+{
+    test_seed();
+    ref = test_ctx("cpu-ref", 2, NULL);
+    int tested = 0;
+    for (int bi = 0; bi < dsv4_backend_count(); bi++) {
+        const char *name = dsv4_backend_name(bi);
+        if (!strcmp(name, "cpu-ref")) continue;
+        if (dsv4_backend_available(name) != DSV4_OK) {
+            printf("%-10s SKIP: %s\n", name, dsv4_last_error());
+            continue;
+        }
+        tb = dsv4_backend_find(name);
+        const int cpu = !strcmp(name, "cpu");
+        for (int li = 0; li < (cpu ? 3 : 1); li++) {
+            const char *isa = cpu ? test_isas[li] : NULL;
+            tc = test_ctx(name, 2, isa);
+            if (cpu) {
+                /* a cap only: a level this machine lacks would run a lower one under its name */
+                const char *got = dsv4_ctx_cpu_isa(tc);
+                if (strncmp(got, isa, strlen(isa)) != 0) {
+                    printf("%s[%s] SKIP: this machine runs the %s kernels at that cap\n", name, isa, got);
+                    dsv4_ctx_destroy(tc);
+                    continue;
+                }
+                snprintf(target, sizeof target, "%s[%s]", name, got);
+            } else {
+                snprintf(target, sizeof target, "%s", name);
+            }
+            run_families();
+            dsv4_ctx_destroy(tc);
+            tested++;
+        }
+    }
+    dsv4_ctx_destroy(ref);
+    printf("%d backend configuration(s) compared with cpu-ref\n", tested);
+    TEST_DONE();
+}
