@@ -13,6 +13,7 @@
  * (a bf16 matmul rate measured elsewhere in the same run, printed as a ratio). */
 #include "bench.h"
 #include "dsv4.h"
+#include "formats/kv_entry.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -154,16 +155,16 @@ static void fill_pool(dsv4_ctx *c, uint8_t *pool, int64_t page_bytes)
     float *f = bench_alloc(64 * sizeof(float));
     for (int p = 0; p < TEMPLATES; p++)
         for (int r = 0; r < BS; r++) {
-            uint8_t *e = h + p * page_bytes + r * 576, *s = h + p * page_bytes + BS * 576 + r * 8;
-            for (int k = 0; k < 448; k++)
+            uint8_t *e = h + p * page_bytes + dsv4_kve_row_data(r), *s = h + p * page_bytes + dsv4_kve_row_scale(BS, r);
+            for (int k = 0; k < DSV4_KVE_NOPE_DIM; k++)
                 if ((e[k] & 0x7F) == 0x7F) e[k] ^= 1;
-            bench_fill_random_f32(f, 64, (uint64_t)(p * BS + r) + 99, 0.5f);
-            for (int k = 0; k < 64; k++) {
+            bench_fill_random_f32(f, DSV4_KVE_ROPE_DIM, (uint64_t)(p * BS + r) + 99, 0.5f);
+            for (int k = 0; k < DSV4_KVE_ROPE_DIM; k++) {
                 uint16_t b = bf16_bits(f[k]);
-                memcpy(e + 448 + 2 * k, &b, 2);
+                memcpy(e + DSV4_KVE_NOPE_BYTES + 2 * k, &b, 2);
             }
-            for (int k = 0; k < 7; k++) s[k] = (uint8_t)(117 + s[k] % 7);
-            s[7] = 0;
+            for (int k = 0; k < DSV4_KVE_GROUPS; k++) s[k] = (uint8_t)(117 + s[k] % 7);
+            s[DSV4_KVE_GROUPS] = 0;
         }
     for (int64_t p = 0; p < NPAGES; p += TEMPLATES)
         if (dsv4_device_upload(c, pool + p * page_bytes, h, (size_t)TEMPLATES * page_bytes)) die("upload pool");
@@ -305,7 +306,7 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
                 b.ctx = main_ctx;
             }
             double flop = 2.0 * s->t * s->h * (double)e * 1024;
-            double bytes = (double)s->t * e * (584 + 4) + 2.0 * s->t * s->h * 1024;
+            double bytes = (double)s->t * e * (DSV4_KVE_ENTRY_BYTES + 4) + 2.0 * s->t * s->h * 1024;
             if (!pass)
                 printf("%5d %5d %5d %5d %10.1f %9.1f %8.1f", s->h, s->t / 2, s->t, s->k, us, flop / us * 1e-6,
                        peak > 0 ? 100.0 * flop / us * 1e-6 / peak : 0.0);

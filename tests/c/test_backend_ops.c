@@ -212,7 +212,8 @@ static void formats_codecs(void)
             float *hr = poisoned(4 * 4096), *ht = poisoned(4 * 4096);
             void *cr = put(ref, src, cb), *ct = put(tc, src, cb);
             float *dr = put(ref, hr, 4 * 4096), *dt = put(tc, ht, 4 * 4096);
-            ran("decode_array", dsv4_decode_array(tc, dec[f], ct, 4096, dt), dsv4_decode_array(ref, dec[f], cr, 4096, dr));
+            ran("decode_array", dsv4_decode_array(tc, dec[f], ct, 4096, dt),
+                dsv4_decode_array(ref, dec[f], cr, 4096, dr));
             dsv4_device_download(ref, hr, dr, 4 * 4096);
             dsv4_device_download(tc, ht, dt, 4 * 4096);
             same("decode_array", "values", ht, hr, 4 * 4096); /* NaN payloads included */
@@ -252,8 +253,8 @@ static void formats_rules(void)
             float *yr = poisoned(4 * R * K), *yt = poisoned(4 * R * K);
             dsv4_tensor hc = view(codes, DSV4_U8, 2, R, K, 0), hs = view(sc, DSV4_U8, 2, R, K / g, 0),
                         hy = view(yr, DSV4_F32, 2, R, K, 0);
-            dsv4_tensor c_r = on(ref, &hc), c_t = on(tc, &hc), s_r = on(ref, &hs), s_t = on(tc, &hs), y_r = on(ref, &hy),
-                        y_t = on(tc, &hy);
+            dsv4_tensor c_r = on(ref, &hc), c_t = on(tc, &hc), s_r = on(ref, &hs), s_t = on(tc, &hs),
+                        y_r = on(ref, &hy), y_t = on(tc, &hy);
             ran("dequantize", dsv4_dequantize(tc, (dsv4_qrule)rule, &c_t, &s_t, &y_t),
                 dsv4_dequantize(ref, (dsv4_qrule)rule, &c_r, &s_r, &y_r));
             back(ref, &y_r, yr), back(tc, &y_t, yt);
@@ -279,7 +280,8 @@ static void formats_weights(void)
                     ho = view(orf, DSV4_F32, 2, n, k, 0);
         dsv4_tensor w_r = on(ref, &hw), w_t = on(tc, &hw), s_r = on(ref, &hs), s_t = on(tc, &hs), o_r = on(ref, &ho),
                     o_t = on(tc, &ho);
-        ran("dequantize_weight", dsv4_dequantize_weight(tc, &w_t, &s_t, &o_t), dsv4_dequantize_weight(ref, &w_r, &s_r, &o_r));
+        ran("dequantize_weight", dsv4_dequantize_weight(tc, &w_t, &s_t, &o_t),
+            dsv4_dequantize_weight(ref, &w_r, &s_r, &o_r));
         back(ref, &o_r, orf), back(tc, &o_t, ot);
         same_f32("dequantize_weight", fp4 ? "fp4" : "fp8", ot, orf, (size_t)(n * k));
         free(w), free(s), free(orf), free(ot);
@@ -340,7 +342,8 @@ static void linear_formats(void)
             }
             dsv4_tensor hx = view(x_bf16 ? (void *)xb : (void *)xf, x_bf16 ? DSV4_BF16 : DSV4_F32, 2, m, k, 0),
                         hb = view(bias, DSV4_F32, 1, n, 0, 0);
-            float *yr = poisoned(4 * (size_t)(m * n)), *yt = poisoned(4 * (size_t)(m * n)), *ys = poisoned(4 * (size_t)(m * n));
+            float *yr = poisoned(4 * (size_t)(m * n)), *yt = poisoned(4 * (size_t)(m * n)),
+                  *ys = poisoned(4 * (size_t)(m * n));
             ran("linear", linear_on(tc, &w, &hx, &hb, yt, 0), linear_on(ref, &w, &hx, &hb, yr, 0));
             int bad = 0;
             for (int64_t i = 0; i < m; i++)
@@ -492,11 +495,12 @@ static void layer_route(void)
                     hb = view(bias, DSV4_F32, 1, E, 0, 0), htid = view(tid, DSV4_I32, 2, V, K, 0),
                     htok = view(tok, DSV4_I32, 1, T, 0, 0), hi = view(ir, DSV4_I32, 2, T, K, 0),
                     hw = view(wr, DSV4_F32, 2, T, K, 0);
-        dsv4_tensor x_r = on(ref, &hx), g_r = on(ref, &hg), b_r = on(ref, &hb), d_r = on(ref, &htid), k_r = on(ref, &htok),
-                    i_r = on(ref, &hi), w_r = on(ref, &hw);
+        dsv4_tensor x_r = on(ref, &hx), g_r = on(ref, &hg), b_r = on(ref, &hb), d_r = on(ref, &htid),
+                    k_r = on(ref, &htok), i_r = on(ref, &hi), w_r = on(ref, &hw);
         dsv4_tensor x_t = on(tc, &hx), g_t = on(tc, &hg), b_t = on(tc, &hb), d_t = on(tc, &htid), k_t = on(tc, &htok),
                     i_t = on(tc, &hi), w_t = on(tc, &hw);
-        ran("route", dsv4_route(tc, &x_t, &g_t, hash ? NULL : &b_t, hash ? &d_t : NULL, hash ? &k_t : NULL, 2.5f, &i_t, &w_t),
+        ran("route",
+            dsv4_route(tc, &x_t, &g_t, hash ? NULL : &b_t, hash ? &d_t : NULL, hash ? &k_t : NULL, 2.5f, &i_t, &w_t),
             dsv4_route(ref, &x_r, &g_r, hash ? NULL : &b_r, hash ? &d_r : NULL, hash ? &k_r : NULL, 2.5f, &i_r, &w_r));
         back(ref, &i_r, ir), back(tc, &i_t, it), back(ref, &w_r, wr), back(tc, &w_t, wt);
         same("route", hash ? "hash ids" : "ids", it, ir, sizeof ir);
@@ -510,10 +514,11 @@ static void layer_swiglu(void)
 {
     if (missing("layer.swiglu", HAS(layer, swiglu))) return;
     enum { R = 5, I = 300 };
-    uint16_t *g = bf16_rand(R * I, 4.0f), *u = bf16_rand(R * I, 4.0f), *hr = poisoned(2 * R * I), *ht = poisoned(2 * R * I);
+    uint16_t *g = bf16_rand(R * I, 4.0f), *u = bf16_rand(R * I, 4.0f), *hr = poisoned(2 * R * I),
+             *ht = poisoned(2 * R * I);
     float *rw = f32_rand(R, 0.3f, 1.0f);
-    dsv4_tensor hg = view(g, DSV4_BF16, 2, R, I, 0), hu = view(u, DSV4_BF16, 2, R, I, 0), hw = view(rw, DSV4_F32, 1, R, 0, 0),
-                hh = view(hr, DSV4_BF16, 2, R, I, 0);
+    dsv4_tensor hg = view(g, DSV4_BF16, 2, R, I, 0), hu = view(u, DSV4_BF16, 2, R, I, 0),
+                hw = view(rw, DSV4_F32, 1, R, 0, 0), hh = view(hr, DSV4_BF16, 2, R, I, 0);
     dsv4_tensor g_r = on(ref, &hg), u_r = on(ref, &hu), w_r = on(ref, &hw), h_r = on(ref, &hh);
     dsv4_tensor g_t = on(tc, &hg), u_t = on(tc, &hu), w_t = on(tc, &hw), h_t = on(tc, &hh);
     ran("swiglu", dsv4_swiglu(tc, &g_t, &u_t, &w_t, 7.0f, &h_t), dsv4_swiglu(ref, &g_r, &u_r, &w_r, 7.0f, &h_r));
@@ -533,7 +538,8 @@ static void layer_moe(void)
     enum { T = 5, D = 128, I = 64, E = 4, K = 2 };
     uint16_t *x = bf16_rand(T * D, 1.0f), *yr = poisoned(2 * T * D), *yt = poisoned(2 * T * D);
     uint16_t *w13[E][2], *w2[E];
-    for (int e = 0; e < E; e++) w13[e][0] = bf16_rand(I * D, 0.1f), w13[e][1] = bf16_rand(I * D, 0.1f), w2[e] = bf16_rand(D * I, 0.1f);
+    for (int e = 0; e < E; e++)
+        w13[e][0] = bf16_rand(I * D, 0.1f), w13[e][1] = bf16_rand(I * D, 0.1f), w2[e] = bf16_rand(D * I, 0.1f);
     int32_t ids[T * K];
     float wts[T * K];
     for (int t = 0; t < T; t++) {
@@ -546,8 +552,8 @@ static void layer_moe(void)
     dsv4_status st[2];
     for (int side = 0; side < 2; side++) {
         dsv4_ctx *c = cs[side];
-        dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hi = view(ids, DSV4_I32, 2, T, K, 0), hw = view(wts, DSV4_F32, 2, T, K, 0),
-                    hy = view(ys[side], DSV4_BF16, 2, T, D, 0);
+        dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hi = view(ids, DSV4_I32, 2, T, K, 0),
+                    hw = view(wts, DSV4_F32, 2, T, K, 0), hy = view(ys[side], DSV4_BF16, 2, T, D, 0);
         dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
         dsv4_tensor t1[E], t3[E], t2[E];
         dsv4_ffn_weights ex[E];
@@ -632,7 +638,8 @@ static void attn_rope_table(void)
         ran("rope_table", dsv4_rope_table(tc, &rp, &d_t), dsv4_rope_table(ref, &rp, &d_r));
         back(ref, &d_r, tr), back(tc, &d_t, tt);
         int bad = 0;
-        for (int i = 0; i < MAXPOS * 64; i++) bad += !(fabsf(tt[i] - tr[i]) <= nextafterf(fabsf(tr[i]), INFINITY) - fabsf(tr[i]));
+        for (int i = 0; i < MAXPOS * 64; i++)
+            bad += !(fabsf(tt[i] - tr[i]) <= nextafterf(fabsf(tr[i]), INFINITY) - fabsf(tr[i]));
         n_compared++;
         CHECK(bad == 0, "rope_table kind %d on %s: %d values more than one float ulp from cpu-ref", kind, target, bad);
         free(tr), free(tt);
@@ -804,9 +811,10 @@ static void attn_decode(const attn_host *a)
             uint16_t *q = bf16_rand((size_t)(t * h * 512), 0.5f);
             float *sink = f32_rand((size_t)h, 1.0f, 0.0f);
             for (int64_t i = 4; i < h; i += 5) sink[i] = -INFINITY;
-            int32_t *idx = malloc(4 * (size_t)(t * d->w)), *xidx = malloc(4 * (size_t)(t * kk)), *len = malloc(4 * (size_t)t),
-                    *xlen = malloc(4 * (size_t)t);
-            for (int64_t i = 0; i < t * d->w; i++) idx[i] = (int32_t)(test_rand_u64() % (SLOTS + 8)) - 4; /* some masked */
+            int32_t *idx = malloc(4 * (size_t)(t * d->w)), *xidx = malloc(4 * (size_t)(t * kk)),
+                    *len = malloc(4 * (size_t)t), *xlen = malloc(4 * (size_t)t);
+            for (int64_t i = 0; i < t * d->w; i++)
+                idx[i] = (int32_t)(test_rand_u64() % (SLOTS + 8)) - 4; /* some masked */
             for (int64_t i = 0; i < t * kk; i++) xidx[i] = (int32_t)(test_rand_u64() % SLOTS);
             for (int64_t i = 0; i < t; i++) {
                 len[i] = (int32_t)(test_rand_u64() % (uint64_t)(d->w + 1));
@@ -819,8 +827,8 @@ static void attn_decode(const attn_host *a)
             ran(op + 10, decode_on(tc, a, d, bf16_rows, q, sink, idx, len, xidx, xlen, rows, ot, lt),
                 decode_on(ref, a, d, bf16_rows, q, sink, idx, len, xidx, xlen, rows, orf, lr));
             char what[80];
-            snprintf(what, sizeof what, "%s t%lld h%lld w%lld k%lld", op + 10, (long long)t, (long long)h, (long long)d->w,
-                     bf16_rows ? 0LL : (long long)d->k);
+            snprintf(what, sizeof what, "%s t%lld h%lld w%lld k%lld", op + 10, (long long)t, (long long)h,
+                     (long long)d->w, bf16_rows ? 0LL : (long long)d->k);
             compare_decode(what, (int64_t)no, ot, lt, orf, lr, (int64_t)nl);
             free(q), free(sink), free(idx), free(xidx), free(len), free(xlen), free(orf), free(ot), free(lr), free(lt);
         }
@@ -858,11 +866,13 @@ static void ix_compressor(void)
         for (int side = 0; side < 2; side++) {
             dsv4_ctx *c = cs[side];
             skv[side] = malloc(4 * (size_t)srows * w), ssc[side] = malloc(4 * (size_t)srows * w);
-            dsv4_tensor tskv = view(skv[side], DSV4_F32, 2, srows, w, 0), tssc = view(ssc[side], DSV4_F32, 2, srows, w, 0);
+            dsv4_tensor tskv = view(skv[side], DSV4_F32, 2, srows, w, 0),
+                        tssc = view(ssc[side], DSV4_F32, 2, srows, w, 0);
             CHECK_STATUS(dsv4_compressor_state_init(dc, &tskv, &tssc), DSV4_OK);
             dsv4_tensor hkv = view(kv, DSV4_F32, 2, N, w, 0), hg = view(gate, DSV4_F32, 2, N, w, 0),
                         ha = view(ape, DSV4_F32, 2, dc->ratio, w, 0), hn = view(norm, DSV4_F32, 1, dc->dim, 0, 0),
-                        ho = packed ? view(out[side], DSV4_U8, 2, m, dc->dim / 2, 0) : view(out[side], DSV4_BF16, 2, m, dc->dim, 0),
+                        ho = packed ? view(out[side], DSV4_U8, 2, m, dc->dim / 2, 0)
+                                    : view(out[side], DSV4_BF16, 2, m, dc->dim, 0),
                         hos = view(osc[side], DSV4_U8, 2, m, dc->dim / 32, 0);
             dsv4_tensor tkv = on(c, &hkv), tg = on(c, &hg), ta = on(c, &ha), tn = on(c, &hn), tr = on(c, &trope),
                         to = on(c, &ho), tos = on(c, &hos);
@@ -894,14 +904,15 @@ static void ix_query_and_weights(void)
     if (!missing("indexer.index_q", HAS(indexer, index_q))) {
         uint16_t *q = bf16_rand(T * H * D, 2.0f);
         int32_t pos[T] = {0, 17, MP - 1};
-        uint8_t *oc[2] = {poisoned(T * H * D / 2), poisoned(T * H * D / 2)}, *os[2] = {poisoned(T * H * D / 32), poisoned(T * H * D / 32)};
+        uint8_t *oc[2] = {poisoned(T * H * D / 2), poisoned(T * H * D / 2)},
+                *os[2] = {poisoned(T * H * D / 32), poisoned(T * H * D / 32)};
         dsv4_status st[2];
         dsv4_ctx *cs[2] = {ref, tc};
         for (int side = 0; side < 2; side++) {
             dsv4_tensor hq = view(q, DSV4_BF16, 3, T, H, D), hp = view(pos, DSV4_I32, 1, T, 0, 0),
                         hc = view(oc[side], DSV4_U8, 3, T, H, D / 2), hs = view(os[side], DSV4_U8, 3, T, H, D / 32);
-            dsv4_tensor tq = on(cs[side], &hq), tp = on(cs[side], &hp), tr = on(cs[side], &trope), tcd = on(cs[side], &hc),
-                        ts = on(cs[side], &hs);
+            dsv4_tensor tq = on(cs[side], &hq), tp = on(cs[side], &hp), tr = on(cs[side], &trope),
+                        tcd = on(cs[side], &hc), ts = on(cs[side], &hs);
             st[side] = dsv4_indexer_q(cs[side], &tq, &tp, &tr, &tcd, &ts);
             back(cs[side], &tcd, oc[side]), back(cs[side], &ts, os[side]);
             release();
