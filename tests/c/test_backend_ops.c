@@ -50,6 +50,8 @@ static size_t extent(const dsv4_tensor *t)
     return (size_t)(last + 1) * dsv4_dtype_size(t->dtype);
 }
 
+static void *poisoned(size_t bytes);
+
 /* `bytes` of host data copied into c's memory (freed by release()). */
 static void *put(dsv4_ctx *c, const void *host, size_t bytes)
 {
@@ -58,6 +60,15 @@ static void *put(dsv4_ctx *c, const void *host, size_t bytes)
     bufs[nbufs].c = c;
     bufs[nbufs++].p = p;
     if (bytes && dsv4_device_upload(c, p, host, bytes) != DSV4_OK) die("device_upload");
+    return p;
+}
+
+/* A poisoned work space of `bytes` in c's memory. */
+static void *scratch(dsv4_ctx *c, size_t bytes)
+{
+    uint8_t *z = poisoned(bytes);
+    void *p = put(c, z, bytes);
+    free(z);
     return p;
 }
 
@@ -306,12 +317,7 @@ static dsv4_status linear_on(dsv4_ctx *c, const wcase *w, const dsv4_tensor *hx,
     size_t wsb = 0;
     dsv4_status s = dsv4_linear_workspace_size(c, w->fmt, hx->shape[0], w->k, &wsb);
     if (s) return s;
-    void *ws = put(c, NULL, 0);
-    if (wsb) {
-        uint8_t *z = poisoned(wsb);
-        ws = put(c, z, wsb);
-        free(z);
-    }
+    void *ws = scratch(c, wsb);
     const dsv4_tensor *scale = w->fmt <= DSV4_LINEAR_FP4 ? &st : NULL;
     if (staged) {
         s = dsv4_linear_stage(c, w->fmt, &x, ws, wsb);
@@ -363,6 +369,50 @@ static void linear_formats(void)
             free(xf), free(xb), free(bias), free(yr), free(yt), free(ys);
             wcase_free(&w);
         }
+}
+
+/* The grouped product (wo_a): G groups of R rows of one weight, the same tolerance per output. */
+static void linear_grouped(void)
+{
+    if (missing("linear.linear (grouped)", HAS(linear, linear) && HAS(linear, workspace_size))) return;
+    enum { T = 3, G = 4, R = 24, K = 256 };
+    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
+        wcase w;
+        wcase_make(&w, (dsv4_linear_format)f, G * R, K, 0, f % 2);
+        uint16_t *x = bf16_rand(T * G * K, 2.0f);
+        float *y[2] = {poisoned(4 * T * G * R), poisoned(4 * T * G * R)};
+        dsv4_status st[2];
+        dsv4_ctx *cs[2] = {ref, tc};
+        for (int side = 0; side < 2; side++) {
+            dsv4_ctx *c = cs[side];
+            dsv4_tensor hw, hs, hx = view(x, DSV4_BF16, 3, T, G, K), hy = view(y[side], DSV4_F32, 3, T, G, R);
+            wcase_views(&w, &hw, &hs);
+            dsv4_tensor tx = on(c, &hx), tw = on(c, &hw), ts = on(c, &hs), ty = on(c, &hy);
+            size_t wsb = 0;
+            st[side] = dsv4_linear_workspace_size(c, w.fmt, T * G, K, &wsb);
+            if (!st[side])
+                st[side] = dsv4_grouped_linear(c, w.fmt, &tx, &tw, w.fmt <= DSV4_LINEAR_FP4 ? &ts : NULL, &ty,
+                                               scratch(c, wsb), wsb);
+            back(c, &ty, y[side]);
+            release();
+        }
+        ran("grouped_linear", st[1], st[0]);
+        int bad = 0;
+        for (int t = 0; t < T; t++)
+            for (int g = 0; g < G; g++)
+                for (int r = 0; r < R; r++) {
+                    double mag = 0;
+                    for (int k = 0; k < K; k++)
+                        mag += fabs(dsv4_bf16_decode(x[(t * G + g) * K + k]) * w.wq[(int64_t)(g * R + r) * K + k]);
+                    const int i = (t * G + g) * R + r;
+                    bad += !(fabs((double)y[1][i] - y[0][i]) <= LIN_TOL * mag);
+                }
+        n_compared++;
+        CHECK(bad == 0, "grouped_linear %s on %s: %d outputs beyond %g of sum|x w| from cpu-ref",
+              dsv4_linear_format_name(w.fmt), target, bad, LIN_TOL);
+        free(x), free(y[0]), free(y[1]);
+        wcase_free(&w);
+    }
 }
 
 /* ---- layer --------------------------------------------------------------------------------- */
@@ -565,12 +615,7 @@ static void layer_moe(void)
         }
         size_t wsb = 0;
         st[side] = dsv4_moe_workspace_size(c, T, K, E, &ex[0], NULL, &wsb);
-        if (st[side] == DSV4_OK) {
-            uint8_t *z = poisoned(wsb);
-            void *ws = put(c, z, wsb);
-            free(z);
-            st[side] = dsv4_moe(c, &tx, &ti, &tw, ex, E, NULL, 10.0f, &ty, ws, wsb);
-        }
+        if (st[side] == DSV4_OK) st[side] = dsv4_moe(c, &tx, &ti, &tw, ex, E, NULL, 10.0f, &ty, scratch(c, wsb), wsb);
         back(c, &ty, ys[side]);
         release();
     }
@@ -773,9 +818,8 @@ static dsv4_status decode_on(dsv4_ctx *c, const attn_host *a, const dcase *d, in
     size_t wsb = 0;
     dsv4_status s = dsv4_sparse_mla_decode_workspace(c, d->t, d->h, d->w, bf16_rows ? 0 : d->k, &wsb);
     if (s) return s;
-    uint8_t *z = poisoned(wsb);
-    dsv4_tensor hws = view(z, DSV4_U8, 1, (int64_t)wsb, 0, 0), tws = on(c, &hws);
-    free(z);
+    dsv4_tensor tws = view(scratch(c, wsb), DSV4_U8, 1, (int64_t)wsb, 0, 0);
+    tws.device = dsv4_ctx_device_kind(c);
     dsv4_sparse_scope swa = {&kc, &ti, &tl}, extra = {&kc, &txi, &txl};
     const float scale = 0.044194173824159216f;
     if (bf16_rows)
@@ -843,17 +887,18 @@ static void attn_decode(const attn_host *a)
 static void ix_compressor(void)
 {
     if (missing("indexer.compress", HAS(indexer, compress))) return;
+    /* kind, ratio, dim, eps, fp8_sim, overlap: CSA (overlapping, ratio 4 and 8), HCA, a CSA indexer */
     static const dsv4_compressor_desc descs[] = {
-        {DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1}, {DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0},
-        {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0}};
+        {DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1, 1}, {DSV4_COMPRESSOR_MAIN, 8, 512, 1e-6f, 0, 1},
+        {DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0, 0}, {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1}};
     enum { N = 136 };
     float rope[(N + 128) * 64];
     dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
     dsv4_tensor trope = view(rope, DSV4_F32, 2, N + 128, 64, 0);
     CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
-    for (int di = 0; di < 3; di++) {
+    for (size_t di = 0; di < sizeof descs / sizeof descs[0]; di++) {
         const dsv4_compressor_desc *dc = &descs[di];
-        const int coff = dc->ratio == 4 ? 2 : 1, w = coff * dc->dim, srows = coff * dc->ratio;
+        const int coff = dc->overlap ? 2 : 1, w = coff * dc->dim, srows = coff * dc->ratio;
         const int64_t start = 5, m = dsv4_compressor_emit_count(dc->ratio, start, N);
         const int packed = dc->kind == DSV4_COMPRESSOR_INDEXER;
         const size_t row = packed ? (size_t)dc->dim / 2 : 2 * (size_t)dc->dim, srow = (size_t)dc->dim / 32;
@@ -967,9 +1012,7 @@ static void ix_scores_topk(void)
                         hl = view(ln[side], DSV4_I32, 1, T, 0, 0), tl = on(c, &hl),
                         hnv = view(nvalid, DSV4_I32, 1, T, 0, 0);
             size_t wsb = op ? dsv4_indexer_workspace_size(c, T, TOPK) : 0;
-            uint8_t *z = poisoned(wsb);
-            void *ws = put(c, z, wsb);
-            free(z);
+            void *ws = scratch(c, wsb);
             if (op == 0) st[side] = dsv4_indexer_scores(c, &args, &ts);
             else if (op == 1) st[side] = dsv4_indexer_select(c, &args, TOPK, &ti, &tl, ws, wsb);
             else st[side] = dsv4_indexer_topk(c, &ts, &hnv, TOPK, &ti, &tl, ws, wsb); /* n_valid: host memory */
@@ -996,6 +1039,7 @@ static void run_families(void)
     formats_rules();
     formats_weights();
     linear_formats();
+    linear_grouped();
     layer_rms();
     layer_mhc();
     layer_route();
