@@ -10,6 +10,7 @@
 #include "dsv4/device.h"
 #include "dsv4/formats.h"
 #include "formats/codec.h"
+#include "formats/kv_entry.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -773,11 +774,10 @@ static dsv4_status copy_entry(const dsv4_kv_cache *c, const dsv4_kv_seq *from, c
     int64_t a, b;
     DSV4_TRY(dsv4_kv_seq_slots(from, &entry, 1, &a));
     DSV4_TRY(dsv4_kv_seq_slots(to, &entry, 1, &b));
-    uint8_t *pa = (uint8_t *)c->pages.data + (a / c->block_size) * c->pages.stride[0];
-    uint8_t *pb = (uint8_t *)c->pages.data + (b / c->block_size) * c->pages.stride[0];
-    const int64_t ra = a % c->block_size, rb = b % c->block_size, scales = c->block_size * DSV4_KV_DATA_BYTES;
-    memcpy(pb + rb * DSV4_KV_DATA_BYTES, pa + ra * DSV4_KV_DATA_BYTES, DSV4_KV_DATA_BYTES);
-    memcpy(pb + scales + rb * DSV4_KV_SCALE_BYTES, pa + scales + ra * DSV4_KV_SCALE_BYTES, DSV4_KV_SCALE_BYTES);
+    uint8_t *pages = c->pages.data;
+    const int64_t ps = c->pages.stride[0], bs = c->block_size;
+    memcpy(pages + dsv4_kve_slot_data(ps, bs, b), pages + dsv4_kve_slot_data(ps, bs, a), DSV4_KVE_DATA_BYTES);
+    memcpy(pages + dsv4_kve_slot_scale(ps, bs, b), pages + dsv4_kve_slot_scale(ps, bs, a), DSV4_KVE_SCALE_BYTES);
     return DSV4_OK;
 }
 
@@ -917,13 +917,13 @@ static void put(uint8_t *out, size_t cap, size_t *pos, const void *src, size_t n
     *pos += n;
 }
 
-/* The 584 bytes of a cache entry at `slot`: data row, then its 8 scale bytes. */
+/* The 584 bytes of a cache entry at `slot`: data row, then its scale row (formats/kv_entry.h). */
 static void put_entry(const dsv4_kv_cache *c, int64_t slot, uint8_t *out, size_t cap, size_t *pos)
 {
-    const uint8_t *page = (const uint8_t *)c->pages.data + (slot / c->block_size) * c->pages.stride[0];
-    int64_t row = slot % c->block_size;
-    put(out, cap, pos, page + row * DSV4_KV_DATA_BYTES, DSV4_KV_DATA_BYTES);
-    put(out, cap, pos, page + c->block_size * DSV4_KV_DATA_BYTES + row * DSV4_KV_SCALE_BYTES, DSV4_KV_SCALE_BYTES);
+    const uint8_t *pages = (const uint8_t *)c->pages.data;
+    const int64_t ps = c->pages.stride[0];
+    put(out, cap, pos, pages + dsv4_kve_slot_data(ps, c->block_size, slot), DSV4_KVE_DATA_BYTES);
+    put(out, cap, pos, pages + dsv4_kve_slot_scale(ps, c->block_size, slot), DSV4_KVE_SCALE_BYTES);
 }
 
 /* The export's bytes into out (NULL: only counted in *pos). */
