@@ -31,6 +31,7 @@ struct dsv4_linear_ops;    /* core/ops_linear.h */
 struct dsv4_layer_ops;     /* core/ops_layer.h: norms, mHC, router, MoE */
 struct dsv4_indexer_ops;   /* core/ops_indexer.h: compressor and lightning indexer */
 struct dsv4_memory_ops;    /* core/ops_memory.h (device memory of accelerator backends) */
+struct dsv4_tensor_ops;    /* core/ops_tensor.h: data movement (embedding rows, row copies, adds) */
 
 typedef struct dsv4_backend {
     const char *name;
@@ -46,19 +47,34 @@ typedef struct dsv4_backend {
     const struct dsv4_linear_ops *linear;
     const struct dsv4_layer_ops *layer;
     const struct dsv4_indexer_ops *indexer;
+    const struct dsv4_tensor_ops *tensor;
 } dsv4_backend;
 
 /* Registry and contexts (core/dispatch.c). */
 const dsv4_backend *dsv4_backend_find(const char *name);
 /* Resolve a (possibly NULL) context into its backend and execution settings. */
 dsv4_status dsv4_ctx_resolve(const dsv4_ctx *ctx, const dsv4_backend **backend, dsv4_exec *exec);
+
+/* The op families of dsv4_backend, for dsv4_op_resolve. */
+typedef enum dsv4_op_family {
+    DSV4_FAMILY_NONE = 0, /* no family needed (device memory, timers, graphs) */
+    DSV4_FAMILY_FORMATS,
+    DSV4_FAMILY_ATTENTION,
+    DSV4_FAMILY_LINEAR,
+    DSV4_FAMILY_LAYER,
+    DSV4_FAMILY_INDEXER,
+    DSV4_FAMILY_TENSOR,
+} dsv4_op_family;
+
+/* The preamble of every op: the backend and execution settings of a (possibly NULL) context,
+ * failing with a message that names `op` when the default context cannot be made or the backend
+ * lacks the op family (DSV4_ERR_UNSUPPORTED). */
+dsv4_status dsv4_op_resolve(const dsv4_ctx *ctx, const char *op, dsv4_op_family family, const dsv4_backend **backend,
+                            dsv4_exec *exec);
 /* The stream of the context's execution settings (checked by the caller; NULL: the default). */
 dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream);
 
-/* Look up an op family; fails with a message naming the op and the backend. */
-#define DSV4_BACKEND_FAMILY(b, family, op)                                                        \
-    ((b)->family ? DSV4_OK                                                                         \
-                 : dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: backend '%s' does not implement it", op, (b)->name))
+/* An entry of an op family; fails with a message naming the op and the backend. */
 #define DSV4_BACKEND_ENTRY_CHECK(b, family, entry, op)                                            \
     (((b)->family && (b)->family->entry)                                                           \
          ? DSV4_OK                                                                                 \

@@ -114,6 +114,25 @@ dsv4_status dsv4_ctx_resolve(const dsv4_ctx *ctx, const dsv4_backend **backend, 
     return DSV4_OK;
 }
 
+dsv4_status dsv4_op_resolve(const dsv4_ctx *ctx, const char *op, dsv4_op_family family, const dsv4_backend **backend,
+                            dsv4_exec *exec)
+{
+    if (dsv4_ctx_resolve(ctx, backend, exec) != DSV4_OK) return dsv4_fail(default_status, "%s: default context: %s", op, default_error);
+    const dsv4_backend *b = *backend;
+    const void *table = NULL;
+    switch (family) {
+    case DSV4_FAMILY_NONE: return DSV4_OK;
+    case DSV4_FAMILY_FORMATS: table = b->formats; break;
+    case DSV4_FAMILY_ATTENTION: table = b->attention; break;
+    case DSV4_FAMILY_LINEAR: table = b->linear; break;
+    case DSV4_FAMILY_LAYER: table = b->layer; break;
+    case DSV4_FAMILY_INDEXER: table = b->indexer; break;
+    case DSV4_FAMILY_TENSOR: table = b->tensor; break;
+    }
+    if (!table) return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: backend '%s' does not implement it", op, b->name);
+    return DSV4_OK;
+}
+
 dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream)
 {
     DSV4_CHECK_ARG(ctx, "ctx_set_stream: null context");

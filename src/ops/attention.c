@@ -9,20 +9,14 @@
 
 #define KVD DSV4_KV_DIM
 
-static dsv4_status resolve(dsv4_ctx *ctx, const char *op, const dsv4_backend **b, dsv4_exec *ex)
-{
-    DSV4_TRY(dsv4_ctx_resolve(ctx, b, ex));
-    return DSV4_BACKEND_FAMILY(*b, attention, op);
-}
-
 #define NEED_ENTRY(b, entry, op) DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, attention, entry, op))
 
 /* The start of every op: its name, the context's backend and execution settings, the entry. */
-#define OP_BEGIN(name, entry)                  \
-    const char *op = name;                     \
-    const dsv4_backend *b;                     \
-    dsv4_exec ex;                              \
-    DSV4_TRY(resolve(ctx, op, &b, &ex));       \
+#define OP_BEGIN(name, entry)                                             \
+    const char *op = name;                                                \
+    const dsv4_backend *b;                                                \
+    dsv4_exec ex;                                                         \
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_ATTENTION, &b, &ex));   \
     NEED_ENTRY(b, entry, op)
 
 static dsv4_status on_device(const char *op, const char *arg, const dsv4_tensor *t, const dsv4_backend *b)
@@ -264,7 +258,7 @@ dsv4_status dsv4_sparse_mla_decode_workspace(dsv4_ctx *ctx, int64_t t, int64_t h
     DSV4_CHECK_ARG(t >= 0 && h >= 1 && width >= 0 && extra_width >= 0,
                    "%s: need t >= 0, h >= 1, widths >= 0 (got %lld, %lld, %lld, %lld)", op, (long long)t, (long long)h,
                    (long long)width, (long long)extra_width);
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_ATTENTION, &b, &ex));
     NEED_ENTRY(b, decode_workspace, op);
     *bytes = b->attention->decode_workspace(&ex, t, h, width + extra_width);
     return DSV4_OK;

@@ -97,7 +97,7 @@ dsv4_status dsv4_compressor_forward(dsv4_ctx *ctx, const dsv4_compressor_desc *d
     const char *op = "compressor_forward";
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(dsv4_ctx_resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, compress, op));
     DSV4_TRY(check_desc(op, desc));
     if (start_pos < 0 || start_pos > POS_LIMIT)

@@ -8,16 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-static dsv4_status resolve(dsv4_ctx *ctx, const dsv4_backend **b, dsv4_exec *ex)
-{
-    return dsv4_ctx_resolve(ctx, b, ex);
-}
-
 dsv4_device_kind dsv4_ctx_device_kind(dsv4_ctx *ctx)
 {
     const dsv4_backend *b;
     dsv4_exec ex;
-    return resolve(ctx, &b, &ex) == DSV4_OK ? b->device : DSV4_DEVICE_CPU;
+    return dsv4_op_resolve(ctx, "ctx_device_kind", DSV4_FAMILY_NONE, &b, &ex) == DSV4_OK ? b->device : DSV4_DEVICE_CPU;
 }
 
 dsv4_status dsv4_device_info_get(dsv4_ctx *ctx, dsv4_device_info *info)
@@ -25,7 +20,7 @@ dsv4_status dsv4_device_info_get(dsv4_ctx *ctx, dsv4_device_info *info)
     DSV4_CHECK_ARG(info, "device_info: null output");
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_info", DSV4_FAMILY_NONE, &b, &ex));
     memset(info, 0, sizeof *info);
     if (b->memory) return b->memory->info(&ex, info);
     snprintf(info->name, sizeof info->name, "host (%s)", b->name);
@@ -38,7 +33,7 @@ dsv4_status dsv4_device_alloc(dsv4_ctx *ctx, size_t bytes, void **ptr)
     DSV4_CHECK_ARG(ptr, "device_alloc: null output pointer");
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_alloc", DSV4_FAMILY_NONE, &b, &ex));
     if (b->memory) return b->memory->alloc(&ex, bytes, ptr);
     size_t rounded = (bytes + 255) / 256 * 256;
     void *p = aligned_alloc(256, rounded ? rounded : 256);
@@ -52,7 +47,7 @@ dsv4_status dsv4_device_free(dsv4_ctx *ctx, void *ptr)
     if (!ptr) return DSV4_OK;
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_free", DSV4_FAMILY_NONE, &b, &ex));
     if (b->memory) return b->memory->free(&ex, ptr);
     free(ptr);
     return DSV4_OK;
@@ -68,7 +63,7 @@ static dsv4_status transfer(dsv4_ctx *ctx, int which, void *dst, const void *src
     DSV4_CHECK_ARG(dst && src, "%s: null pointer", names[which]);
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, names[which], DSV4_FAMILY_NONE, &b, &ex));
     if (!b->memory) {
         memmove(dst, src, bytes);
         return DSV4_OK;
@@ -99,7 +94,7 @@ dsv4_status dsv4_device_memset(dsv4_ctx *ctx, void *dst, int value, size_t bytes
     DSV4_CHECK_ARG(dst, "device_memset: null pointer");
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_memset", DSV4_FAMILY_NONE, &b, &ex));
     if (b->memory) return b->memory->memset(&ex, dst, value, bytes);
     memset(dst, value, bytes);
     return DSV4_OK;
@@ -109,7 +104,7 @@ dsv4_status dsv4_device_sync(dsv4_ctx *ctx)
 {
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_sync", DSV4_FAMILY_NONE, &b, &ex));
     return b->memory ? b->memory->sync(&ex) : DSV4_OK;
 }
 
@@ -123,7 +118,7 @@ dsv4_status dsv4_device_tensor_alloc(dsv4_ctx *ctx, dsv4_tensor *t, dsv4_dtype d
     size_t bytes = (size_t)n * dsv4_dtype_size(dtype);
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_tensor_alloc", DSV4_FAMILY_NONE, &b, &ex));
     void *p = NULL;
     DSV4_TRY(dsv4_device_alloc(ctx, bytes, &p));
     v.data = p;
@@ -161,7 +156,7 @@ dsv4_status dsv4_device_timer_create(dsv4_ctx *ctx, dsv4_device_timer **timer)
     DSV4_CHECK_ARG(timer, "device_timer_create: null output");
     dsv4_device_timer *t = calloc(1, sizeof *t);
     if (!t) return dsv4_fail(DSV4_ERR_NO_MEMORY, "device_timer_create: out of memory");
-    dsv4_status s = resolve(ctx, &t->b, &t->ex);
+    dsv4_status s = dsv4_op_resolve(ctx, "device_timer_create", DSV4_FAMILY_NONE, &t->b, &t->ex);
     if (s == DSV4_OK && t->b->memory) s = t->b->memory->timer_create(&t->ex, &t->handle);
     if (s != DSV4_OK) {
         free(t);
@@ -209,7 +204,7 @@ dsv4_status dsv4_device_stream_set(dsv4_ctx *ctx, void *stream)
     DSV4_CHECK_ARG(ctx, "device_stream_set: the default context keeps its default stream (pass a context)");
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_stream_set", DSV4_FAMILY_NONE, &b, &ex));
     if (stream) {
         if (!b->memory || !b->memory->stream_check)
             return dsv4_fail(DSV4_ERR_UNSUPPORTED, "device_stream_set: backend '%s' has no streams (only NULL)", b->name);
@@ -223,14 +218,14 @@ dsv4_status dsv4_device_stream_get(dsv4_ctx *ctx, void **stream)
     DSV4_CHECK_ARG(stream, "device_stream_get: null output");
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_stream_get", DSV4_FAMILY_NONE, &b, &ex));
     *stream = ex.stream;
     return DSV4_OK;
 }
 
 static dsv4_status graph_backend(dsv4_ctx *ctx, const char *op, const dsv4_backend **b, dsv4_exec *ex)
 {
-    DSV4_TRY(resolve(ctx, b, ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_NONE, b, ex));
     if (!(*b)->memory || !(*b)->memory->graph_begin)
         return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: backend '%s' has no graphs", op, (*b)->name);
     return DSV4_OK;

@@ -3,12 +3,6 @@
 #include "core/ops_formats.h"
 #include "core/tensor_check.h"
 
-static dsv4_status resolve(dsv4_ctx *ctx, const char *op, const dsv4_backend **b, dsv4_exec *ex)
-{
-    DSV4_TRY(dsv4_ctx_resolve(ctx, b, ex));
-    return DSV4_BACKEND_FAMILY(*b, formats, op);
-}
-
 static dsv4_status check_fmt(const char *op, dsv4_scalar_format fmt, int decode)
 {
     if ((unsigned)fmt > DSV4_FMT_E8M0 || (!decode && fmt == DSV4_FMT_E8M0))
@@ -25,7 +19,7 @@ dsv4_status dsv4_encode_array(dsv4_ctx *ctx, dsv4_scalar_format fmt, const float
     DSV4_CHECK_ARG(n == 0 || (x && codes), "%s: null pointer", op);
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
     return b->formats->encode(&ex, fmt, x, n, codes);
 }
 
@@ -37,7 +31,7 @@ dsv4_status dsv4_decode_array(dsv4_ctx *ctx, dsv4_scalar_format fmt, const void 
     DSV4_CHECK_ARG(n == 0 || (x && codes), "%s: null pointer", op);
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
     return b->formats->decode(&ex, fmt, codes, n, x);
 }
 
@@ -80,7 +74,7 @@ dsv4_status dsv4_quantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *x, 
     const char *op = "quantize";
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
     DSV4_TRY(check_qtriple(op, rule, x, codes, scales, b));
     DSV4_TRY(dsv4_check_output(op, "codes", codes));
     DSV4_TRY(dsv4_check_output(op, "scales", scales));
@@ -96,7 +90,7 @@ dsv4_status dsv4_dequantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *c
     const char *op = "dequantize";
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
     DSV4_TRY(check_qtriple(op, rule, x, codes, scales, b));
     DSV4_TRY(dsv4_check_output(op, "x", x));
     if (dsv4_tensors_overlap(x, codes) || dsv4_tensors_overlap(x, scales))
@@ -110,7 +104,7 @@ dsv4_status dsv4_dequantize_weight(dsv4_ctx *ctx, const dsv4_tensor *w, const ds
     const char *op = "dequantize_weight";
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
     DSV4_TRY(dsv4_check_tensor(op, "w", w, DSV4_DT(DSV4_F8_E4M3) | DSV4_DT(DSV4_FP4X2), 2, NULL));
     DSV4_TRY(dsv4_check_inner_contiguous(op, "w", w));
     int fp4 = w->dtype == DSV4_FP4X2;

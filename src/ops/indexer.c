@@ -6,12 +6,6 @@
 
 #include <math.h>
 
-static dsv4_status resolve(dsv4_ctx *ctx, const char *op, const dsv4_backend **b, dsv4_exec *ex)
-{
-    DSV4_TRY(dsv4_ctx_resolve(ctx, b, ex));
-    return DSV4_BACKEND_FAMILY(*b, indexer, op);
-}
-
 dsv4_status dsv4_ix_check_views(const char *op, const dsv4_backend *b, const dsv4_tensor *const *t,
                                 const char *const *names, int n)
 {
@@ -101,7 +95,7 @@ dsv4_status dsv4_indexer_q(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tenso
     const char *op = "indexer_q";
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_TRY(dsv4_check_tensor(op, "q", q, DSV4_DT(DSV4_BF16), 3, NULL));
     const int64_t T = q->shape[0], H = q->shape[1], d = q->shape[2];
     DSV4_TRY(check_dim(op, d));
@@ -138,7 +132,7 @@ dsv4_status dsv4_indexer_weights(dsv4_ctx *ctx, const dsv4_tensor *proj, int hea
     const char *op = "indexer_weights";
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_CHECK_ARG(head_dim > 0, "%s: head_dim %d must be positive", op, head_dim);
     DSV4_TRY(dsv4_check_tensor(op, "proj", proj, DSV4_DT(DSV4_BF16) | DSV4_DT(DSV4_F32), 2, NULL));
     const int64_t T = proj->shape[0], H = proj->shape[1];
@@ -210,7 +204,7 @@ dsv4_status dsv4_indexer_scores(dsv4_ctx *ctx, const dsv4_indexer_args *args, ds
     const dsv4_backend *b;
     dsv4_exec ex;
     dsv4_ix_operands o;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_TRY(check_args(op, b, args, &o));
     DSV4_TRY(dsv4_check_tensor(op, "scores", scores, DSV4_DT(DSV4_F32), 2, (const int64_t[]){o.tokens, o.n_cache}));
     DSV4_TRY(dsv4_check_output(op, "scores", scores));
@@ -229,7 +223,7 @@ size_t dsv4_indexer_workspace_size(dsv4_ctx *ctx, int64_t tokens, int64_t topk)
     const dsv4_backend *b;
     dsv4_exec ex;
     if (tokens < 0 || topk < 1 || topk > ((int64_t)1 << 30)) return 0;
-    if (resolve(ctx, "indexer_workspace_size", &b, &ex) != DSV4_OK || !b->indexer->workspace_size) return 0;
+    if (dsv4_op_resolve(ctx, "indexer_workspace_size", DSV4_FAMILY_INDEXER, &b, &ex) != DSV4_OK || !b->indexer->workspace_size) return 0;
     return b->indexer->workspace_size(&ex, tokens, topk);
 }
 
@@ -280,7 +274,7 @@ dsv4_status dsv4_indexer_select(dsv4_ctx *ctx, const dsv4_indexer_args *args, in
     dsv4_exec ex;
     dsv4_ix_operands o;
     dsv4_topk_out out;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, select, op));
     DSV4_TRY(check_args(op, b, args, &o));
     DSV4_TRY(check_topk_out(op, b, &ex, o.tokens, topk, indices, lengths, workspace, workspace_bytes, &out));
@@ -302,7 +296,7 @@ dsv4_status dsv4_indexer_topk(dsv4_ctx *ctx, const dsv4_tensor *scores, const ds
     const dsv4_backend *b;
     dsv4_exec ex;
     dsv4_topk_out out;
-    DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, topk, op));
     DSV4_TRY(dsv4_check_tensor(op, "scores", scores, DSV4_DT(DSV4_F32), 2, NULL));
     DSV4_TRY(dsv4_check_output(op, "scores", scores));

@@ -5,12 +5,6 @@
 #include <math.h>
 #include <string.h>
 
-dsv4_status dsv4_layer_resolve(dsv4_ctx *ctx, const char *op, const dsv4_backend **b, dsv4_exec *ex)
-{
-    DSV4_TRY(dsv4_ctx_resolve(ctx, b, ex));
-    return DSV4_BACKEND_FAMILY(*b, layer, op);
-}
-
 int dsv4_same_view(const dsv4_tensor *a, const dsv4_tensor *b)
 {
     if (a->data != b->data || a->dtype != b->dtype || a->ndim != b->ndim) return 0;
@@ -67,7 +61,7 @@ dsv4_status dsv4_rms_norm(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor
     const char *op = "rms_norm";
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(dsv4_layer_resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, &b, &ex));
     const unsigned ft = DSV4_DT(DSV4_BF16) | DSV4_DT(DSV4_F32);
     DSV4_TRY(dsv4_layer_arg(op, "x", x, ft, 2, NULL, b));
     int64_t rows = x->shape[0], d = x->shape[1];
@@ -193,7 +187,7 @@ static dsv4_status pre_or_head(dsv4_ctx *ctx, const char *op, const dsv4_hc_site
 {
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(dsv4_layer_resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, &b, &ex));
     dsv4_hc_args a = {0};
     int n = 0;
     int64_t D = 0;
@@ -236,7 +230,7 @@ static dsv4_status post_setup(dsv4_ctx *ctx, const char *op, const dsv4_tensor *
                               const dsv4_tensor *post, const dsv4_tensor *comb, const dsv4_backend **b, dsv4_exec *ex,
                               dsv4_hc_args *a)
 {
-    DSV4_TRY(dsv4_layer_resolve(ctx, op, b, ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, b, ex));
     *a = (dsv4_hc_args){0};
     return check_post_inputs(op, x, residual, post, comb, *b, a);
 }
@@ -321,7 +315,7 @@ dsv4_status dsv4_route(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *g
     const char *op = "route";
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(dsv4_layer_resolve(ctx, op, &b, &ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, &b, &ex));
     const unsigned ft = DSV4_DT(DSV4_BF16) | DSV4_DT(DSV4_F32), it = DSV4_DT(DSV4_I32) | DSV4_DT(DSV4_I64);
     DSV4_TRY(dsv4_layer_arg(op, "x", x, ft, 2, NULL, b));
     int64_t T = x->shape[0], D = x->shape[1];

@@ -6,8 +6,6 @@
 #include "core/ops_layer.h"
 #include "core/tensor_check.h"
 
-/* Backend of the context, which must have the layer family. */
-dsv4_status dsv4_layer_resolve(dsv4_ctx *ctx, const char *op, const dsv4_backend **b, dsv4_exec *ex);
 /* An argument: dsv4_check_tensor + unit inner stride + in the backend's memory. */
 dsv4_status dsv4_layer_arg(const char *op, const char *name, const dsv4_tensor *t, unsigned dtypes, int ndim,
                            const int64_t *shape, const dsv4_backend *b);

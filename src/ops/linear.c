@@ -31,7 +31,7 @@ static dsv4_status check_inner(const char *op, const char *arg, const dsv4_tenso
 
 static dsv4_status resolve(dsv4_ctx *ctx, const char *op, const dsv4_backend **b, dsv4_exec *ex)
 {
-    DSV4_TRY(dsv4_ctx_resolve(ctx, b, ex));
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LINEAR, b, ex));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(*b, linear, linear, op));
     return DSV4_BACKEND_ENTRY_CHECK(*b, linear, workspace_size, op);
 }
