@@ -1,6 +1,6 @@
 /* Memory family: the device memory of an accelerator backend (include/dsv4/device.h is the
  * public side). A backend whose tensors live in host memory leaves its `memory` table NULL and
- * the op layer (src/ops/device.c) serves the calls from host memory instead.
+ * the runtime (src/runtime/device.c) serves the calls from host memory instead.
  *
  * All work is ordered on the stream of the execution settings (ex->stream; NULL = the backend's
  * default stream of ex->device). upload/download return when the bytes have arrived; copy,

@@ -1,5 +1,6 @@
-/* Op layer of the memory family (include/dsv4/device.h): argument checks, then the backend's
- * memory table; backends without one (the CPU backends) are served from host memory here. */
+/* Runtime of the memory family (include/dsv4/device.h): device memory, timers, streams and graph
+ * capture. Argument checks, then the backend's memory table; backends without one (the CPU
+ * backends) are served from host memory here. */
 #include "core/error.h"
 #include "core/ops_memory.h"
 

@@ -1,6 +1,6 @@
-/* The paged FP8 KV cache on the host side: page geometry, cache views, the page allocator and
- * per-sequence block tables (include/dsv4/attention.h). Nothing here touches cache memory, so
- * it serves host and device caches alike. Allocation happens only in the create functions. */
+/* Runtime of the paged FP8 KV cache, on the host side: page geometry, cache views, the page
+ * allocator and per-sequence block tables (include/dsv4/attention.h). Nothing here touches cache
+ * memory, so it serves host and device caches alike. Allocation happens only in the create functions. */
 #include "core/error.h"
 #include "dsv4/attention.h"
 #include "formats/kv_entry.h"
