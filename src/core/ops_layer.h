@@ -1,6 +1,7 @@
-/* Layer op family (include/dsv4/layer.h): RMSNorm, mHC, router, and the MoE pieces that are not
- * matrix products (those go through the linear family). The op layer (src/ops/layer.c,
- * src/ops/moe.c) has validated every pointer, shape and stride before an entry is called. */
+/* Layer op family (include/dsv4/layer.h): RMSNorm, mHC, router, SwiGLU and the MoE block (whose
+ * expert products an implementation runs with its own backend's linear family). The op layer
+ * (src/ops/layer.c, src/ops/moe.c) has validated every pointer, shape and stride before an entry
+ * is called. */
 #ifndef DSV4_CORE_OPS_LAYER_H
 #define DSV4_CORE_OPS_LAYER_H
 
@@ -98,31 +99,36 @@ typedef struct dsv4_swiglu_args {
     float limit;
 } dsv4_swiglu_args;
 
-/* MoE bookkeeping over the T*k (token, slot) pairs p = t*k + s, grouped by expert. */
-typedef struct dsv4_moe_group_args {
+/* The whole MoE block (dsv4_moe) on operands the op layer has checked: the views of x, ids,
+ * weights and y, every expert (all of experts[0]'s format and shapes, in the backend's memory,
+ * clear of the work space), the shared expert and the work space regions. The entry reads ids and
+ * rejects one outside [0, E) (DSV4_ERR_RANGE, with the message "moe: ids[t][s] = e is not an
+ * expert in [0, E)") before writing y; then it groups the T*k (token, slot) pairs p = t*k + s by
+ * expert, runs each used expert once over all its rows (gathered), the shared expert over x, and
+ * combines: y[t] = bf16(Σ over the token's pairs in ascending (expert, slot) + shared[t]). */
+typedef struct dsv4_moe_args {
+    const uint16_t *x;
+    int64_t ldx;
     const int32_t *ids;
     int64_t ldids;
     const float *weights;
     int64_t ldweights;
-    int64_t T;
-    int k, E;
-    int32_t *offsets; /* [E + 1]: expert e's rows are [offsets[e], offsets[e+1]) */
-    int32_t *order;   /* [T*k]: sorted row i holds pair order[i] (pairs of one expert in p order) */
-    int32_t *pos;     /* [T*k]: pair p sits at sorted row pos[p] */
-    float *wsorted;   /* [T*k]: routing weight of sorted row i */
-} dsv4_moe_group_args;
-
-/* y[t] = bf16(Σ over the token's pairs in ascending (expert, slot) of rows[pos[p]], + shared[t]). */
-typedef struct dsv4_moe_combine_args {
-    const uint16_t *rows; /* [T*k, D] contiguous */
-    const int32_t *pos, *ids;
-    int64_t ldids;
-    const uint16_t *shared; /* [T, D] contiguous or NULL */
     uint16_t *y;
     int64_t ldy;
-    int64_t T, D;
-    int k;
-} dsv4_moe_combine_args;
+    int64_t T, D, I, Is; /* tokens, hidden size, expert width, shared expert width */
+    int k, E;
+    const dsv4_ffn_weights *experts; /* [E] */
+    const dsv4_ffn_weights *shared;  /* NULL: none */
+    float limit;
+    /* work space regions (64-byte aligned; R = T*k sorted rows) */
+    int32_t *offsets;            /* [E + 1]: expert e's sorted rows are [offsets[e], offsets[e+1]) */
+    int32_t *order, *pos;        /* [R]: sorted row i holds pair order[i]; pair p sits at row pos[p] */
+    float *wsorted;              /* [R]: routing weight of sorted row i */
+    uint16_t *xg, *g, *u, *out;  /* [R, D] gathered x, [R, I] gate and up, [R, D] expert outputs */
+    uint16_t *sg, *su, *sout;    /* shared expert: [T, Is], [T, Is], [T, D] (NULL: no shared) */
+    void *lin;                   /* the linear products' work space */
+    size_t lin_bytes;            /* >= the linear family's workspace_size of R (and T) rows, k = D, I, Is */
+} dsv4_moe_args;
 
 struct dsv4_layer_ops {
     dsv4_status (*rms_norm)(const dsv4_exec *ex, const dsv4_rms_args *a);
@@ -132,11 +138,7 @@ struct dsv4_layer_ops {
     dsv4_status (*hc_head)(const dsv4_exec *ex, const dsv4_hc_args *a);
     dsv4_status (*route)(const dsv4_exec *ex, const dsv4_route_args *a);
     dsv4_status (*swiglu)(const dsv4_exec *ex, const dsv4_swiglu_args *a);
-    dsv4_status (*moe_group)(const dsv4_exec *ex, const dsv4_moe_group_args *a);
-    /* xg[i] = x[order[i] / k] for the n sorted rows (BF16 rows of D, x row stride ldx). */
-    dsv4_status (*moe_gather)(const dsv4_exec *ex, const uint16_t *x, int64_t ldx, const int32_t *order, int64_t n,
-                              int k, int64_t D, uint16_t *xg);
-    dsv4_status (*moe_combine)(const dsv4_exec *ex, const dsv4_moe_combine_args *a);
+    dsv4_status (*moe)(const dsv4_exec *ex, const dsv4_moe_args *a);
 };
 
 #endif

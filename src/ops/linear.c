@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/ops_linear.h"
 #include "core/tensor_check.h"
+#include "ops/linear_check.h"
 
 const char *dsv4_linear_format_name(dsv4_linear_format fmt) { return dsv4_linear_fmt_str(fmt); }
 
@@ -63,28 +64,29 @@ typedef struct call {
     int staged; /* dsv4_linear_staged: the quantized formats read the staging, not x */
 } call;
 
-static dsv4_status check_weight(const call *c, int64_t rows, int64_t k)
+dsv4_status dsv4_linear_check_weight(const char *op, const char *wname, const char *sname, dsv4_linear_format fmt,
+                                     const dsv4_tensor *w, const dsv4_tensor *scale, int64_t rows, int64_t k)
 {
     static const unsigned wtypes[DSV4_LINEAR_FORMAT_COUNT] = {
         DSV4_DT(DSV4_F8_E4M3) | DSV4_DT(DSV4_U8), DSV4_DT(DSV4_F8_E4M3) | DSV4_DT(DSV4_U8),
         DSV4_DT(DSV4_FP4X2) | DSV4_DT(DSV4_U8), DSV4_DT(DSV4_BF16), DSV4_DT(DSV4_F32)};
-    const int64_t wshape[2] = {rows, c->fmt == DSV4_LINEAR_FP4 ? k / 2 : k};
-    DSV4_TRY(dsv4_check_tensor(c->op, "w", c->w, wtypes[c->fmt], 2, wshape));
-    DSV4_TRY(dsv4_check_inner_contiguous(c->op, "w", c->w));
-    if (!is_quantized(c->fmt)) {
-        if (c->scale)
-            return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: %s weights take no scale (pass NULL)", c->op,
-                             dsv4_linear_format_name(c->fmt));
+    const int64_t wshape[2] = {rows, fmt == DSV4_LINEAR_FP4 ? k / 2 : k};
+    DSV4_TRY(dsv4_check_tensor(op, wname, w, wtypes[fmt], 2, wshape));
+    DSV4_TRY(dsv4_check_inner_contiguous(op, wname, w));
+    if (!is_quantized(fmt)) {
+        if (scale)
+            return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: %s weights take no %s (pass NULL)", op,
+                             dsv4_linear_format_name(fmt), sname);
         return DSV4_OK;
     }
-    if (!c->scale)
-        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: %s weights need a scale tensor", c->op, dsv4_linear_format_name(c->fmt));
+    if (!scale)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: %s weights need a %s tensor", op, dsv4_linear_format_name(fmt), sname);
     int64_t sshape[2] = {rows, k / 32};
-    if (c->fmt == DSV4_LINEAR_FP8_B128) {
+    if (fmt == DSV4_LINEAR_FP8_B128) {
         sshape[0] = (rows + 127) / 128;
         sshape[1] = (k + 127) / 128;
     }
-    return dsv4_check_tensor(c->op, "scale", c->scale, DSV4_DT(DSV4_E8M0) | DSV4_DT(DSV4_U8), 2, sshape);
+    return dsv4_check_tensor(op, sname, scale, DSV4_DT(DSV4_E8M0) | DSV4_DT(DSV4_U8), 2, sshape);
 }
 
 static dsv4_status check_overlaps(const call *c, size_t need)
@@ -131,7 +133,7 @@ static dsv4_status run(dsv4_ctx *ctx, const call *c)
         return dsv4_fail(DSV4_ERR_SHAPE, "%s: w has %lld rows, not a positive multiple of the %lld groups", op,
                          (long long)rows, (long long)groups);
     const int64_t n = rows / groups;
-    DSV4_TRY(check_weight(c, rows, k));
+    DSV4_TRY(dsv4_linear_check_weight(op, "w", "scale", c->fmt, c->w, c->scale, rows, k));
     const int64_t yshape[3] = {m, grouped ? groups : n, n};
     DSV4_TRY(dsv4_check_tensor(op, "y", c->y, fb, c->xdims, yshape));
     DSV4_TRY(dsv4_check_output(op, "y", c->y));

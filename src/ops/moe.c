@@ -1,7 +1,9 @@
-/* Op layer of SwiGLU and the MoE block (layer.h). The expert products go through the linear
- * family's public API (dsv4/linear.h); grouping, gathering, SwiGLU and the combination are the
- * layer table's kernels. Every scratch byte comes from the caller's work space. */
+/* Op layer of SwiGLU and the MoE block (layer.h). The MoE's checks cover every view, every
+ * expert's weights and the work space plan; the backend's `moe` entry does the rest (it reads the
+ * expert ids: this file reads no tensor data). Every scratch byte comes from the caller's work
+ * space. */
 #include "ops/layer_check.h"
+#include "ops/linear_check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -142,66 +144,74 @@ dsv4_status dsv4_moe_workspace_size(dsv4_ctx *ctx, int64_t T, int topk, int n_ex
     return DSV4_OK;
 }
 
-/* A contiguous BF16 [rows, cols] view at byte offset `off` of the aligned work space. */
-static dsv4_tensor ws_view(char *base, size_t off, int64_t row0, int64_t rows, int64_t cols)
+/* One weight of an expert (name "w1" ...) against the linear family's contract, in the backend's
+ * memory and clear of the work space [wlo, whi). */
+static dsv4_status check_matrix(const char *op, const char *ename, const char *wn, dsv4_linear_format fmt,
+                                const dsv4_tensor *w, const dsv4_tensor *s, int64_t rows, int64_t k,
+                                const dsv4_backend *b, const char *wlo, const char *whi)
 {
-    dsv4_tensor t;
-    const int64_t shape[2] = {rows, cols};
-    dsv4_tensor_init(&t, (uint16_t *)(base + off) + row0 * cols, DSV4_BF16, 2, shape);
-    return t;
-}
-
-/* out = in times one of an expert's matrices, through the linear family; staged: `in` was
- * staged in the linear work space by dsv4_linear_stage (BF16/F32: nothing staged, in is read). */
-static dsv4_status product(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_tensor *w, const dsv4_tensor *s,
-                           const dsv4_tensor *in, dsv4_tensor *out, char *base, const moe_plan *p, int staged)
-{
-    return (staged ? dsv4_linear_staged : dsv4_linear)(ctx, fmt, in, w, s, NULL, out, base + p->lin, p->lin_bytes);
-}
-
-/* One expert on `rows` rows starting at row r0 of the input region `xoff` (width D): x staged
- * once, g = w1·x and u = w3·x from that staging, h = swiglu(g, u)·w in place of g, out = w2·h. */
-static dsv4_status run_ffn(dsv4_ctx *ctx, const dsv4_ffn_weights *f, int64_t I, char *base, const moe_plan *p,
-                           const dsv4_tensor *x, size_t goff, size_t uoff, size_t ooff, int64_t r0, int64_t rows,
-                           const float *rw, float limit)
-{
-    dsv4_tensor g = ws_view(base, goff, r0, rows, I), u = ws_view(base, uoff, r0, rows, I),
-                o = ws_view(base, ooff, r0, rows, p->D);
-    DSV4_TRY(dsv4_linear_stage(ctx, f->fmt, x, base + p->lin, p->lin_bytes));
-    DSV4_TRY(product(ctx, f->fmt, f->w1, f->w1_scale, x, &g, base, p, 1));
-    DSV4_TRY(product(ctx, f->fmt, f->w3, f->w3_scale, x, &u, base, p, 1));
-    dsv4_tensor tw;
-    const int64_t wshape[1] = {rows};
-    if (rw) dsv4_tensor_init(&tw, (void *)(rw + r0), DSV4_F32, 1, wshape);
-    DSV4_TRY(dsv4_swiglu(ctx, &g, &u, rw ? &tw : NULL, limit, &g));
-    return product(ctx, f->fmt, f->w2, f->w2_scale, &g, &o, base, p, 0);
-}
-
-static dsv4_status check_used_experts(const char *op, const dsv4_ffn_weights *experts, const int32_t *off, int E,
-                                      int64_t D, int64_t I)
-{
-    for (int e = 0; e < E; e++) {
-        if (off[e + 1] == off[e]) continue;
-        char name[32];
-        snprintf(name, sizeof name, "expert %d", e);
-        int64_t ie = 0;
-        DSV4_TRY(ffn_dims(op, name, &experts[e], D, &ie));
-        if (ie != I || experts[e].fmt != experts[0].fmt)
-            return dsv4_fail(DSV4_ERR_SHAPE, "%s: %s differs from expert 0 in format or width (%s, I = %lld)", op,
-                             name, dsv4_linear_format_name(experts[e].fmt), (long long)ie);
+    char wname[48], sname[56];
+    snprintf(wname, sizeof wname, "%s.%s", ename, wn);
+    snprintf(sname, sizeof sname, "%s.%s_scale", ename, wn);
+    DSV4_TRY(dsv4_linear_check_weight(op, wname, sname, fmt, w, s, rows, k));
+    const dsv4_tensor *const t[2] = {w, s};
+    for (int i = 0; i < 2; i++) {
+        if (!t[i]) continue;
+        if (t[i]->device != b->device)
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s is not in the memory of backend '%s'", op, i ? sname : wname,
+                             b->name);
+        const char *lo, *hi;
+        dsv4_tensor_span(t[i], &lo, &hi);
+        if (lo < whi && wlo < hi) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space overlaps %s", op, i ? sname : wname);
     }
     return DSV4_OK;
 }
 
-static dsv4_status check_ids(const char *op, const dsv4_tensor *ids, int E)
+/* An expert of width I (from ffn_dims) in full: its three weights and scales. */
+static dsv4_status check_expert(const char *op, const char *ename, const dsv4_ffn_weights *f, int64_t D, int64_t I,
+                                const dsv4_backend *b, const char *wlo, const char *whi)
 {
-    for (int64_t t = 0; t < ids->shape[0]; t++)
-        for (int64_t s = 0; s < ids->shape[1]; s++) {
-            int32_t e = ((const int32_t *)ids->data)[t * ids->stride[0] + s];
-            if (e < 0 || e >= E)
-                return dsv4_fail(DSV4_ERR_RANGE, "%s: ids[%lld][%lld] = %d is not an expert in [0, %d)", op,
-                                 (long long)t, (long long)s, e, E);
-        }
+    DSV4_TRY(check_matrix(op, ename, "w1", f->fmt, f->w1, f->w1_scale, I, D, b, wlo, whi));
+    DSV4_TRY(check_matrix(op, ename, "w3", f->fmt, f->w3, f->w3_scale, I, D, b, wlo, whi));
+    return check_matrix(op, ename, "w2", f->fmt, f->w2, f->w2_scale, D, I, b, wlo, whi);
+}
+
+/* t has what check_matrix accepted in t0 (dtype, shape, strides, data, memory) and is clear of the
+ * work space; both NULL passes. The fast test of the experts after the first. */
+static int same_layout(const dsv4_tensor *t, const dsv4_tensor *t0, const char *wlo, const char *whi)
+{
+    if (!t || !t0) return !t && !t0;
+    if (t->dtype != t0->dtype || t->ndim != 2 || t->device != t0->device || !t->data) return 0;
+    for (int i = 0; i < 2; i++)
+        if (t->shape[i] != t0->shape[i] || t->stride[i] < 0) return 0;
+    if (t->shape[1] > 1 && t->stride[1] != t0->stride[1]) return 0;
+    const char *lo, *hi;
+    dsv4_tensor_span(t, &lo, &hi);
+    return !(lo < whi && wlo < hi);
+}
+
+/* Every expert: expert 0 in full, the others by the fast match against it, and in full (for the
+ * message, or because only a stride differs) when that fails. */
+static dsv4_status check_experts(const char *op, const dsv4_ffn_weights *experts, int E, int64_t D, int64_t I,
+                                 const dsv4_backend *b, const char *wlo, const char *whi)
+{
+    DSV4_TRY(check_expert(op, "expert 0", &experts[0], D, I, b, wlo, whi));
+    const dsv4_ffn_weights *f0 = &experts[0];
+    for (int e = 1; e < E; e++) {
+        const dsv4_ffn_weights *f = &experts[e];
+        if (f->fmt == f0->fmt && same_layout(f->w1, f0->w1, wlo, whi) && same_layout(f->w1_scale, f0->w1_scale, wlo, whi) &&
+            same_layout(f->w3, f0->w3, wlo, whi) && same_layout(f->w3_scale, f0->w3_scale, wlo, whi) &&
+            same_layout(f->w2, f0->w2, wlo, whi) && same_layout(f->w2_scale, f0->w2_scale, wlo, whi))
+            continue;
+        char name[32];
+        snprintf(name, sizeof name, "expert %d", e);
+        int64_t ie = 0;
+        DSV4_TRY(ffn_dims(op, name, f, D, &ie));
+        if (ie != I || f->fmt != f0->fmt)
+            return dsv4_fail(DSV4_ERR_SHAPE, "%s: %s differs from expert 0 in format or width (%s, I = %lld)", op,
+                             name, dsv4_linear_format_name(f->fmt), (long long)ie);
+        DSV4_TRY(check_expert(op, name, f, D, I, b, wlo, whi));
+    }
     return DSV4_OK;
 }
 
@@ -240,31 +250,22 @@ dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids
         dsv4_tensor_span(all[i], &lo, &hi);
         if (lo < whi && wlo < hi) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space overlaps an argument", op);
     }
-    DSV4_TRY(check_ids(op, ids, n_experts));
-    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe_group, op));
-    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe_gather, op));
-    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe_combine, op));
+    DSV4_TRY(check_experts(op, experts, n_experts, D, I, b, wlo, whi));
+    if (shared) DSV4_TRY(check_expert(op, "shared expert", shared, D, Is, b, wlo, whi));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe, op));
     if (!T) return DSV4_OK;
 
     char *base = (char *)(((uintptr_t)workspace + 63) & ~(uintptr_t)63);
-    int32_t *off = (int32_t *)(base + p.offsets), *order = (int32_t *)(base + p.order), *pos = (int32_t *)(base + p.pos);
-    float *wsorted = (float *)(base + p.wsorted);
-    const dsv4_moe_group_args ga = {ids->data, ids->stride[0], weights->data, weights->stride[0], T, (int)k,
-                                    n_experts, off, order, pos, wsorted};
-    DSV4_TRY(b->layer->moe_group(&ex, &ga));
-    DSV4_TRY(check_used_experts(op, experts, off, n_experts, D, I));
-    const int64_t R = T * k;
-    DSV4_TRY(b->layer->moe_gather(&ex, x->data, x->stride[0], order, R, (int)k, D, (uint16_t *)(base + p.xg)));
-    /* each expert: one product over all of its rows (one gather and one staging shared by w1 and w3) */
-    for (int e = 0; e < n_experts; e++) {
-        int64_t r0 = off[e], n = off[e + 1] - off[e];
-        if (!n) continue;
-        dsv4_tensor xe = ws_view(base, p.xg, r0, n, D);
-        DSV4_TRY(run_ffn(ctx, &experts[e], I, base, &p, &xe, p.g, p.u, p.out, r0, n, wsorted, swiglu_limit));
-    }
-    if (shared) DSV4_TRY(run_ffn(ctx, shared, Is, base, &p, x, p.sg, p.su, p.sout, 0, T, NULL, swiglu_limit));
-    const dsv4_moe_combine_args ca = {(const uint16_t *)(base + p.out), pos, ids->data, ids->stride[0],
-                                      shared ? (const uint16_t *)(base + p.sout) : NULL, y->data, y->stride[0],
-                                      T, D, (int)k};
-    return b->layer->moe_combine(&ex, &ca);
+    const dsv4_moe_args a = {
+        .x = x->data, .ldx = x->stride[0], .ids = ids->data, .ldids = ids->stride[0],
+        .weights = weights->data, .ldweights = weights->stride[0], .y = y->data, .ldy = y->stride[0],
+        .T = T, .D = D, .I = I, .Is = Is, .k = (int)k, .E = n_experts, .experts = experts, .shared = shared,
+        .limit = swiglu_limit,
+        .offsets = (int32_t *)(base + p.offsets), .order = (int32_t *)(base + p.order), .pos = (int32_t *)(base + p.pos),
+        .wsorted = (float *)(base + p.wsorted), .xg = (uint16_t *)(base + p.xg), .g = (uint16_t *)(base + p.g),
+        .u = (uint16_t *)(base + p.u), .out = (uint16_t *)(base + p.out),
+        .sg = shared ? (uint16_t *)(base + p.sg) : NULL, .su = shared ? (uint16_t *)(base + p.su) : NULL,
+        .sout = shared ? (uint16_t *)(base + p.sout) : NULL, .lin = base + p.lin, .lin_bytes = p.lin_bytes,
+    };
+    return b->layer->moe(&ex, &a);
 }

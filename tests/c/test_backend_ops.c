@@ -582,8 +582,7 @@ static void layer_swiglu(void)
  * product; BF16 closeness as the rest of the family. */
 static void layer_moe(void)
 {
-    const int have = HAS(layer, moe_group) && HAS(layer, moe_gather) && HAS(layer, moe_combine) &&
-                     HAS(layer, swiglu) && HAS(linear, linear);
+    const int have = HAS(layer, moe) && HAS(linear, linear);
     if (missing("layer.moe (+ linear)", have)) return;
     enum { T = 5, D = 128, I = 64, E = 4, K = 2 };
     uint16_t *x = bf16_rand(T * D, 1.0f), *yr = poisoned(2 * T * D), *yt = poisoned(2 * T * D);

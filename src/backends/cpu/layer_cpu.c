@@ -2,6 +2,8 @@
  * or the best ISA's (cpu). Work is cut into fixed pieces (rows, d-chunks, mix rows, expert
  * chunks) that each thread computes whole, so the result never depends on the thread count. */
 #include "backends/cpu/cpu_layer.h"
+#include "backends/cpu/cpu_linear.h"
+#include "core/error.h"
 
 #include <math.h>
 #include <string.h>
@@ -184,7 +186,7 @@ static dsv4_status route_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec 
     return DSV4_OK;
 }
 
-/* ---- MoE pieces ---------------------------------------------------------------------------- */
+/* ---- SwiGLU ------------------------------------------------------------------------------- */
 static dsv4_status swiglu_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_swiglu_args *a)
 {
 #pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->rows * a->n > ROW_PAR_MIN)
@@ -193,15 +195,22 @@ static dsv4_status swiglu_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec
     return DSV4_OK;
 }
 
-/* Counting sort of the pairs by expert (stable: pairs of one expert stay in p order). O(T*k + E),
- * one pass each way; cheap next to one expert product, so it stays on one thread. */
-static dsv4_status moe_group(const dsv4_exec *ex, const dsv4_moe_group_args *a)
+/* ---- MoE block ----------------------------------------------------------------------------- */
+/* Counting sort of the pairs by expert (stable: pairs of one expert stay in p order), after
+ * checking every id. O(T*k + E), one pass each way; cheap next to one expert product, so it stays
+ * on one thread. */
+static dsv4_status moe_group(const dsv4_moe_args *a)
 {
-    (void)ex;
     int32_t *off = a->offsets;
     for (int e = 0; e <= a->E; e++) off[e] = 0;
     for (int64_t t = 0; t < a->T; t++)
-        for (int s = 0; s < a->k; s++) off[a->ids[t * a->ldids + s] + 1]++;
+        for (int s = 0; s < a->k; s++) {
+            int32_t e = a->ids[t * a->ldids + s];
+            if (e < 0 || e >= a->E)
+                return dsv4_fail(DSV4_ERR_RANGE, "moe: ids[%lld][%d] = %d is not an expert in [0, %d)", (long long)t, s,
+                                 e, a->E);
+            off[e + 1]++;
+        }
     for (int e = 0; e < a->E; e++) off[e + 1] += off[e];
     /* off[e] is now the next free row of expert e; restore the starts afterwards */
     for (int64_t t = 0; t < a->T; t++)
@@ -217,17 +226,18 @@ static dsv4_status moe_group(const dsv4_exec *ex, const dsv4_moe_group_args *a)
     return DSV4_OK;
 }
 
-static dsv4_status moe_gather(const dsv4_exec *ex, const uint16_t *x, int64_t ldx, const int32_t *order, int64_t n,
-                              int k, int64_t D, uint16_t *xg)
+/* xg[i] = x[order[i] / k] for the R sorted rows. */
+static void moe_gather(const dsv4_exec *ex, const dsv4_moe_args *a)
 {
+    const int64_t n = a->T * a->k, D = a->D;
 #pragma omp parallel for num_threads(ex->threads) schedule(static) if (n * D > ROW_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) memcpy(xg + i * D, x + (order[i] / k) * ldx, (size_t)D * sizeof *xg);
-    return DSV4_OK;
+    for (int64_t i = 0; i < n; i++) memcpy(a->xg + i * D, a->x + (a->order[i] / a->k) * a->ldx, (size_t)D * 2);
 }
 
-static dsv4_status combine_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_moe_combine_args *a)
+static void moe_combine(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_moe_args *a)
 {
     const int64_t nch = (a->D + HC_DCHUNK - 1) / HC_DCHUNK;
+    const uint16_t *shared = a->shared ? a->sout : NULL;
 #pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * a->D * a->k > ROW_PAR_MIN)
     for (int64_t it = 0; it < a->T * nch; it++) {
         int64_t t = it / nch, d0 = (it % nch) * HC_DCHUNK, d1 = d0 + HC_DCHUNK < a->D ? d0 + HC_DCHUNK : a->D;
@@ -242,9 +252,59 @@ static dsv4_status combine_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exe
             slot[q] = s;
         }
         const uint16_t *rows[DSV4_ROUTE_MAX_TOPK];
-        for (int s = 0; s < a->k; s++) rows[s] = a->rows + (int64_t)a->pos[t * a->k + slot[s]] * a->D;
-        kn->sum_rows(rows, a->k, a->shared ? a->shared + t * a->D : NULL, a->y + t * a->ldy, d0, d1);
+        for (int s = 0; s < a->k; s++) rows[s] = a->out + (int64_t)a->pos[t * a->k + slot[s]] * a->D;
+        kn->sum_rows(rows, a->k, shared ? shared + t * a->D : NULL, a->y + t * a->ldy, d0, d1);
     }
+}
+
+/* y [m, n] (contiguous BF16) = x [m, k] (BF16, row stride ldx) times the weight w (scale s) in
+ * `fmt`; staged: the linear work space holds the staging of x (quantized formats). */
+static dsv4_status moe_product(const struct dsv4_linear_ops *lin, const dsv4_exec *ex, const dsv4_moe_args *a,
+                               dsv4_linear_format fmt, const dsv4_tensor *w, const dsv4_tensor *s, const uint16_t *x,
+                               int64_t ldx, int64_t m, int64_t k, uint16_t *y, int64_t n, int staged)
+{
+    const dsv4_linear_args la = {
+        .fmt = fmt, .groups = 1, .m = m, .n = n, .k = k, .x = x, .x_bf16 = 1, .xs_m = ldx,
+        .w = w->data, .ws_r = w->stride[0], .scale = s ? s->data : NULL, .ss0 = s ? s->stride[0] : 0,
+        .ss1 = s ? s->stride[1] : 0, .y = y, .y_bf16 = 1, .ys_m = n,
+        .workspace = a->lin, .workspace_bytes = a->lin_bytes, .staged = staged,
+    };
+    return lin->linear(ex, &la);
+}
+
+/* One expert on m rows x (row stride ldx) of width D: x staged once (quantized formats), g = w1·x
+ * and u = w3·x from that staging, h = swiglu(g, u)·rw in place of g, out = w2·h. */
+static dsv4_status moe_ffn(const dsv4_cpu_layer_kernels *kn, const struct dsv4_linear_ops *lin, const dsv4_exec *ex,
+                           const dsv4_moe_args *a, const dsv4_ffn_weights *f, int64_t I, const uint16_t *x,
+                           int64_t ldx, int64_t m, const float *rw, uint16_t *g, uint16_t *u, uint16_t *out)
+{
+    const int staged = f->fmt <= DSV4_LINEAR_FP4;
+    if (staged) {
+        const dsv4_linear_args sa = {.fmt = f->fmt, .groups = 1, .m = m, .k = a->D, .x = x, .x_bf16 = 1, .xs_m = ldx,
+                                     .workspace = a->lin, .workspace_bytes = a->lin_bytes};
+        DSV4_TRY(lin->stage(ex, &sa));
+    }
+    DSV4_TRY(moe_product(lin, ex, a, f->fmt, f->w1, f->w1_scale, x, ldx, m, a->D, g, I, staged));
+    DSV4_TRY(moe_product(lin, ex, a, f->fmt, f->w3, f->w3_scale, x, ldx, m, a->D, u, I, staged));
+    const dsv4_swiglu_args sw = {g, I, u, I, rw, g, I, m, I, a->limit};
+    DSV4_TRY(swiglu_with(kn, ex, &sw));
+    return moe_product(lin, ex, a, f->fmt, f->w2, f->w2_scale, g, I, m, I, out, a->D, 0);
+}
+
+static dsv4_status moe_with(const dsv4_cpu_layer_kernels *kn, const struct dsv4_linear_ops *lin, const dsv4_exec *ex,
+                            const dsv4_moe_args *a)
+{
+    DSV4_TRY(moe_group(a));
+    moe_gather(ex, a);
+    /* each expert: one product over all of its rows (one gather and one staging shared by w1 and w3) */
+    for (int e = 0; e < a->E; e++) {
+        const int64_t r0 = a->offsets[e], n = a->offsets[e + 1] - r0;
+        if (!n) continue;
+        DSV4_TRY(moe_ffn(kn, lin, ex, a, &a->experts[e], a->I, a->xg + r0 * a->D, a->D, n, a->wsorted + r0,
+                         a->g + r0 * a->I, a->u + r0 * a->I, a->out + r0 * a->D));
+    }
+    if (a->shared) DSV4_TRY(moe_ffn(kn, lin, ex, a, a->shared, a->Is, a->x, a->ldx, a->T, NULL, a->sg, a->su, a->sout));
+    moe_combine(kn, ex, a);
     return DSV4_OK;
 }
 
@@ -262,8 +322,8 @@ static dsv4_status combine_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exe
     { return route_with(kernels_expr, ex, a); }                                                                  \
     static dsv4_status prefix##_swiglu(const dsv4_exec *ex, const dsv4_swiglu_args *a)                          \
     { return swiglu_with(kernels_expr, ex, a); }                                                                 \
-    static dsv4_status prefix##_combine(const dsv4_exec *ex, const dsv4_moe_combine_args *a)                    \
-    { return combine_with(kernels_expr, ex, a); }                                                                \
+    static dsv4_status prefix##_moe(const dsv4_exec *ex, const dsv4_moe_args *a)                                \
+    { return moe_with(kernels_expr, &prefix##_linear_ops, ex, a); }                                              \
     const struct dsv4_layer_ops prefix##_layer_ops = {                                                           \
         .rms_norm = prefix##_rms,                                                                                \
         .hc_pre = prefix##_hc_pre,                                                                               \
@@ -272,9 +332,7 @@ static dsv4_status combine_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exe
         .hc_head = prefix##_hc_pre,                                                                              \
         .route = prefix##_route,                                                                                 \
         .swiglu = prefix##_swiglu,                                                                               \
-        .moe_group = moe_group,                                                                                  \
-        .moe_gather = moe_gather,                                                                                \
-        .moe_combine = prefix##_combine,                                                                         \
+        .moe = prefix##_moe,                                                                                     \
     };
 
 DEFINE_LAYER_OPS(dsv4_cpu_ref, &dsv4_cpu_layer_kernels_scalar)
