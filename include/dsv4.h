@@ -18,6 +18,7 @@
 #include "dsv4/linear.h"
 #include "dsv4/model.h"
 #include "dsv4/tensor.h"
+#include "dsv4/tensor_ops.h"
 #include "dsv4/tokenizer.h"
 
 #endif

@@ -13,6 +13,7 @@ from .indexer import (compressor_emit_count, compressor_forward, compressor_stat
                       indexer_q, indexer_scores, indexer_select, indexer_topk, indexer_weights)
 from .layer import hc_head, hc_post, hc_post_pre, hc_pre, moe, rms_norm, route, swiglu  # noqa: F401
 from .linear import grouped_linear, linear  # noqa: F401
+from .tensor_ops import add_bf16, copy_rows, embed_rows  # noqa: F401
 from . import model  # noqa: F401  (dsv4.model.Model, config_parse, make_tiny, ...)
 from .engine import Engine  # noqa: F401  (dsv4.engine: generate, forward, sample, MTP)
 from .tokenizer import DecodeStream, Tokenizer, parse_completion, render_chat  # noqa: F401

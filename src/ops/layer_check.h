@@ -1,4 +1,4 @@
-/* Checks shared by the layer family's op files (layer.c, moe.c). */
+/* View checks shared by op files (layer.c, moe.c, tensor_ops.c). */
 #ifndef DSV4_OPS_LAYER_CHECK_H
 #define DSV4_OPS_LAYER_CHECK_H
 

@@ -6,6 +6,9 @@
 #include "backends/cpu/indexer_cpu.h"
 #include "backends/cpu/cpu_layer.h"
 #include "backends/cpu/cpu_linear.h"
+#include "core/ops_tensor.h"
+
+extern const struct dsv4_tensor_ops dsv4_cpu_tensor_ops, dsv4_cpu_ref_tensor_ops; /* tensor_cpu.c */
 
 const dsv4_backend dsv4_backend_cpu = {
     .name = "cpu",
@@ -15,6 +18,7 @@ const dsv4_backend dsv4_backend_cpu = {
     .attention = &dsv4_cpu_attention_ops,
     .linear = &dsv4_cpu_linear_ops,
     .layer = &dsv4_cpu_layer_ops,
+    .tensor = &dsv4_cpu_tensor_ops,
 };
 
 const dsv4_backend dsv4_backend_cpu_ref = {
@@ -25,4 +29,5 @@ const dsv4_backend dsv4_backend_cpu_ref = {
     .attention = &dsv4_cpu_ref_attention_ops,
     .linear = &dsv4_cpu_ref_linear_ops,
     .layer = &dsv4_cpu_ref_layer_ops,
+    .tensor = &dsv4_cpu_ref_tensor_ops,
 };

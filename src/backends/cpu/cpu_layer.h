@@ -33,6 +33,8 @@ typedef struct dsv4_cpu_layer_kernels {
      * NULL; sums in that order: bit-identical across ISAs). */
     void (*sum_rows)(const uint16_t *const *rows, int nrows, const uint16_t *shared, uint16_t *y, int64_t d0,
                      int64_t d1);
+    /* y[i] = bf16(a[i] + b[i]) for i < n, one fp32 add (the tensor family's add_bf16); y may be a. */
+    void (*add_row)(const uint16_t *a, const uint16_t *b, int64_t n, uint16_t *y);
 } dsv4_cpu_layer_kernels;
 
 /* The `dots` entry of an ISA file over its always-inline IMPL(w, w_bf16, x, x_bf16, NT, n, out):
@@ -56,6 +58,8 @@ typedef struct dsv4_cpu_layer_kernels {
 extern const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_scalar;
 extern const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_avx2;
 extern const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_avx512;
+/* The kernel set of the execution settings' ISA level (layer_cpu.c). */
+const dsv4_cpu_layer_kernels *dsv4_cpu_layer_kernels_best(const dsv4_exec *ex);
 
 /* Scalar pieces shared by every ISA (layer_ref.c). */
 /* From the nmix raw mixes of one token (already times the rsqrt): pre[n], and when nmix > n also

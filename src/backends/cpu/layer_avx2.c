@@ -159,5 +159,10 @@ static void sum_rows(const uint16_t *const *rows, int nrows, const uint16_t *sha
     }
 }
 
-const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_avx2 = {sumsq,   scale_row,  dots,    hc_wsum,
-                                                             hc_post, swiglu_row, sum_rows};
+static void add_row(const uint16_t *a, const uint16_t *b, int64_t n, uint16_t *y)
+{
+    for (int64_t i = 0; i < n; i += 8) st(y, 1, i, _mm256_add_ps(ld(a, 1, i, n - i), ld(b, 1, i, n - i)), n - i);
+}
+
+const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_avx2 = {sumsq,   scale_row,  dots,     hc_wsum,
+                                                             hc_post, swiglu_row, sum_rows, add_row};

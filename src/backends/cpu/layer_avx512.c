@@ -149,5 +149,13 @@ static void sum_rows(const uint16_t *const *rows, int nrows, const uint16_t *sha
     }
 }
 
-const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_avx512 = {sumsq,   scale_row,  dots,    hc_wsum,
-                                                               hc_post, swiglu_row, sum_rows};
+static void add_row(const uint16_t *a, const uint16_t *b, int64_t n, uint16_t *y)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = mask_for(n - i);
+        st(y, 1, i, _mm512_add_ps(ld(a, 1, i, m), ld(b, 1, i, m)), m);
+    }
+}
+
+const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_avx512 = {sumsq,   scale_row,  dots,     hc_wsum,
+                                                               hc_post, swiglu_row, sum_rows, add_row};

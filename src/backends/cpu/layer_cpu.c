@@ -17,7 +17,7 @@ enum {
     HC_MAX_MIX = (2 + DSV4_HC_MAX) * DSV4_HC_MAX,
 };
 
-static const dsv4_cpu_layer_kernels *best_kernels(const dsv4_exec *ex)
+const dsv4_cpu_layer_kernels *dsv4_cpu_layer_kernels_best(const dsv4_exec *ex)
 {
     switch (ex->isa) {
     case DSV4_ISA_AVX512: return &dsv4_cpu_layer_kernels_avx512;
@@ -336,4 +336,4 @@ static dsv4_status moe_with(const dsv4_cpu_layer_kernels *kn, const struct dsv4_
     };
 
 DEFINE_LAYER_OPS(dsv4_cpu_ref, &dsv4_cpu_layer_kernels_scalar)
-DEFINE_LAYER_OPS(dsv4_cpu, best_kernels(ex))
+DEFINE_LAYER_OPS(dsv4_cpu, dsv4_cpu_layer_kernels_best(ex))

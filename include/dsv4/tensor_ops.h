@@ -1,0 +1,42 @@
+/* Data movement on tensor views, run by the context's backend so that no step of a forward pass
+ * has to stop on the host between ops: embedding rows by token id (with the copies the mHC
+ * residual streams start from), the BF16 residual add broadcast over those copies, and plain or
+ * gathered copies of rows (saved projections, state snapshots).
+ *
+ * Conventions as in dsv4/layer.h: BF16 tensors hold uint16 bit patterns; the last dim has unit
+ * stride, outer strides are free; every tensor is in the memory of the context's backend. Index
+ * tensors (I32, any stride) are read by the backend, which rejects an entry out of range with
+ * DSV4_ERR_RANGE before writing anything. On error nothing is written. Results never depend on
+ * the context's thread count. */
+#ifndef DSV4_TENSOR_OPS_H
+#define DSV4_TENSOR_OPS_H
+
+#include "core.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[t, j, :] = table[ids[t], :] for t < T, j < copies.
+ * table: BF16 [V, D]; ids: I32 [T], each in [0, V); out: BF16 [T, copies, D] (copies >= 1) or
+ * [T, D] (copies = 1). out overlaps neither table nor ids. */
+DSV4_API dsv4_status dsv4_embed_rows(dsv4_ctx *ctx, const dsv4_tensor *table, const dsv4_tensor *ids,
+                                     dsv4_tensor *out);
+
+/* y[t, j, :] = bf16(f32(a[t, j, :]) + f32(b[t, :])) for j < n: b broadcast over the n copies, one
+ * rounding (RNE, NaN kept as the canonical quiet NaN of its sign).
+ * a, y: BF16 [T, n, D] (n >= 1) or [T, D] (n = 1), of one shape; b: BF16 [T, D]. y may be a
+ * itself (the same view: in place); any other overlap of y with a or b is refused. */
+DSV4_API dsv4_status dsv4_add_bf16(dsv4_ctx *ctx, const dsv4_tensor *a, const dsv4_tensor *b, dsv4_tensor *y);
+
+/* dst[i, :] = src[idx ? idx[i] : i, :] for i < n: rows copied byte for byte.
+ * src: [R, C] and dst: [n, C] of one dtype (any; FP4X2 shapes count bytes); idx: NULL (then n = R)
+ * or I32 [n] with entries in [0, R). dst overlaps neither src nor idx, except that dst may be the
+ * very view of src when idx is NULL (nothing to copy). */
+DSV4_API dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const dsv4_tensor *idx, dsv4_tensor *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

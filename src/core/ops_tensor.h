@@ -1,0 +1,49 @@
+/* Tensor op family (include/dsv4/tensor_ops.h): data movement. The op layer (src/ops/tensor_ops.c)
+ * has validated shapes, dtypes, strides, memories and overlaps; index tensors are the entries' to
+ * read: an entry out of range fails (DSV4_ERR_RANGE) before anything is written. Strides are in
+ * elements except where named in bytes. */
+#ifndef DSV4_CORE_OPS_TENSOR_H
+#define DSV4_CORE_OPS_TENSOR_H
+
+#include "core/backend.h"
+#include "dsv4/tensor_ops.h"
+
+/* out[t*so_t + j*so_j + d] = table[ids[t*ids_s]*ldt + d] for t < T, j < copies, d < D. */
+typedef struct dsv4_embed_args {
+    const uint16_t *table;
+    int64_t ldt, V, D;
+    const int32_t *ids;
+    int64_t ids_s, T;
+    uint16_t *out;
+    int64_t so_t, so_j, copies;
+} dsv4_embed_args;
+
+/* y[t*sy_t + j*sy_j + d] = bf16(a[t*sa_t + j*sa_j + d] + b[t*sb_t + d]); y may be a. */
+typedef struct dsv4_add_args {
+    const uint16_t *a;
+    int64_t sa_t, sa_j;
+    const uint16_t *b;
+    int64_t sb_t;
+    uint16_t *y;
+    int64_t sy_t, sy_j;
+    int64_t T, n, D;
+} dsv4_add_args;
+
+/* Row i of dst (at dst + i*ldd bytes) = row r of src (src + r*lds bytes), r = idx ? idx[i*idx_s]
+ * : i, row_bytes bytes each, for i < n; idx entries are in [0, R). */
+typedef struct dsv4_copy_rows_args {
+    const void *src;
+    int64_t lds, R;
+    const int32_t *idx;
+    int64_t idx_s;
+    void *dst;
+    int64_t ldd, n, row_bytes;
+} dsv4_copy_rows_args;
+
+struct dsv4_tensor_ops {
+    dsv4_status (*embed_rows)(const dsv4_exec *ex, const dsv4_embed_args *a);
+    dsv4_status (*add_bf16)(const dsv4_exec *ex, const dsv4_add_args *a);
+    dsv4_status (*copy_rows)(const dsv4_exec *ex, const dsv4_copy_rows_args *a);
+};
+
+#endif

@@ -1,0 +1,107 @@
+/* Op layer of the tensor family (include/dsv4/tensor_ops.h): embedding rows, the broadcast BF16
+ * add, row copies. Contract checks on the views, then one call into the backend's table; index
+ * tensors are left to the backend to read (this file reads no tensor data). */
+#include "core/ops_tensor.h"
+#include "ops/layer_check.h"
+
+/* An index tensor: I32 [n] (any stride) in the backend's memory. */
+static dsv4_status check_index(const char *op, const char *name, const dsv4_tensor *t, int64_t n, const dsv4_backend *b)
+{
+    const int64_t shape[1] = {n};
+    DSV4_TRY(dsv4_check_tensor(op, name, t, DSV4_DT(DSV4_I32), 1, shape));
+    if (t->device != b->device)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s is not in the memory of backend '%s'", op, name, b->name);
+    return DSV4_OK;
+}
+
+/* A [T, n, D] or [T, D] BF16 view (out: an output) -> its strides of T and of the copies, and n. */
+static dsv4_status check_copies(const char *op, const char *name, const dsv4_tensor *t, int64_t T, int64_t D,
+                                const dsv4_backend *b, int out, int64_t *st, int64_t *sj, int64_t *n)
+{
+    DSV4_CHECK_ARG(t, "%s: %s is null", op, name);
+    const int nd = t->ndim == 3 ? 3 : 2;
+    const int64_t want[3] = {T, nd == 3 ? DSV4_ANY : D, D};
+    DSV4_TRY((out ? dsv4_layer_out : dsv4_layer_arg)(op, name, t, DSV4_DT(DSV4_BF16), nd, want, b));
+    *n = nd == 3 ? t->shape[1] : 1;
+    if (*n < 1) return dsv4_fail(DSV4_ERR_SHAPE, "%s: %s has no copies (dim 1 is 0)", op, name);
+    *st = t->stride[0];
+    *sj = nd == 3 ? t->stride[1] : 0;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_embed_rows(dsv4_ctx *ctx, const dsv4_tensor *table, const dsv4_tensor *ids, dsv4_tensor *out)
+{
+    const char *op = "embed_rows";
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_TENSOR, &b, &ex));
+    DSV4_TRY(dsv4_layer_arg(op, "table", table, DSV4_DT(DSV4_BF16), 2, NULL, b));
+    const int64_t V = table->shape[0], D = table->shape[1];
+    if (V < 1) return dsv4_fail(DSV4_ERR_SHAPE, "%s: the table has no rows", op);
+    DSV4_CHECK_ARG(ids, "%s: ids is null", op);
+    DSV4_TRY(check_index(op, "ids", ids, DSV4_ANY, b));
+    const int64_t T = ids->shape[0];
+    int64_t st, sj, copies;
+    DSV4_TRY(check_copies(op, "out", out, T, D, b, 1, &st, &sj, &copies));
+    const dsv4_layer_io outs[1] = {{out, "out", NULL}};
+    const dsv4_layer_io ins[2] = {{table, "table", NULL}, {ids, "ids", NULL}};
+    DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 2));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, tensor, embed_rows, op));
+    const dsv4_embed_args a = {table->data, table->stride[0], V, D, ids->data, ids->stride[0], T,
+                               out->data, st, sj, copies};
+    return T ? b->tensor->embed_rows(&ex, &a) : DSV4_OK;
+}
+
+dsv4_status dsv4_add_bf16(dsv4_ctx *ctx, const dsv4_tensor *a, const dsv4_tensor *b_, dsv4_tensor *y)
+{
+    const char *op = "add_bf16";
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_TENSOR, &b, &ex));
+    DSV4_TRY(dsv4_layer_arg(op, "b", b_, DSV4_DT(DSV4_BF16), 2, NULL, b));
+    const int64_t T = b_->shape[0], D = b_->shape[1];
+    int64_t sa_t, sa_j, n, sy_t, sy_j, ny;
+    DSV4_TRY(check_copies(op, "a", a, T, D, b, 0, &sa_t, &sa_j, &n));
+    DSV4_TRY(check_copies(op, "y", y, T, D, b, 1, &sy_t, &sy_j, &ny));
+    if (y->ndim != a->ndim || ny != n)
+        return dsv4_fail(DSV4_ERR_SHAPE, "%s: y must have a's shape (%d dims, %lld copies; got %d dims, %lld copies)",
+                         op, a->ndim, (long long)n, y->ndim, (long long)ny);
+    const dsv4_layer_io outs[1] = {{y, "y", "a"}};
+    const dsv4_layer_io ins[2] = {{a, "a", NULL}, {b_, "b", NULL}};
+    DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 2));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, tensor, add_bf16, op));
+    const dsv4_add_args args = {a->data, sa_t, sa_j, b_->data, b_->stride[0], y->data, sy_t, sy_j, T, n, D};
+    return T && D ? b->tensor->add_bf16(&ex, &args) : DSV4_OK;
+}
+
+dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const dsv4_tensor *idx, dsv4_tensor *dst)
+{
+    const char *op = "copy_rows";
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_TENSOR, &b, &ex));
+    const unsigned any = DSV4_DT(DSV4_DTYPE_COUNT) - 1;
+    DSV4_TRY(dsv4_layer_arg(op, "src", src, any, 2, NULL, b));
+    const int64_t R = src->shape[0], C = src->shape[1];
+    int64_t n = R;
+    if (idx) {
+        DSV4_TRY(check_index(op, "idx", idx, DSV4_ANY, b));
+        n = idx->shape[0];
+    }
+    const int64_t shape[2] = {n, C};
+    DSV4_TRY(dsv4_layer_out(op, "dst", dst, any, 2, shape, b));
+    if (dst->dtype != src->dtype)
+        return dsv4_fail(DSV4_ERR_DTYPE, "%s: dst has dtype %s, src %s (they must match)", op,
+                         dsv4_dtype_name(dst->dtype), dsv4_dtype_name(src->dtype));
+    if (idx && n && !R) return dsv4_fail(DSV4_ERR_RANGE, "%s: idx selects rows of a src without rows", op);
+    /* dst may be src itself only as a plain copy (nothing to move); a gather in place would race */
+    const dsv4_layer_io outs[1] = {{dst, "dst", idx ? NULL : "src"}};
+    const dsv4_layer_io ins[2] = {{src, "src", NULL}, {idx, "idx", NULL}};
+    DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 2));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, tensor, copy_rows, op));
+    if (!n || !C || (!idx && dst->data == src->data)) return DSV4_OK;
+    const int64_t es = (int64_t)dsv4_dtype_size(src->dtype);
+    const dsv4_copy_rows_args a = {src->data, src->stride[0] * es, R, idx ? idx->data : NULL, idx ? idx->stride[0] : 0,
+                                   dst->data, dst->stride[0] * es, n, C * es};
+    return b->tensor->copy_rows(&ex, &a);
+}
