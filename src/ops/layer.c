@@ -17,7 +17,7 @@ dsv4_status dsv4_layer_arg(const char *op, const char *name, const dsv4_tensor *
                            const int64_t *shape, const dsv4_backend *b)
 {
     DSV4_TRY(dsv4_check_tensor(op, name, t, dtypes, ndim, shape));
-    DSV4_TRY(dsv4_check_inner_contiguous(op, name, t));
+    if (dsv4_tensor_numel(t)) DSV4_TRY(dsv4_check_inner_contiguous(op, name, t)); /* numpy: empty views, any strides */
     if (t->device != b->device)
         return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s is not in the memory of backend '%s'", op, name, b->name);
     return DSV4_OK;

@@ -6,7 +6,7 @@
 #include "core/ops_layer.h"
 #include "core/tensor_check.h"
 
-/* An argument: dsv4_check_tensor + unit inner stride + in the backend's memory. */
+/* An argument: dsv4_check_tensor + unit inner stride (unless empty) + in the backend's memory. */
 dsv4_status dsv4_layer_arg(const char *op, const char *name, const dsv4_tensor *t, unsigned dtypes, int ndim,
                            const int64_t *shape, const dsv4_backend *b);
 /* An output: as an argument, and no zero (broadcast) stride in a dim longer than 1. */
