@@ -110,8 +110,9 @@ typedef struct dsv4_ffn_weights {
  * The (token, slot) pairs are grouped by expert with a counting sort; each expert's rows are
  * gathered once and shared by its w1 and w3 products, so every expert runs as one product of all
  * its tokens. x: BF16 [T, D]; ids: I32 [T, topk] in [0, n_experts); weights: F32 [T, topk];
- * experts: n_experts entries, all of one format and shape; shared: NULL or one expert (its own
- * format and width); y: BF16 [T, D]. Scratch comes from `workspace` (any alignment), sized by
+ * experts: n_experts entries, all of one format and shape (each is checked, routed to or not);
+ * shared: NULL or one expert (its own format and width); y: BF16 [T, D]. The backend runs the
+ * whole block, the grouping included, and checks the ids itself (DSV4_ERR_RANGE). Scratch comes from `workspace` (any alignment), sized by
  * dsv4_moe_workspace_size for at least T tokens; nothing is allocated. */
 DSV4_API dsv4_status dsv4_moe_workspace_size(dsv4_ctx *ctx, int64_t T, int topk, int n_experts,
                                              const dsv4_ffn_weights *expert, const dsv4_ffn_weights *shared,

@@ -271,3 +271,26 @@ def test_moe_bad_input(request):
     odd[ids[0, 0]] = ("fp4",) + experts[0][1:3] + (None, None) + experts[0][5:]
     with pytest.raises(ValueError):  # missing w3
         dsv4.moe(x, ids, w, odd, 10.0, None, out=y)
+    # every expert is checked, used or not (the op layer reads no ids: it cannot know which are)
+    odd = list(experts)
+    odd[2] = to_api(make_expert(rng, "fp4", D, 2 * I))
+    expect(ids=np.tile(np.array([[0, 1]], np.int32), (T, 1)), experts=odd)  # expert 2 unused
+    odd = list(experts)
+    odd[E - 1] = experts[E - 1][:2] + (experts[E - 1][2][:, :1],) + experts[E - 1][3:]  # a scale of the wrong shape
+    expect(experts=odd)
+
+
+def test_moe_experts_of_other_strides(request):
+    """Experts whose views differ from expert 0's only in (valid) strides: the same result."""
+    rng = o.rng(request.node.name)
+    x, experts, ids, w = fp4_case(rng, 5, 4, 2)
+    y = dsv4.moe(x, ids, w, experts, 10.0, None, backend="cpu")
+    odd = list(experts)
+    for e in range(1, 4):
+        fmt, w1, s1, w3, s3, w2, s2 = experts[e]
+        wide = np.zeros((s1.shape[0], s1.shape[1] + 3), np.uint8)
+        wide[:, :s1.shape[1]] = s1
+        big = np.zeros((w2.shape[0], w2.shape[1] + 16), np.uint8)
+        big[:, 8:8 + w2.shape[1]] = w2
+        odd[e] = (fmt, w1, wide[:, :s1.shape[1]], w3, s3, big[:, 8:8 + w2.shape[1]], s2)
+    assert np.array_equal(dsv4.moe(x, ids, w, odd, 10.0, None, backend="cpu"), y)
