@@ -177,17 +177,17 @@ static dsv4_status check_expert(const char *op, const char *ename, const dsv4_ff
 }
 
 /* t has what check_matrix accepted in t0 (dtype, shape, strides, data, memory) and is clear of the
- * work space; both NULL passes. The fast test of the experts after the first. */
+ * work space [wlo, whi); both NULL passes. The fast test of the experts after the first (a 2-D
+ * view of t0's shape: its byte span computed here). */
 static int same_layout(const dsv4_tensor *t, const dsv4_tensor *t0, const char *wlo, const char *whi)
 {
     if (!t || !t0) return !t && !t0;
-    if (t->dtype != t0->dtype || t->ndim != 2 || t->device != t0->device || !t->data) return 0;
-    for (int i = 0; i < 2; i++)
-        if (t->shape[i] != t0->shape[i] || t->stride[i] < 0) return 0;
-    if (t->shape[1] > 1 && t->stride[1] != t0->stride[1]) return 0;
-    const char *lo, *hi;
-    dsv4_tensor_span(t, &lo, &hi);
-    return !(lo < whi && wlo < hi);
+    if (t->dtype != t0->dtype || t->ndim != 2 || t->device != t0->device || !t->data || t->shape[0] != t0->shape[0] ||
+        t->shape[1] != t0->shape[1] || t->stride[0] < 0 || t->stride[1] != t0->stride[1])
+        return 0;
+    const int64_t last = (t->shape[0] - 1) * t->stride[0] + (t->shape[1] - 1) * t->stride[1];
+    const char *lo = t->data, *hi = lo + (size_t)(last + 1) * dsv4_dtype_size(t->dtype);
+    return hi <= wlo || whi <= lo;
 }
 
 /* Every expert: expert 0 in full, the others by the fast match against it, and in full (for the
