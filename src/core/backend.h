@@ -71,6 +71,14 @@ typedef enum dsv4_op_family {
  * lacks the op family (DSV4_ERR_UNSUPPORTED). */
 dsv4_status dsv4_op_resolve(const dsv4_ctx *ctx, const char *op, dsv4_op_family family, const dsv4_backend **backend,
                             dsv4_exec *exec);
+/* The start of an op function that has a `ctx` parameter: declares `op` (its name, for messages),
+ * `b` and `ex` (the context's backend and execution settings) and returns dsv4_op_resolve's
+ * failure for DSV4_FAMILY_<family> (DSV4_TRY: core/error.h). */
+#define DSV4_OP_BEGIN(name, family)  \
+    const char *op = name;           \
+    const dsv4_backend *b;           \
+    dsv4_exec ex;                    \
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_##family, &b, &ex))
 /* The stream of the context's execution settings (checked by the caller; NULL: the default). */
 dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream);
 

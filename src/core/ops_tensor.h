@@ -20,13 +20,10 @@ typedef struct dsv4_embed_args {
 
 /* y[t*sy_t + j*sy_j + d] = bf16(a[t*sa_t + j*sa_j + d] + b[t*sb_t + d]); y may be a. */
 typedef struct dsv4_add_args {
-    const uint16_t *a;
-    int64_t sa_t, sa_j;
-    const uint16_t *b;
-    int64_t sb_t;
-    uint16_t *y;
-    int64_t sy_t, sy_j;
     int64_t T, n, D;
+    const uint16_t *a, *b;
+    uint16_t *y;
+    int64_t sa_t, sa_j, sb_t, sy_t, sy_j;
 } dsv4_add_args;
 
 /* Row i of dst (at dst + i*ldd bytes) = row r of src (src + r*lds bytes), r = idx ? idx[i*idx_s]

@@ -12,11 +12,8 @@
 #define NEED_ENTRY(b, entry, op) DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, attention, entry, op))
 
 /* The start of every op: its name, the context's backend and execution settings, the entry. */
-#define OP_BEGIN(name, entry)                                             \
-    const char *op = name;                                                \
-    const dsv4_backend *b;                                                \
-    dsv4_exec ex;                                                         \
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_ATTENTION, &b, &ex));   \
+#define OP_BEGIN(name, entry)        \
+    DSV4_OP_BEGIN(name, ATTENTION); \
     NEED_ENTRY(b, entry, op)
 
 static dsv4_status on_device(const char *op, const char *arg, const dsv4_tensor *t, const dsv4_backend *b)

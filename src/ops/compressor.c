@@ -94,10 +94,7 @@ dsv4_status dsv4_compressor_forward(dsv4_ctx *ctx, const dsv4_compressor_desc *d
                                     const dsv4_tensor *norm, const dsv4_tensor *rope, dsv4_tensor *state_kv,
                                     dsv4_tensor *state_score, dsv4_tensor *out, dsv4_tensor *out_scales)
 {
-    const char *op = "compressor_forward";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
+    DSV4_OP_BEGIN("compressor_forward", INDEXER);
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, compress, op));
     DSV4_TRY(check_desc(op, desc));
     if (start_pos < 0 || start_pos > POS_LIMIT)

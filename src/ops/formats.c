@@ -71,10 +71,7 @@ static dsv4_status check_qtriple(const char *op, dsv4_qrule rule, const dsv4_ten
 dsv4_status dsv4_quantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *x, dsv4_tensor *codes,
                           dsv4_tensor *scales)
 {
-    const char *op = "quantize";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
+    DSV4_OP_BEGIN("quantize", FORMATS);
     DSV4_TRY(check_qtriple(op, rule, x, codes, scales, b));
     DSV4_TRY(dsv4_check_output(op, "codes", codes));
     DSV4_TRY(dsv4_check_output(op, "scales", scales));
@@ -87,10 +84,7 @@ dsv4_status dsv4_quantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *x, 
 dsv4_status dsv4_dequantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *codes, const dsv4_tensor *scales,
                             dsv4_tensor *x)
 {
-    const char *op = "dequantize";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
+    DSV4_OP_BEGIN("dequantize", FORMATS);
     DSV4_TRY(check_qtriple(op, rule, x, codes, scales, b));
     DSV4_TRY(dsv4_check_output(op, "x", x));
     if (dsv4_tensors_overlap(x, codes) || dsv4_tensors_overlap(x, scales))
@@ -101,10 +95,7 @@ dsv4_status dsv4_dequantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *c
 
 dsv4_status dsv4_dequantize_weight(dsv4_ctx *ctx, const dsv4_tensor *w, const dsv4_tensor *scale, dsv4_tensor *out)
 {
-    const char *op = "dequantize_weight";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
+    DSV4_OP_BEGIN("dequantize_weight", FORMATS);
     DSV4_TRY(dsv4_check_tensor(op, "w", w, DSV4_DT(DSV4_F8_E4M3) | DSV4_DT(DSV4_FP4X2), 2, NULL));
     DSV4_TRY(dsv4_check_inner_contiguous(op, "w", w));
     int fp4 = w->dtype == DSV4_FP4X2;

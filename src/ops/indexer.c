@@ -92,10 +92,7 @@ static dsv4_status check_fp4_pair(const char *op, const char *cn, const dsv4_ten
 dsv4_status dsv4_indexer_q(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tensor *positions, const dsv4_tensor *rope,
                            dsv4_tensor *out, dsv4_tensor *out_scales)
 {
-    const char *op = "indexer_q";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
+    DSV4_OP_BEGIN("indexer_q", INDEXER);
     DSV4_TRY(dsv4_check_tensor(op, "q", q, DSV4_DT(DSV4_BF16), 3, NULL));
     const int64_t T = q->shape[0], H = q->shape[1], d = q->shape[2];
     DSV4_TRY(check_dim(op, d));
@@ -129,10 +126,7 @@ dsv4_status dsv4_indexer_q(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tenso
 
 dsv4_status dsv4_indexer_weights(dsv4_ctx *ctx, const dsv4_tensor *proj, int head_dim, dsv4_tensor *out)
 {
-    const char *op = "indexer_weights";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
+    DSV4_OP_BEGIN("indexer_weights", INDEXER);
     DSV4_CHECK_ARG(head_dim > 0, "%s: head_dim %d must be positive", op, head_dim);
     DSV4_TRY(dsv4_check_tensor(op, "proj", proj, DSV4_DT(DSV4_BF16) | DSV4_DT(DSV4_F32), 2, NULL));
     const int64_t T = proj->shape[0], H = proj->shape[1];
@@ -200,11 +194,8 @@ static void arg_views(const dsv4_indexer_args *a, const dsv4_tensor **v)
 
 dsv4_status dsv4_indexer_scores(dsv4_ctx *ctx, const dsv4_indexer_args *args, dsv4_tensor *scores)
 {
-    const char *op = "indexer_scores";
-    const dsv4_backend *b;
-    dsv4_exec ex;
+    DSV4_OP_BEGIN("indexer_scores", INDEXER);
     dsv4_ix_operands o;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_TRY(check_args(op, b, args, &o));
     DSV4_TRY(dsv4_check_tensor(op, "scores", scores, DSV4_DT(DSV4_F32), 2, (const int64_t[]){o.tokens, o.n_cache}));
     DSV4_TRY(dsv4_check_output(op, "scores", scores));
@@ -269,12 +260,9 @@ static dsv4_status check_ws_overlap(const char *op, void *ws, size_t bytes, cons
 dsv4_status dsv4_indexer_select(dsv4_ctx *ctx, const dsv4_indexer_args *args, int64_t topk, dsv4_tensor *indices,
                                 dsv4_tensor *lengths, void *workspace, size_t workspace_bytes)
 {
-    const char *op = "indexer_select";
-    const dsv4_backend *b;
-    dsv4_exec ex;
+    DSV4_OP_BEGIN("indexer_select", INDEXER);
     dsv4_ix_operands o;
     dsv4_topk_out out;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, select, op));
     DSV4_TRY(check_args(op, b, args, &o));
     DSV4_TRY(check_topk_out(op, b, &ex, o.tokens, topk, indices, lengths, workspace, workspace_bytes, &out));
@@ -292,11 +280,8 @@ dsv4_status dsv4_indexer_select(dsv4_ctx *ctx, const dsv4_indexer_args *args, in
 dsv4_status dsv4_indexer_topk(dsv4_ctx *ctx, const dsv4_tensor *scores, const dsv4_tensor *n_valid, int64_t topk,
                               dsv4_tensor *indices, dsv4_tensor *lengths, void *workspace, size_t workspace_bytes)
 {
-    const char *op = "indexer_topk";
-    const dsv4_backend *b;
-    dsv4_exec ex;
+    DSV4_OP_BEGIN("indexer_topk", INDEXER);
     dsv4_topk_out out;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_INDEXER, &b, &ex));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, topk, op));
     DSV4_TRY(dsv4_check_tensor(op, "scores", scores, DSV4_DT(DSV4_F32), 2, NULL));
     DSV4_TRY(dsv4_check_output(op, "scores", scores));

@@ -58,10 +58,7 @@ static dsv4_status check_eps(const char *op, const char *name, float eps)
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
 dsv4_status dsv4_rms_norm(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *weight, float eps, dsv4_tensor *y)
 {
-    const char *op = "rms_norm";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, &b, &ex));
+    DSV4_OP_BEGIN("rms_norm", LAYER);
     const unsigned ft = DSV4_DT(DSV4_BF16) | DSV4_DT(DSV4_F32);
     DSV4_TRY(dsv4_layer_arg(op, "x", x, ft, 2, NULL, b));
     int64_t rows = x->shape[0], d = x->shape[1];
@@ -312,10 +309,7 @@ dsv4_status dsv4_route(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *g
                        const dsv4_tensor *tid2eid, const dsv4_tensor *token_ids, float route_scale, dsv4_tensor *ids,
                        dsv4_tensor *weights)
 {
-    const char *op = "route";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, &b, &ex));
+    DSV4_OP_BEGIN("route", LAYER);
     const unsigned ft = DSV4_DT(DSV4_BF16) | DSV4_DT(DSV4_F32), it = DSV4_DT(DSV4_I32) | DSV4_DT(DSV4_I64);
     DSV4_TRY(dsv4_layer_arg(op, "x", x, ft, 2, NULL, b));
     int64_t T = x->shape[0], D = x->shape[1];

@@ -18,10 +18,7 @@ static dsv4_status check_limit(const char *op, float limit)
 dsv4_status dsv4_swiglu(dsv4_ctx *ctx, const dsv4_tensor *g, const dsv4_tensor *u, const dsv4_tensor *row_weights,
                         float limit, dsv4_tensor *h)
 {
-    const char *op = "swiglu";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, &b, &ex));
+    DSV4_OP_BEGIN("swiglu", LAYER);
     DSV4_TRY(dsv4_layer_arg(op, "g", g, DSV4_DT(DSV4_BF16), 2, NULL, b));
     const int64_t shape[2] = {g->shape[0], g->shape[1]}, wshape[1] = {g->shape[0]};
     DSV4_TRY(dsv4_layer_arg(op, "u", u, DSV4_DT(DSV4_BF16), 2, shape, b));
@@ -219,10 +216,7 @@ dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids
                      const dsv4_ffn_weights *experts, int n_experts, const dsv4_ffn_weights *shared, float swiglu_limit,
                      dsv4_tensor *y, void *workspace, size_t workspace_bytes)
 {
-    const char *op = "moe";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, &b, &ex));
+    DSV4_OP_BEGIN("moe", LAYER);
     DSV4_TRY(dsv4_layer_arg(op, "x", x, DSV4_DT(DSV4_BF16), 2, NULL, b));
     int64_t T = x->shape[0], D = x->shape[1], I = 0, Is = 0;
     DSV4_TRY(moe_shapes(op, n_experts, experts, shared, &D, &I, &Is));

@@ -31,10 +31,7 @@ static dsv4_status check_copies(const char *op, const char *name, const dsv4_ten
 
 dsv4_status dsv4_embed_rows(dsv4_ctx *ctx, const dsv4_tensor *table, const dsv4_tensor *ids, dsv4_tensor *out)
 {
-    const char *op = "embed_rows";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_TENSOR, &b, &ex));
+    DSV4_OP_BEGIN("embed_rows", TENSOR);
     DSV4_TRY(dsv4_layer_arg(op, "table", table, DSV4_DT(DSV4_BF16), 2, NULL, b));
     const int64_t V = table->shape[0], D = table->shape[1];
     if (V < 1) return dsv4_fail(DSV4_ERR_SHAPE, "%s: the table has no rows", op);
@@ -54,10 +51,7 @@ dsv4_status dsv4_embed_rows(dsv4_ctx *ctx, const dsv4_tensor *table, const dsv4_
 
 dsv4_status dsv4_add_bf16(dsv4_ctx *ctx, const dsv4_tensor *a, const dsv4_tensor *b_, dsv4_tensor *y)
 {
-    const char *op = "add_bf16";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_TENSOR, &b, &ex));
+    DSV4_OP_BEGIN("add_bf16", TENSOR);
     DSV4_TRY(dsv4_layer_arg(op, "b", b_, DSV4_DT(DSV4_BF16), 2, NULL, b));
     const int64_t T = b_->shape[0], D = b_->shape[1];
     int64_t sa_t, sa_j, n, sy_t, sy_j, ny;
@@ -70,16 +64,14 @@ dsv4_status dsv4_add_bf16(dsv4_ctx *ctx, const dsv4_tensor *a, const dsv4_tensor
     const dsv4_layer_io ins[2] = {{a, "a", NULL}, {b_, "b", NULL}};
     DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 2));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, tensor, add_bf16, op));
-    const dsv4_add_args args = {a->data, sa_t, sa_j, b_->data, b_->stride[0], y->data, sy_t, sy_j, T, n, D};
+    const dsv4_add_args args = {.T = T, .n = n, .D = D, .a = a->data, .b = b_->data, .y = y->data,
+                                .sa_t = sa_t, .sa_j = sa_j, .sb_t = b_->stride[0], .sy_t = sy_t, .sy_j = sy_j};
     return T && D ? b->tensor->add_bf16(&ex, &args) : DSV4_OK;
 }
 
 dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const dsv4_tensor *idx, dsv4_tensor *dst)
 {
-    const char *op = "copy_rows";
-    const dsv4_backend *b;
-    dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_TENSOR, &b, &ex));
+    DSV4_OP_BEGIN("copy_rows", TENSOR);
     const unsigned any = DSV4_DT(DSV4_DTYPE_COUNT) - 1;
     DSV4_TRY(dsv4_layer_arg(op, "src", src, any, 2, NULL, b));
     const int64_t R = src->shape[0], C = src->shape[1];
