@@ -617,6 +617,14 @@ int main(void)
     CHECK_STATUS(dsv4_ctx_create(&obad, &bad), DSV4_ERR_INVALID_ARG);
     if (!cu_mma || !cu_forced[0] || !cu_forced[1] || !cu_forced[2]) TEST_DONE();
     test_memory(cu, "cuda");
+    { /* a family the backend leaves NULL: DSV4_ERR_UNSUPPORTED before anything is read */
+        dsv4_tensor t;
+        const int64_t shape[2] = {1, 8};
+        dsv4_tensor_init(&t, (void *)&t, DSV4_BF16, 2, shape);
+        t.device = DSV4_DEVICE_CUDA;
+        CHECK_STATUS(dsv4_copy_rows(cu, &t, NULL, &t), DSV4_ERR_UNSUPPORTED);
+        CHECK_STATUS(dsv4_add_bf16(cu, &t, &t, &t), DSV4_ERR_UNSUPPORTED);
+    }
 
     /* inserts: n, h, n_ins, bs, pages, stride (0 = padded), fused q, rope */
     test_insert(37, 5, 30, 64, 3, dsv4_kv_page_bytes(64), 1, 1);
