@@ -25,7 +25,8 @@ DSV4_API dsv4_status dsv4_embed_rows(dsv4_ctx *ctx, const dsv4_tensor *table, co
                                      dsv4_tensor *out);
 
 /* y[t, j, :] = bf16(f32(a[t, j, :]) + f32(b[t, :])) for j < n: b broadcast over the n copies, one
- * rounding (RNE, NaN kept as the canonical quiet NaN of its sign).
+ * rounding (RNE). A NaN result is the canonical quiet NaN 0x7FC0 with a sign bit: a's when a is
+ * NaN, else b's when b is, else the sign the fp32 add gave (inf - inf: negative on x86).
  * a, y: BF16 [T, n, D] (n >= 1) or [T, D] (n = 1), of one shape; b: BF16 [T, D]. y may be a
  * itself (the same view: in place); any other overlap of y with a or b is refused. */
 DSV4_API dsv4_status dsv4_add_bf16(dsv4_ctx *ctx, const dsv4_tensor *a, const dsv4_tensor *b, dsv4_tensor *y);

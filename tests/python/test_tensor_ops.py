@@ -104,6 +104,21 @@ def test_add_bf16(backend, T, n, D, request):
     assert_add_equal(inplace, add_oracle(a2, b2))
 
 
+def test_add_bf16_specials(backend):
+    """Every pair of special values; a NaN result takes a's sign when a is NaN, else b's."""
+    vals = np.array([0x7FC1, 0xFFC3, 0x7F81, 0xFF85, 0x7F80, 0xFF80, 0x3F80, 0xBF80, 0x8000, 0x0000, 0x0001,
+                     0x8001, 0x7F7F, 0xFF7F], np.uint16)
+    A, B = np.meshgrid(vals, vals)
+    a, b = A.reshape(1, 1, -1), B.reshape(1, -1)
+    y = dsv4.add_bf16(a, b, backend=backend)[0, 0]
+    a, b = a[0, 0], b[0]
+    an, bn = (a & 0x7FFF) > 0x7F80, (b & 0x7FFF) > 0x7F80
+    assert np.array_equal(y[an], (a[an] & 0x8000) | 0x7FC0)
+    assert np.array_equal(y[~an & bn], (b[~an & bn] & 0x8000) | 0x7FC0)
+    rest = ~an & ~bn
+    assert_add_equal(y[rest], add_oracle(a[rest][None, :], b[rest][None, :])[0])
+
+
 def test_add_bf16_strided(backend, request):
     rng = o.rng(request.node.name)
     big = random_bf16(rng, (4, 6, 50))

@@ -33,7 +33,8 @@ typedef struct dsv4_cpu_layer_kernels {
      * NULL; sums in that order: bit-identical across ISAs). */
     void (*sum_rows)(const uint16_t *const *rows, int nrows, const uint16_t *shared, uint16_t *y, int64_t d0,
                      int64_t d1);
-    /* y[i] = bf16(a[i] + b[i]) for i < n, one fp32 add (the tensor family's add_bf16); y may be a. */
+    /* y[i] = bf16(a[i] + b[i]) for i < n, one fp32 add (the tensor family's add_bf16), except that a
+     * NaN a[i] gives a[i] (which NaN an add keeps when both are is not fixed); y may be a. */
     void (*add_row)(const uint16_t *a, const uint16_t *b, int64_t n, uint16_t *y);
 } dsv4_cpu_layer_kernels;
 

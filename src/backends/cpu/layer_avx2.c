@@ -161,7 +161,10 @@ static void sum_rows(const uint16_t *const *rows, int nrows, const uint16_t *sha
 
 static void add_row(const uint16_t *a, const uint16_t *b, int64_t n, uint16_t *y)
 {
-    for (int64_t i = 0; i < n; i += 8) st(y, 1, i, _mm256_add_ps(ld(a, 1, i, n - i), ld(b, 1, i, n - i)), n - i);
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256 va = ld(a, 1, i, n - i), s = _mm256_add_ps(va, ld(b, 1, i, n - i));
+        st(y, 1, i, _mm256_blendv_ps(s, va, _mm256_cmp_ps(va, va, _CMP_UNORD_Q)), n - i);
+    }
 }
 
 const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_avx2 = {sumsq,   scale_row,  dots,     hc_wsum,

@@ -153,7 +153,8 @@ static void add_row(const uint16_t *a, const uint16_t *b, int64_t n, uint16_t *y
 {
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = mask_for(n - i);
-        st(y, 1, i, _mm512_add_ps(ld(a, 1, i, m), ld(b, 1, i, m)), m);
+        __m512 va = ld(a, 1, i, m), s = _mm512_add_ps(va, ld(b, 1, i, m));
+        st(y, 1, i, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(va, va, _CMP_UNORD_Q), s, va), m);
     }
 }
 

@@ -94,7 +94,10 @@ static void sum_rows(const uint16_t *const *rows, int nrows, const uint16_t *sha
 
 static void add_row(const uint16_t *a, const uint16_t *b, int64_t n, uint16_t *y)
 {
-    for (int64_t i = 0; i < n; i++) y[i] = dsv4_bf16_from_f32(dsv4_bf16_to_f32(a[i]) + dsv4_bf16_to_f32(b[i]));
+    for (int64_t i = 0; i < n; i++) {
+        float fa = dsv4_bf16_to_f32(a[i]);
+        y[i] = dsv4_bf16_from_f32(isnan(fa) ? fa : fa + dsv4_bf16_to_f32(b[i]));
+    }
 }
 
 const dsv4_cpu_layer_kernels dsv4_cpu_layer_kernels_scalar = {sumsq,   scale_row,  dots,     hc_wsum,
