@@ -79,6 +79,7 @@ dsv4_status dsv4_op_resolve(const dsv4_ctx *ctx, const char *op, dsv4_op_family 
     const dsv4_backend *b;           \
     dsv4_exec ex;                    \
     DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_##family, &b, &ex))
+
 /* The stream of the context's execution settings (checked by the caller; NULL: the default). */
 dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream);
 

@@ -117,7 +117,8 @@ dsv4_status dsv4_ctx_resolve(const dsv4_ctx *ctx, const dsv4_backend **backend, 
 dsv4_status dsv4_op_resolve(const dsv4_ctx *ctx, const char *op, dsv4_op_family family, const dsv4_backend **backend,
                             dsv4_exec *exec)
 {
-    if (dsv4_ctx_resolve(ctx, backend, exec) != DSV4_OK) return dsv4_fail(default_status, "%s: default context: %s", op, default_error);
+    if (dsv4_ctx_resolve(ctx, backend, exec) != DSV4_OK)
+        return dsv4_fail(default_status, "%s: default context: %s", op, default_error);
     const dsv4_backend *b = *backend;
     const void *table = NULL;
     switch (family) {

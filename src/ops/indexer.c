@@ -214,7 +214,9 @@ size_t dsv4_indexer_workspace_size(dsv4_ctx *ctx, int64_t tokens, int64_t topk)
     const dsv4_backend *b;
     dsv4_exec ex;
     if (tokens < 0 || topk < 1 || topk > ((int64_t)1 << 30)) return 0;
-    if (dsv4_op_resolve(ctx, "indexer_workspace_size", DSV4_FAMILY_INDEXER, &b, &ex) != DSV4_OK || !b->indexer->workspace_size) return 0;
+    if (dsv4_op_resolve(ctx, "indexer_workspace_size", DSV4_FAMILY_INDEXER, &b, &ex) != DSV4_OK ||
+        !b->indexer->workspace_size)
+        return 0;
     return b->indexer->workspace_size(&ex, tokens, topk);
 }
 

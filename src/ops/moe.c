@@ -159,7 +159,8 @@ static dsv4_status check_matrix(const char *op, const char *ename, const char *w
                              b->name);
         const char *lo, *hi;
         dsv4_tensor_span(t[i], &lo, &hi);
-        if (lo < whi && wlo < hi) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space overlaps %s", op, i ? sname : wname);
+        if (lo < whi && wlo < hi)
+            return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space overlaps %s", op, i ? sname : wname);
     }
     return DSV4_OK;
 }
@@ -196,9 +197,10 @@ static dsv4_status check_experts(const char *op, const dsv4_ffn_weights *experts
     const dsv4_ffn_weights *f0 = &experts[0];
     for (int e = 1; e < E; e++) {
         const dsv4_ffn_weights *f = &experts[e];
-        if (f->fmt == f0->fmt && same_layout(f->w1, f0->w1, wlo, whi) && same_layout(f->w1_scale, f0->w1_scale, wlo, whi) &&
-            same_layout(f->w3, f0->w3, wlo, whi) && same_layout(f->w3_scale, f0->w3_scale, wlo, whi) &&
-            same_layout(f->w2, f0->w2, wlo, whi) && same_layout(f->w2_scale, f0->w2_scale, wlo, whi))
+        if (f->fmt == f0->fmt && same_layout(f->w1, f0->w1, wlo, whi) &&
+            same_layout(f->w1_scale, f0->w1_scale, wlo, whi) && same_layout(f->w3, f0->w3, wlo, whi) &&
+            same_layout(f->w3_scale, f0->w3_scale, wlo, whi) && same_layout(f->w2, f0->w2, wlo, whi) &&
+            same_layout(f->w2_scale, f0->w2_scale, wlo, whi))
             continue;
         char name[32];
         snprintf(name, sizeof name, "expert %d", e);
