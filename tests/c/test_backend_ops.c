@@ -7,13 +7,15 @@
  * within a tolerance stated at the comparison otherwise. An entry a backend leaves NULL
  * (core/backend.h) is reported as skipped, and so is a backend that cannot run here (no device).
  * The cases follow the families' own tests (tests/c/test_formats in test_core.c, test_linear.c,
- * test_layer.c, test_attention.c, test_indexer.c); the float64 oracles are the Python tests. */
+ * test_layer.c, test_tensor_ops.c, test_attention.c, test_indexer.c); the float64 oracles are the
+ * Python tests. */
 #include "core/backend.h"
 #include "core/ops_attention.h"
 #include "core/ops_formats.h"
 #include "core/ops_indexer.h"
 #include "core/ops_layer.h"
 #include "core/ops_linear.h"
+#include "core/ops_tensor.h"
 #include "dsv4.h"
 #include "formats/kv_entry.h"
 #include "test_linear_cases.h"
@@ -624,6 +626,48 @@ static void layer_moe(void)
     free(x), free(yr), free(yt);
 }
 
+/* ---- tensor family ----------------------------------------------------------------------------- */
+/* Data movement is defined to the bit (copies; one fp32 add rounded once, a NaN a kept): identical
+ * bytes on every backend, random bit patterns (NaNs and infinities included) for the add. */
+static void tensor_ops(void)
+{
+    const int have = HAS(tensor, embed_rows) && HAS(tensor, add_bf16) && HAS(tensor, copy_rows);
+    if (missing("tensor.embed/add/copy", have)) return;
+    enum { V = 23, D = 300, T = 7, NC = 4, N = 11 };
+    uint16_t *table = bf16_rand(V * D, 1.0f), *a = malloc(2 * T * NC * D), *b = malloc(2 * T * D);
+    for (int i = 0; i < T * NC * D; i++) a[i] = (uint16_t)test_rand_u64();
+    for (int i = 0; i < T * D; i++) b[i] = (uint16_t)test_rand_u64();
+    int32_t ids[T], idx[N];
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)(test_rand_u64() % V);
+    for (int i = 0; i < N; i++) idx[i] = (int32_t)(test_rand_u64() % V);
+    const size_t emb = 2 * T * NC * D, cpy = 2 * N * D;
+    uint8_t *out[2][3];
+    dsv4_ctx *cs[2] = {ref, tc};
+    dsv4_status st[2][3];
+    for (int side = 0; side < 2; side++) {
+        dsv4_ctx *c = cs[side];
+        for (int k = 0; k < 3; k++) out[side][k] = poisoned(k == 2 ? cpy : emb);
+        dsv4_tensor ht = view(table, DSV4_BF16, 2, V, D, 0), hi = view(ids, DSV4_I32, 1, T, 0, 0),
+                    hx = view(idx, DSV4_I32, 1, N, 0, 0), ha = view(a, DSV4_BF16, 3, T, NC, D),
+                    hb = view(b, DSV4_BF16, 2, T, D, 0), he = view(out[side][0], DSV4_BF16, 3, T, NC, D),
+                    hy = view(out[side][1], DSV4_BF16, 3, T, NC, D), hc = view(out[side][2], DSV4_BF16, 2, N, D, 0);
+        dsv4_tensor tt = on(c, &ht), ti = on(c, &hi), tx = on(c, &hx), ta = on(c, &ha), tb2 = on(c, &hb),
+                    te = on(c, &he), ty = on(c, &hy), tcp = on(c, &hc);
+        st[side][0] = dsv4_embed_rows(c, &tt, &ti, &te);
+        st[side][1] = dsv4_add_bf16(c, &ta, &tb2, &ty);
+        st[side][2] = dsv4_copy_rows(c, &tt, &tx, &tcp);
+        back(c, &te, out[side][0]), back(c, &ty, out[side][1]), back(c, &tcp, out[side][2]);
+        release();
+    }
+    const char *const names[3] = {"embed_rows", "add_bf16", "copy_rows"};
+    for (int k = 0; k < 3; k++) {
+        ran(names[k], st[1][k], st[0][k]);
+        same(names[k], "out", out[1][k], out[0][k], k == 2 ? cpy : emb);
+        free(out[0][k]), free(out[1][k]);
+    }
+    free(table), free(a), free(b);
+}
+
 /* ---- attention ------------------------------------------------------------------------------ */
 /* Insert, gather and inverse RoPE are defined to the bit (fp32 operations in a fixed order, no
  * contraction, then the exact KV64 rule): bit-identical cache bytes and values on every backend
@@ -1044,6 +1088,7 @@ static void run_families(void)
     layer_route();
     layer_swiglu();
     layer_moe();
+    tensor_ops();
     attn_host a;
     attn_make(&a);
     attn_rope_table();
