@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "dsv4/device.h"
+#include "dsv4/tensor_ops.h"
 #include "dsv4/formats.h"
 #include "formats/codec.h"
 #include "formats/kv_entry.h"
@@ -36,6 +37,13 @@ dsv4_tensor eng_t2(const void *p, dsv4_dtype dt, int64_t a, int64_t b) { return 
 dsv4_tensor eng_t3(const void *p, dsv4_dtype dt, int64_t a, int64_t b, int64_t c)
 {
     return view(p, dt, 3, (const int64_t[]){a, b, c});
+}
+
+dsv4_status eng_copy(const dsv4_engine *e, void *dst, const void *src, int64_t bytes)
+{
+    if (!bytes) return DSV4_OK;
+    dsv4_tensor s = eng_t2(src, DSV4_U8, 1, bytes), d = eng_t2(dst, DSV4_U8, 1, bytes);
+    return dsv4_copy_rows(e->ctx, &s, NULL, &d);
 }
 
 dsv4_status eng_wrap(dsv4_status st, const char *what, int index)
@@ -528,9 +536,9 @@ static dsv4_status check_config(const dsv4_engine *e)
                              dsv4_attn_kind_name(w->kind), w->compress_ratio);
     }
     if (dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU)
-        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: backend '%s' computes in device memory: the engine would place its "
-                         "caches, states and scratch there, but its weights are not uploaded and its forward still copies "
-                         "embeddings and builds index tables on the host (use a CPU backend)", dsv4_ctx_backend_name(e->ctx));
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: backend '%s' computes in device memory: the engine's arenas would be placed there, "
+                         "but its weights are used in place from the host mapping and its per-call index tables are built "
+                         "in host memory (use a CPU backend)", dsv4_ctx_backend_name(e->ctx));
     return DSV4_OK;
 }
 
@@ -769,15 +777,45 @@ dsv4_status dsv4_engine_seq_free(dsv4_engine *e, int seq)
 }
 
 /* Cache entry `entry` of sequence table `from` into the same entry of `to` (one cache). */
-static dsv4_status copy_entry(const dsv4_kv_cache *c, const dsv4_kv_seq *from, const dsv4_kv_seq *to, int64_t entry)
+static dsv4_status copy_entry(const dsv4_engine *e, const dsv4_kv_cache *c, const dsv4_kv_seq *from, const dsv4_kv_seq *to, int64_t entry)
 {
     int64_t a, b;
     DSV4_TRY(dsv4_kv_seq_slots(from, &entry, 1, &a));
     DSV4_TRY(dsv4_kv_seq_slots(to, &entry, 1, &b));
     uint8_t *pages = c->pages.data;
     const int64_t ps = c->pages.stride[0], bs = c->block_size;
-    memcpy(pages + dsv4_kve_slot_data(ps, bs, b), pages + dsv4_kve_slot_data(ps, bs, a), DSV4_KVE_DATA_BYTES);
-    memcpy(pages + dsv4_kve_slot_scale(ps, bs, b), pages + dsv4_kve_slot_scale(ps, bs, a), DSV4_KVE_SCALE_BYTES);
+    DSV4_TRY(eng_copy(e, pages + dsv4_kve_slot_data(ps, bs, b), pages + dsv4_kve_slot_data(ps, bs, a), DSV4_KVE_DATA_BYTES));
+    return eng_copy(e, pages + dsv4_kve_slot_scale(ps, bs, b), pages + dsv4_kve_slot_scale(ps, bs, a), DSV4_KVE_SCALE_BYTES);
+}
+
+static dsv4_status copy_seq(dsv4_engine *e, int src, int dst)
+{
+    eng_seq *a = &e->seqs[src], *b = &e->seqs[dst];
+    const int64_t rs = e->hc * e->D;
+    for (int l = 0; l < e->n_blocks; l++) {
+        const eng_layer *L = &e->layers[l];
+        const int64_t n = L->is_mtp ? a->mtp_len : a->len;
+        for (int64_t r = 0; r < e->R; r++) DSV4_TRY(copy_entry(e, &L->ring, a->ring, b->ring, r));
+        if (!L->ratio) continue;
+        for (int64_t c = 0; c < n / L->ratio; c++) DSV4_TRY(copy_entry(e, &L->comp, a->comp[L->pool], b->comp[L->pool], c));
+        if (L->kind == DSV4_ATTN_CSA) {
+            const size_t row = (size_t)(e->index_entries * e->index_entry_bytes);
+            DSV4_TRY(eng_copy(e, L->index_cache + (size_t)dst * row, L->index_cache + (size_t)src * row,
+                              n / L->ratio * e->index_entry_bytes));
+        }
+        DSV4_TRY(eng_copy(e, eng_state(e, L, dst), eng_state(e, L, src), L->state_floats * 4));
+    }
+    memcpy(b->hist, a->hist, (size_t)a->len * sizeof *a->hist); /* host bookkeeping */
+    DSV4_TRY(eng_copy(e, b->pending, a->pending, 2 * rs * 2));
+    if (e->opt.max_mtp) {
+        DSV4_TRY(eng_copy(e, b->head_logits, a->head_logits, e->V * 4));
+        DSV4_TRY(eng_copy(e, b->head_streams, a->head_streams, rs * 2));
+    }
+    b->len = a->len;
+    b->mtp_len = a->mtp_len;
+    b->pend = a->pend;
+    b->head_tok = a->head_tok;
+    b->failed = 0;
     return DSV4_OK;
 }
 
@@ -787,32 +825,8 @@ dsv4_status dsv4_engine_seq_copy(dsv4_engine *e, int src, int dst)
     DSV4_TRY(eng_check_usable(e, src, op));
     DSV4_TRY(eng_check_seq(e, dst, op));
     DSV4_CHECK_ARG(src != dst, "%s: source and destination are both sequence %d", op, src);
-    eng_seq *a = &e->seqs[src], *b = &e->seqs[dst];
-    const int64_t rs = e->hc * e->D;
-    for (int l = 0; l < e->n_blocks; l++) {
-        const eng_layer *L = &e->layers[l];
-        const int64_t n = L->is_mtp ? a->mtp_len : a->len;
-        for (int64_t r = 0; r < e->R; r++) DSV4_TRY(copy_entry(&L->ring, a->ring, b->ring, r));
-        if (!L->ratio) continue;
-        for (int64_t c = 0; c < n / L->ratio; c++) DSV4_TRY(copy_entry(&L->comp, a->comp[L->pool], b->comp[L->pool], c));
-        if (L->kind == DSV4_ATTN_CSA) {
-            const size_t row = (size_t)(e->index_entries * e->index_entry_bytes);
-            memcpy(L->index_cache + (size_t)dst * row, L->index_cache + (size_t)src * row, (size_t)(n / L->ratio * e->index_entry_bytes));
-        }
-        memcpy(eng_state(e, L, dst), eng_state(e, L, src), (size_t)L->state_floats * 4);
-    }
-    memcpy(b->hist, a->hist, (size_t)a->len * sizeof *a->hist);
-    memcpy(b->pending, a->pending, (size_t)(2 * rs) * 2);
-    if (e->opt.max_mtp) {
-        memcpy(b->head_logits, a->head_logits, (size_t)e->V * 4);
-        memcpy(b->head_streams, a->head_streams, (size_t)rs * 2);
-    }
-    b->len = a->len;
-    b->mtp_len = a->mtp_len;
-    b->pend = a->pend;
-    b->head_tok = a->head_tok;
-    b->failed = 0;
-    return DSV4_OK;
+    dsv4_status st = copy_seq(e, src, dst);
+    return st == DSV4_OK ? st : eng_seqs_failed(e, &dst, 1, sizeof dst, st, op);
 }
 
 /* Whether the rings still hold the SWA window that recomputing from `restart` reads: positions
@@ -859,8 +873,8 @@ dsv4_status dsv4_engine_seq_truncate(dsv4_engine *e, int seq, int64_t length, in
         st = eng_main_forward(e, g, 1, q->hist + restart + c0, ENG_REPLAY);
         if (st != DSV4_OK || !e->opt.max_mtp) continue;
         int k = 0;
-        eng_mtp_catch_up(e, g, &k, &m);
-        if (k) st = eng_mtp_rows(e, e->s.msegs, k, e->s.mtok);
+        st = eng_mtp_catch_up(e, g, &k, &m);
+        if (st == DSV4_OK && k) st = eng_mtp_rows(e, e->s.msegs, k, e->s.mtok);
     }
     if (st != DSV4_OK) return eng_seqs_failed(e, &seq, 1, sizeof seq, st, op);
     if (recomputed) *recomputed = n;

@@ -55,34 +55,34 @@ dsv4_status eng_logits_rows(dsv4_engine *e, const eng_layer *L, const uint16_t *
     int consecutive = 1;
     for (int64_t i = 1; i < n && consecutive; i++) consecutive = rows[i] == rows[0] + i;
     if (consecutive) return eng_logits(e, L, X + rows[0] * rs, n, out);
-    for (int64_t i = 0; i < n; i++) eng_gather_streams(e, i, X + rows[i] * rs);
+    for (int64_t i = 0; i < n; i++) DSV4_TRY(eng_gather_streams(e, i, X + rows[i] * rs, 1));
     return eng_logits(e, L, e->s.Xm, n, out);
 }
 
-void eng_mtp_add(dsv4_engine *e, int *k, int64_t *m, const eng_seg *main, int64_t first, int64_t n, const int32_t *next)
+dsv4_status eng_mtp_add(dsv4_engine *e, int *k, int64_t *m, const eng_seg *main, int64_t first, int64_t n,
+                        const int32_t *next)
 {
+    if (n <= 0) return DSV4_OK;
     eng_scratch *s = &e->s;
     const eng_seq *q = &e->seqs[main->sq];
-    const int64_t rs = e->hc * e->D;
-    for (int64_t t = 0; t < n; t++) {
-        int64_t p = first + t;
-        eng_gather_streams(e, *m + t, p < main->start ? q->pending + q->pend * rs : s->X + (main->row + p - main->start) * rs);
-        s->mtok[*m + t] = next[t];
-    }
-    if (n > 0) {
-        s->msegs[(*k)++] = (eng_seg){main->sq, 0, first, n, *m, main->src, main->start - main->off};
-        *m += n;
-    }
+    const int64_t rs = e->hc * e->D, pre = first < main->start ? 1 : 0; /* position start-1: pending */
+    if (pre) DSV4_TRY(eng_gather_streams(e, *m, q->pending + q->pend * rs, 1));
+    DSV4_TRY(eng_gather_streams(e, *m + pre, s->X + (main->row + first + pre - main->start) * rs, n - pre));
+    memcpy(s->mtok + *m, next, (size_t)n * sizeof *next);
+    s->msegs[(*k)++] = (eng_seg){main->sq, 0, first, n, *m, main->src, main->start - main->off};
+    *m += n;
+    return DSV4_OK;
 }
 
-void eng_mtp_catch_up(dsv4_engine *e, const eng_seg *g, int *k, int64_t *m)
+dsv4_status eng_mtp_catch_up(dsv4_engine *e, const eng_seg *g, int *k, int64_t *m)
 {
     eng_seq *q = &e->seqs[g->sq];
     const int64_t rs = e->hc * e->D, first = q->mtp_len, n = g->start + g->T - 1 - first; /* first >= start - 1 */
-    eng_mtp_add(e, k, m, g, first, n, e->s.tokens + g->row + first + 1 - g->start);
-    memcpy(q->pending + (1 - q->pend) * rs, e->s.X + (g->row + g->T - 1) * rs, (size_t)rs * 2);
+    DSV4_TRY(eng_mtp_add(e, k, m, g, first, n, e->s.tokens + g->row + first + 1 - g->start));
+    DSV4_TRY(eng_copy(e, q->pending + (1 - q->pend) * rs, e->s.X + (g->row + g->T - 1) * rs, rs * 2));
     q->pend = 1 - q->pend;
     q->mtp_len = first + (n > 0 ? n : 0);
+    return DSV4_OK;
 }
 
 /* The chunks of a checked call; a failure here may leave the caches partly advanced. */
@@ -123,7 +123,7 @@ static dsv4_status run_chunks(dsv4_engine *e, const dsv4_batch_entry *en, int n_
          * n_mtp_logits before the entry's last position */
         int nm = 0;
         int64_t mrows = 0;
-        for (int i = 0; i < k; i++) eng_mtp_catch_up(e, &s->segs[i], &nm, &mrows);
+        for (int i = 0; i < k; i++) TRY(eng_mtp_catch_up(e, &s->segs[i], &nm, &mrows));
         if (nm) TRY(eng_mtp_rows(e, s->msegs, nm, s->mtok));
         n_rows = 0;
         for (int i = 0; i < nm; i++) {

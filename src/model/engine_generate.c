@@ -152,7 +152,7 @@ static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
             const uint16_t *src;
             if (j == 0) {
                 if (q->mtp_len == q->len && q->head_tok == rq[i].tokens[0]) { /* the head row is there */
-                    memcpy(s->qlogits + s->qrow[i] * V, q->head_logits, (size_t)V * 4);
+                    DSV4_TRY(eng_copy(e, s->qlogits + s->qrow[i] * V, q->head_logits, V * 4));
                     s->xrow[i] = -1;
                     continue;
                 }
@@ -160,7 +160,7 @@ static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
             } else {
                 src = s->xrow[i] < 0 ? q->head_streams : s->X + s->xrow[i] * rs;
             }
-            eng_gather_streams(e, k, src);
+            DSV4_TRY(eng_gather_streams(e, k, src, 1));
             s->mtok[k] = s->vtok[g->row + j];
             s->msegs[k] = (eng_seg){rq[i].seq, 0, g->start - 1 + j, 1, k, i, 0};
             s->xrow[i] = k++;
@@ -170,7 +170,7 @@ static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
             DSV4_TRY(eng_logits(e, M, s->X, k, s->logits));
             for (int r = 0; r < k; r++) {
                 int i = s->msegs[r].src;
-                memcpy(s->qlogits + (s->qrow[i] + j) * V, s->logits + r * V, (size_t)V * 4);
+                DSV4_TRY(eng_copy(e, s->qlogits + (s->qrow[i] + j) * V, s->logits + r * V, V * 4));
                 if (j == 0) e->seqs[rq[i].seq].mtp_len = s->segs[i].start;
             }
         }
@@ -238,12 +238,12 @@ static dsv4_status run_step(dsv4_engine *e, dsv4_step_request *rq, int n)
         const eng_seg *g = &s->segs[i];
         eng_seq *q = &e->seqs[rq[i].seq];
         if (!rq[i].mtp) {
-            eng_mtp_catch_up(e, g, &k, &m);
+            DSV4_TRY(eng_mtp_catch_up(e, g, &k, &m));
             continue;
         }
         const int a = rq[i].accepted;
-        eng_mtp_add(e, &k, &m, g, g->start, a + 1, rq[i].out);
-        memcpy(q->pending + q->pend * rs, s->X + (g->row + a) * rs, (size_t)rs * 2);
+        DSV4_TRY(eng_mtp_add(e, &k, &m, g, g->start, a + 1, rq[i].out));
+        DSV4_TRY(eng_copy(e, q->pending + q->pend * rs, s->X + (g->row + a) * rs, rs * 2));
         q->mtp_len = g->start + a + 1;
         q->head_tok = rq[i].out[a];
     }
@@ -258,8 +258,8 @@ static dsv4_status run_step(dsv4_engine *e, dsv4_step_request *rq, int n)
         const eng_seg *g = &s->msegs[r];
         if (!rq[g->src].mtp) continue;
         eng_seq *q = &e->seqs[g->sq];
-        memcpy(q->head_logits, s->qlogits + h++ * V, (size_t)V * 4);
-        memcpy(q->head_streams, s->X + (g->row + g->T - 1) * rs, (size_t)rs * 2);
+        DSV4_TRY(eng_copy(e, q->head_logits, s->qlogits + h++ * V, V * 4));
+        DSV4_TRY(eng_copy(e, q->head_streams, s->X + (g->row + g->T - 1) * rs, rs * 2));
     }
     return DSV4_OK;
 }

@@ -161,8 +161,8 @@ dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const i
 /* Roll the compressor states of `sq` back to the snapshot taken by eng_main_forward (segment with
  * save) and replay its first `keep` tokens, whose inputs are saved_proj rows row.. . */
 dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep, int64_t row);
-/* One row of streams (hc * D BF16) into s.Xm row `row`. */
-void eng_gather_streams(dsv4_engine *e, int64_t row, const uint16_t *src);
+/* `rows` rows of streams (hc * D BF16 each) from src into s.Xm rows `row`.. (an op of the backend). */
+dsv4_status eng_gather_streams(dsv4_engine *e, int64_t row, const uint16_t *src, int64_t rows);
 
 /* ---- engine_batch.c ---- */
 /* Checks of one entry of a call: the sequence usable and not named before in the call (marks in
@@ -177,11 +177,12 @@ int64_t eng_mtp_first(const dsv4_engine *e, int seq, int32_t next);
  * s.X; position start-1 in the pending streams), next tokens `next`: their input streams
  * gathered into s.Xm rows *m.., tokens into s.mtok, a segment appended to s.msegs[*k] (`off`
  * there is the entry's first position). */
-void eng_mtp_add(dsv4_engine *e, int *k, int64_t *m, const eng_seg *main, int64_t first, int64_t n, const int32_t *next);
+dsv4_status eng_mtp_add(dsv4_engine *e, int *k, int64_t *m, const eng_seg *main, int64_t first, int64_t n,
+                        const int32_t *next);
 /* After eng_main_forward (tokens in s.tokens, streams in s.X), for main segment g: the MTP rows of
  * every position whose next token is now known (eng_mtp_add); advances mtp_len and the pending
  * streams. The caller runs the rows (eng_mtp_rows over s.msegs). */
-void eng_mtp_catch_up(dsv4_engine *e, const eng_seg *g, int *k, int64_t *m);
+dsv4_status eng_mtp_catch_up(dsv4_engine *e, const eng_seg *g, int *k, int64_t *m);
 /* Logits of streams rows[0..n-1] of X [*, hc, D] into out [n, vocab] (one pass of the head). */
 dsv4_status eng_logits_rows(dsv4_engine *e, const eng_layer *L, const uint16_t *X, const int64_t *rows, int64_t n,
                             float *out);
@@ -196,6 +197,8 @@ dsv4_status eng_check_usable(const dsv4_engine *e, int seq, const char *op);
  * its message prefixed with what happened). */
 dsv4_status eng_seq_failed(dsv4_engine *e, int seq, dsv4_status st, const char *op);
 float *eng_state(const dsv4_engine *e, const eng_layer *L, int sq); /* the layer's state of sequence sq */
+/* `bytes` bytes from src to dst in the context's memory, by the backend (dsv4_copy_rows). */
+dsv4_status eng_copy(const dsv4_engine *e, void *dst, const void *src, int64_t bytes);
 dsv4_tensor eng_t1(const void *p, dsv4_dtype dt, int64_t a);
 dsv4_tensor eng_t2(const void *p, dsv4_dtype dt, int64_t a, int64_t b);
 dsv4_tensor eng_t3(const void *p, dsv4_dtype dt, int64_t a, int64_t b, int64_t c);

@@ -16,7 +16,7 @@
 #include "model/engine_internal.h"
 
 #include "core/error.h"
-#include "formats/codec.h"
+#include "dsv4/tensor_ops.h"
 
 #include <math.h>
 #include <string.h>
@@ -69,18 +69,27 @@ static dsv4_tensor workspace(const dsv4_engine *e) { return eng_t1(e->s.ws, DSV4
 
 static eng_seq *seq_of(const fwd *f, int i) { return &f->e->seqs[f->seg[i].sq]; }
 
-/* embed rows of `tok` -> out [T, D] BF16 (the table is BF16, converted at load if need be) */
-static void embed(const dsv4_engine *e, const int32_t *tok, int64_t T, uint16_t *out)
+/* the embedding rows of the call's tokens, `copies` times each -> out [T, copies, D] BF16 (the table
+ * is BF16, converted at load if need be) */
+static dsv4_status embed(const fwd *f, int64_t copies, uint16_t *out)
 {
-    const int64_t D = e->D;
-    for (int64_t t = 0; t < T; t++) memcpy(out + t * D, e->embed + (int64_t)tok[t] * D, (size_t)D * 2);
+    const dsv4_engine *e = f->e;
+    dsv4_tensor table = eng_t2(e->embed, DSV4_BF16, e->V, e->D), o = eng_t3(out, DSV4_BF16, f->T, copies, e->D);
+    return dsv4_embed_rows(e->ctx, &table, &f->tok, &o);
 }
 
-void eng_gather_streams(dsv4_engine *e, int64_t row, const uint16_t *src)
+/* rows [n, w] F32 of src (row stride w) into columns col.. of the saved rows (stride proj_ld) */
+static dsv4_status save_rows(const fwd *f, const eng_layer *L, int64_t col, const float *src, int64_t w)
+{
+    dsv4_tensor a = eng_t2(src, DSV4_F32, f->T, w), b = rows_view(L->saved_proj + col, DSV4_F32, f->T, w, L->proj_ld);
+    return dsv4_copy_rows(f->e->ctx, &a, NULL, &b);
+}
+
+dsv4_status eng_gather_streams(dsv4_engine *e, int64_t row, const uint16_t *src, int64_t rows)
 {
     const int64_t n = e->hc * e->D;
     uint16_t *dst = e->s.Xm + row * n;
-    if (dst != src) memcpy(dst, src, (size_t)n * 2);
+    return dst == src ? DSV4_OK : eng_copy(e, dst, src, rows * n * 2);
 }
 
 /* ---- attention (§5) ------------------------------------------------------------------------- */
@@ -157,11 +166,10 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
     dsv4_tensor ikv = eng_t2(s->ikv, DSV4_F32, T, 2 * dI), ig = eng_t2(s->igate, DSV4_F32, T, 2 * dI);
     TRY(linear_t(e, &w->index_compressor.wkv, x, &ikv));
     TRY(linear_t(e, &w->index_compressor.wgate, x, &ig));
-    if (saved) /* row t: main kv | main gate | indexer kv | indexer gate */
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(saved + t * L->proj_ld + 4 * 512, s->ikv + t * 2 * dI, (size_t)(2 * dI) * 4);
-            memcpy(saved + t * L->proj_ld + 4 * 512 + 2 * dI, s->igate + t * 2 * dI, (size_t)(2 * dI) * 4);
-        }
+    if (saved) { /* row t: main kv | main gate | indexer kv | indexer gate */
+        TRY(save_rows(f, L, 4 * 512, s->ikv, 2 * dI));
+        TRY(save_rows(f, L, 4 * 512 + 2 * dI, s->igate, 2 * dI));
+    }
     const int r = L->ratio; /* the indexer pools the windows of its layer's compressor */
     dsv4_compressor_desc desc = {.kind = DSV4_COMPRESSOR_INDEXER, .ratio = r, .dim = (int)dI,
                                  .eps = (float)e->cfg->norm_eps, .overlap = 1};
@@ -212,11 +220,10 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
     TRY(linear_t(e, &w->compressor.wkv, x, &ckv));
     TRY(linear_t(e, &w->compressor.wgate, x, &cg));
     float *saved = f->save ? L->saved_proj : NULL;
-    if (saved)
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(saved + t * L->proj_ld, s->ckv + t * coff * d, (size_t)(coff * d) * 4);
-            memcpy(saved + t * L->proj_ld + coff * d, s->cgate + t * coff * d, (size_t)(coff * d) * 4);
-        }
+    if (saved) {
+        TRY(save_rows(f, L, 0, s->ckv, coff * d));
+        TRY(save_rows(f, L, coff * d, s->cgate, coff * d));
+    }
     const int64_t rows = coff * r, cols = coff * d;
     dsv4_compressor_desc desc = {.kind = DSV4_COMPRESSOR_MAIN, .ratio = (int)r, .dim = (int)d,
                                  .eps = (float)e->cfg->norm_eps, .overlap = eng_overlap(L)};
@@ -382,18 +389,15 @@ dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, con
     begin(&f, e, segs, n_seg, tokens);
     f.replay = (flags & ENG_REPLAY) != 0;
     eng_scratch *s = &e->s;
-    const int64_t D = e->D, hc = e->hc, nl = e->cfg->n_layers, T = f.T;
-    /* the streams start as hc copies of the embedding */
-    embed(e, s->tokens, T, s->xin);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < hc; j++) memcpy(s->X + (t * hc + j) * D, s->xin + t * D, (size_t)D * 2);
+    const int64_t nl = e->cfg->n_layers;
+    TRY(embed(&f, e->hc, s->X)); /* the streams start as hc copies of the embedding */
     for (int i = 0; i < n_seg; i++) {
         if (!segs[i].save) continue;
         for (int b = 0; b < nl; b++) {
             const eng_layer *L = &e->layers[b];
             if (L->snapshot)
-                memcpy(L->snapshot + (size_t)segs[i].sq * (size_t)L->state_floats, eng_state(e, L, segs[i].sq),
-                       (size_t)L->state_floats * 4);
+                TRY(eng_copy(e, L->snapshot + (size_t)segs[i].sq * (size_t)L->state_floats, eng_state(e, L, segs[i].sq),
+                             L->state_floats * 4));
         }
     }
     TRY(eng_wrap(first_hc_pre(&f, &e->layers[0].hc_attn), "block", 0));
@@ -401,7 +405,7 @@ dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, con
         TRY(eng_wrap(block(&f, &e->layers[l], l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL), "block", (int)l));
     for (int i = 0; i < n_seg; i++) {
         eng_seq *q = &e->seqs[segs[i].sq];
-        memcpy(q->hist + segs[i].start, s->tokens + segs[i].row, (size_t)segs[i].T * sizeof *q->hist);
+        memcpy(q->hist + segs[i].start, s->tokens + segs[i].row, (size_t)segs[i].T * sizeof *q->hist); /* host */
         q->len = segs[i].start + segs[i].T;
     }
     return DSV4_OK;
@@ -431,16 +435,12 @@ dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const i
     dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, D), ep = eng_t2(s->a, DSV4_BF16, T, D);
     dsv4_tensor hh = eng_t2(s->Xm, DSV4_BF16, T * hc, D), hp = eng_t2(s->X, DSV4_BF16, T * hc, D);
     TRY(rmsnorm(e, &hh, &w->hnorm, &hh));
-    embed(e, s->tokens, T, s->x);
+    TRY(embed(&f, 1, s->x));
     TRY(rmsnorm(e, &x, &w->enorm, &x));
     TRY(linear(e, &w->e_proj, &x, &ep));
     TRY(linear(e, &w->h_proj, &hh, &hp));
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < hc; j++) {
-            uint16_t *row = s->X + (t * hc + j) * D;
-            const uint16_t *er = s->a + t * D;
-            for (int64_t d = 0; d < D; d++) row[d] = dsv4_bf16_from_f32(dsv4_bf16_to_f32(row[d]) + dsv4_bf16_to_f32(er[d]));
-        }
+    dsv4_tensor X = eng_t3(s->X, DSV4_BF16, T, hc, D);
+    TRY(dsv4_add_bf16(e->ctx, &X, &ep, &X));
     TRY(first_hc_pre(&f, &L->hc_attn));
     return eng_wrap(block(&f, L, NULL), "MTP block", 0);
 }
@@ -474,7 +474,7 @@ dsv4_status eng_rollback(dsv4_engine *e, int sq, int64_t start, int64_t keep, in
         const eng_layer *L = &e->layers[b];
         if (!L->snapshot) continue;
         float *st = eng_state(e, L, sq);
-        memcpy(st, L->snapshot + (size_t)sq * (size_t)L->state_floats, (size_t)L->state_floats * 4);
+        TRY(eng_copy(e, st, L->snapshot + (size_t)sq * (size_t)L->state_floats, L->state_floats * 4));
         if (!keep) continue;
         TRY(replay(e, L, DSV4_COMPRESSOR_MAIN, start, keep, row, st));
         if (L->kind == DSV4_ATTN_CSA)
