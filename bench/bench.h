@@ -37,6 +37,9 @@ uint64_t bench_read_pass_avx512(const void *p, size_t bytes, size_t far);
 uint64_t bench_read_pass_avx2(const void *p, size_t bytes, size_t far);
 /* Peak fp32 FMA rate in GFLOP/s (2 FLOP per lane-FMA) with `threads` threads, best ISA. */
 double bench_fma_peak(int threads);
+/* Peak of the multiply-add the linear kernels run on, in GFLOP/s: vdpbf16ps (2 products per fp32
+ * lane) with AVX-512 BF16, else the fp32 FMA peak. */
+double bench_dot_peak(int threads);
 /* Aligned allocation filled with a deterministic pseudo-random pattern (bench inputs only). */
 void *bench_alloc(size_t bytes);
 void bench_fill_random_f32(float *x, size_t n, uint64_t seed, float scale);

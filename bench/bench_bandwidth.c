@@ -20,7 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-enum { PREFETCH_FAR = 8192, MAX_PASSES = 16 };
+enum { PREFETCH_FAR = 8192, MAX_PASSES = 8 };
 
 /* ---- the last-level cache -------------------------------------------------------------------- */
 static size_t read_size_file(const char *path)

@@ -52,6 +52,41 @@ static double peak256(int threads, long iters)
     return (double)threads * (double)iters * CHAINS * 8 * 2 / dt * 1e-9;
 }
 
+/* vdpbf16ps: 16 lanes x 2 BF16 products summed into fp32 per instruction (4 FLOP per lane), the
+ * instruction the FP8 / FP4 / BF16 linear kernels run on (src/backends/cpu/linear_avx512.c). */
+static double peak_dot512(int threads, long iters)
+{
+    double t0 = bench_now();
+    float sink = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+        __m512 acc[CHAINS];
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c * 1e-3f);
+        const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+        const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
+        for (long i = 0; i < iters; i++)
+            for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+        __m512 s = acc[0];
+        for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+        sink += _mm512_reduce_add_ps(s);
+    }
+    double dt = bench_now() - t0;
+    volatile float keep = sink;
+    (void)keep;
+    return (double)threads * (double)iters * CHAINS * 16 * 4 / dt * 1e-9;
+}
+
+double bench_dot_peak(int threads)
+{
+    if (strcmp(dsv4_cpu_isa(), "avx512+bf16")) return bench_fma_peak(threads);
+    double best = 0.0;
+    for (int r = 0; r < 3; r++) {
+        double g = peak_dot512(threads, 2000000);
+        if (g > best) best = g;
+    }
+    return best;
+}
+
 double bench_fma_peak(int threads)
 {
     const char *isa = dsv4_cpu_isa();
