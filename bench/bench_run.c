@@ -15,6 +15,7 @@
  *   --quick: the tiny model only; --model DIR: that checkpoint only; --threads N;
  *   --max-batch B: the largest B (32). */
 #define _XOPEN_SOURCE 700 /* nftw, pwrite */
+#define _DEFAULT_SOURCE   /* mincore */
 #include "bench.h"
 #include "dsv4.h"
 #include "dsv4/engine.h"
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -205,6 +207,31 @@ static double mean_of(const double *v, int n)
     return s / n;
 }
 
+/* How many of each main block's routed experts have their w1 in the page cache (mincore on the
+ * middle page): the experts some token was routed to so far. Prints one count per block. */
+static void experts_resident(const char *dir, int n_layers, int E)
+{
+    dsv4_checkpoint *ck = NULL;
+    if (dsv4_checkpoint_open(dir, &ck) != DSV4_OK) return;
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    printf("routed experts touched so far (w1 in the page cache, mincore):");
+    for (int b = 0; b < n_layers; b++) {
+        int n = 0;
+        for (int x = 0; x < E; x++) {
+            char name[96];
+            dsv4_tensor_entry te;
+            unsigned char v = 0;
+            snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w1.weight", b, x);
+            if (dsv4_checkpoint_find(ck, name, &te) != DSV4_OK) continue;
+            uintptr_t at = ((uintptr_t)te.data + te.nbytes / 2) & ~(uintptr_t)(pg - 1);
+            n += mincore((void *)at, pg, &v) == 0 && (v & 1);
+        }
+        printf(" %d", n);
+    }
+    printf(" of %d per block\n", E);
+    dsv4_checkpoint_close(ck);
+}
+
 /* One timed decode step of seqs[0..B-1]: one token each, n_logits 1 each, in one call. */
 static double batch_step(dsv4_engine *e, const int *seqs, int B, int pool, uint64_t step, float *logits)
 {
@@ -253,6 +280,7 @@ static int batched(const char *dir, const model_cost *mc, const run_opts *ro, do
     if (dsv4_engine_forward_batch(e, en, n_seq, logits, NULL) != DSV4_OK) goto done;
     printf("prefill of %d sequences x %d tokens in one call: %.1f tok/s\n", n_seq, PROMPT,
            (double)(n_seq * PROMPT) / (bench_now() - t0));
+    experts_resident(dir, mc->moe_layers, mc->E);
     /* two more sequences with sequence 0's prompt, for single-sequence steps: dsv4_engine_forward,
      * and dsv4_engine_step greedy (which feeds the token it sampled) */
     const int solo = n_seq, stepper = n_seq + 1;
