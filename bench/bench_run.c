@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -232,6 +233,14 @@ static void experts_resident(const char *dir, int n_layers, int E)
     dsv4_checkpoint_close(ck);
 }
 
+/* Page faults of this process so far (minor + major): a step that maps weight pages again, e.g.
+ * after the kernel dropped cold page-cache pages, pays for it in the kernel. */
+static long faults_now(void)
+{
+    struct rusage u;
+    return getrusage(RUSAGE_SELF, &u) ? 0 : u.ru_minflt + u.ru_majflt;
+}
+
 /* One timed decode step of seqs[0..B-1]: one token each, n_logits 1 each, in one call. */
 static double batch_step(dsv4_engine *e, const int *seqs, int B, int pool, uint64_t step, float *logits)
 {
@@ -295,16 +304,19 @@ static int batched(const char *dir, const model_cost *mc, const run_opts *ro, do
            "  bytes = dense weights + LM head once + B embedding rows + per MoE layer (%d of them)\n"
            "  E (1 - (1 - k/E)^B) distinct experts of %.1f MB (E %d, k %d); FLOPs = 2 x %.0f M active weights x B\n",
            bw, ro->peak, ro->peak_of, mc->moe_layers, mc->expert.bytes / 1e6, mc->E, mc->k, mc->main.params / 1e6);
-    printf("%4s %9s %9s %9s %10s %9s %8s %8s %7s %10s %8s\n", "B", "step ms", "median", "best", "tok/s", "MB/step",
-           "experts", "bound", "GB/s", "roof tok/s", "vs roof");
+    printf("%4s %9s %9s %9s %10s %9s %8s %8s %7s %10s %8s %9s\n", "B", "step ms", "median", "best", "tok/s", "MB/step",
+           "experts", "bound", "GB/s", "roof tok/s", "vs roof", "faults");
     double b1_tps = 0.0, solo_tps = 0.0, step_tps = 0.0;
     uint64_t step = 0;
     for (int B = 1; B <= ro->max_b; B = B * 2 > ro->max_b && B < ro->max_b ? ro->max_b : B * 2) {
         double t[256] = {0}, ts[256] = {0}, tq[256] = {0};
         int n = ro->steps < 256 ? ro->steps : 256;
         if (batch_step(e, seqs, B, pool, step++, logits) < 0) goto done;
+        long fb = 0; /* page faults of the batched steps only */
         for (int i = 0; i < n; i++) {
+            long fa = faults_now();
             if ((t[i] = batch_step(e, seqs, B, pool, step, logits)) < 0) goto done;
+            fb += faults_now() - fa;
             if (B == 1) { /* the same token through the single-sequence call, step by step in turn */
                 int32_t tok;
                 step_ids(&tok, 1, pool, step);
@@ -326,8 +338,9 @@ static int batched(const char *dir, const model_cost *mc, const run_opts *ro, do
                      fl = flops_step(mc, B);
         const double tm = bytes / (bw * 1e9), tc = fl / (ro->peak * 1e9), roof = B / (tm > tc ? tm : tc);
         if (B == 1) b1_tps = tps;
-        printf("%4d %9.2f %9.2f %9.2f %10.1f %9.0f %8.1f %8s %7.1f %10.1f %8.2f\n", B, mean * 1e3, med * 1e3, best * 1e3, tps,
-               bytes / 1e6, distinct_experts(mc, B), tm > tc ? "memory" : "compute", bytes / mean * 1e-9, roof, tps / roof);
+        printf("%4d %9.2f %9.2f %9.2f %10.1f %9.0f %8.1f %8s %7.1f %10.1f %8.2f %9.0f\n", B, mean * 1e3, med * 1e3, best * 1e3,
+               tps, bytes / 1e6, distinct_experts(mc, B), tm > tc ? "memory" : "compute", bytes / mean * 1e-9, roof, tps / roof,
+               (double)fb / n);
     }
     /* the single-sequence path of the rows above: greedy generation after sequence 0's prompt, on
      * the slot of the single-sequence calls */
@@ -340,7 +353,8 @@ static int batched(const char *dir, const model_cost *mc, const run_opts *ro, do
            "(batched / it: %.2f), dsv4_engine_step greedy %.1f tok/s (%.2f); then dsv4_engine_generate %.1f tok/s (%.2f)\n",
            solo_tps, b1_tps / solo_tps, step_tps, b1_tps / step_tps, gen_tps, b1_tps / gen_tps);
     printf("(step ms = the mean of %d timed steps, median and best next to it; tok/s = B / step ms; GB/s = the weight\n"
-           "bytes of a step / step ms; experts = distinct experts per MoE layer, E (1 - (1 - k/E)^B))\n", ro->steps);
+           "bytes of a step / step ms; experts = distinct experts per MoE layer, E (1 - (1 - k/E)^B); faults = page faults\n"
+           "per step: weight pages mapped again)\n", ro->steps);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "bench run: batched decode: %s\n", dsv4_last_error());
