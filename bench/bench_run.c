@@ -256,9 +256,10 @@ static double batch_step(dsv4_engine *e, const int *seqs, int B, int pool, uint6
 /* B = 1, 2, 4 .. max_b sequences decoding together on an engine planned for them (no MTP). Each
  * sequence is prefilled with an 8-token prompt (all in one call), then every B runs 1 untimed and
  * `steps` timed steps on sequences 0 .. B-1, which keep growing (positions 8 to ~60, where the
- * attention is a small part of a step). B = 1 also runs through dsv4_engine_generate first, the
- * single-sequence path: the two must agree. */
-static int batched(const char *dir, const model_cost *mc, const run_opts *ro, double bw, double peak)
+ * attention is a small part of a step). At B = 1 each timed step is followed by the same step
+ * through the single-sequence calls (dsv4_engine_forward, dsv4_engine_step greedy) on two more
+ * sequences, and dsv4_engine_generate runs after the table: all must agree. */
+static int batched(const char *dir, const model_cost *mc, const run_opts *ro, double bw)
 {
     dsv4_ctx *ctx = NULL;
     dsv4_ctx_options co = {NULL, ro->threads, 0};
@@ -428,7 +429,7 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
     free(logits);
     dsv4_engine_destroy(e);
     dsv4_ctx_destroy(ctx);
-    return rc ? rc : batched(dir, &mc, ro, bw_gbs, peak_gflops);
+    return rc ? rc : batched(dir, &mc, ro, bw_gbs);
 }
 
 /* What routing reads gets random values in the checkpoint of flash_like (its data are file
