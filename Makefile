@@ -44,6 +44,7 @@ test-gpu:
 	BUILD=$(CURDIR)/build-gpu bash tests/gpu/run_gpu_tests.sh
 
 bench: build
+	./$(BUILD)/dsv4 bench bandwidth
 	./$(BUILD)/dsv4 bench formats
 	./$(BUILD)/dsv4 bench attention
 	./$(BUILD)/dsv4 bench linear

@@ -16,11 +16,30 @@ extern const dsv4_bench_entry dsv4_benches[]; /* bench_registry.c; ends with a N
 
 /* ---- utilities (bench_util.c) ---- */
 double bench_now(void); /* seconds, monotonic */
-/* Memory read bandwidth in GB/s (1e9 B/s), best of `reps` passes over `bytes` of fresh memory,
- * with `threads` threads. */
-double bench_read_bandwidth(size_t bytes, int threads, int reps);
+/* Memory read bandwidth (bench_bandwidth.c): `threads` threads each read their own contiguous part
+ * of a buffer of max(min_bytes, 8x the last-level cache, 1 GiB) with the widest vector loads, in
+ * `passes` passes of each of two prefetch variants; the variant with the best pass gives best and
+ * median (GB/s = 1e9 B/s). */
+typedef struct bench_bw {
+    double best, median;
+    int threads, passes, bursts; /* passes over the buffer; timed bursts of the variant used */
+    size_t bytes, burst, llc;    /* buffer, one burst (all threads); last-level cache (0: unknown) */
+    const char *isa;   /* the loads used */
+    size_t far;        /* 0: hardware prefetch only; else the software prefetch distance */
+} bench_bw;
+bench_bw bench_read_bw(size_t min_bytes, int threads, int passes);
+void bench_bw_print(const bench_bw *b); /* one line: method and result */
+/* bench_read_bw + bench_bw_print; returns the best. */
+double bench_read_bandwidth(size_t min_bytes, int threads, int passes);
+size_t bench_llc_bytes(void);
+/* One pass of the probe over `bytes` (prefetching `far` bytes ahead when far > 0); ISA units. */
+uint64_t bench_read_pass_avx512(const void *p, size_t bytes, size_t far);
+uint64_t bench_read_pass_avx2(const void *p, size_t bytes, size_t far);
 /* Peak fp32 FMA rate in GFLOP/s (2 FLOP per lane-FMA) with `threads` threads, best ISA. */
 double bench_fma_peak(int threads);
+/* Peak of the multiply-add the linear kernels run on, in GFLOP/s: vdpbf16ps (2 products per fp32
+ * lane) with AVX-512 BF16, else the fp32 FMA peak. */
+double bench_dot_peak(int threads);
 /* Aligned allocation filled with a deterministic pseudo-random pattern (bench inputs only). */
 void *bench_alloc(size_t bytes);
 void bench_fill_random_f32(float *x, size_t n, uint64_t seed, float scale);

@@ -117,9 +117,9 @@ static double time_calls(dsv4_status (*fn)(const call *), call c, int reps)
     return best;
 }
 
-/* Read bandwidth just before a section, as the best of short passes over 128 MiB (4x the L3),
- * like the calls it is compared with: the cores are shared, and a best-of over bursts of the
- * same length as the timed calls sees the same quiet moments. */
+/* Read bandwidth just before a section: the probe's best 32 MiB burst over a buffer of at least
+ * 8x the last-level cache (bench_bandwidth.c), like the calls it is compared with: the cores are
+ * shared, and a best-of over bursts of the length of the timed calls sees the same quiet moments. */
 static double section_bw(int threads, int quick)
 {
     double bw = bench_read_bandwidth((size_t)128 << 20, threads, quick ? 8 : 20);

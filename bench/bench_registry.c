@@ -8,8 +8,10 @@ int dsv4_bench_attention_cuda(int argc, char **argv);
 int dsv4_bench_linear(int argc, char **argv);
 int dsv4_bench_layer(int argc, char **argv);
 int dsv4_bench_run(int argc, char **argv);
+int dsv4_bench_bandwidth(int argc, char **argv);
 
 const dsv4_bench_entry dsv4_benches[] = {
+    {"bandwidth", "the read-bandwidth probe behind every roofline (all threads, 1 thread) vs the former probe and an FP8 M=1 linear", dsv4_bench_bandwidth},
     {"formats", "GB/s of the vectorized quantize/dequantize routines vs read bandwidth", dsv4_bench_formats},
     {"attention", "sparse MLA decode at V4-Flash decode shapes: GFLOP/s, GB/s vs FMA peak, read bandwidth, the two-pass design", dsv4_bench_attention},
     {"linear", "quantized linear layers at V4-Flash shapes: weight GB/s vs read bandwidth and OpenBLAS", dsv4_bench_linear},

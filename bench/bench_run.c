@@ -2,22 +2,36 @@
  *   1. the built-in tiny model (make-tiny);
  *   2. a synthetic checkpoint with V4-Flash layer shapes (D 4096, 64 heads, all 256 FP4 experts,
  *      vocabulary 129,280): 3 blocks (SWA + hash routing, CSA, HCA ratio 128) and the MTP block,
- *      written as file holes (zero weights: the kernels' speed does not depend on the values; the
- *      zero router picks the same 6 experts every token, which reads as many bytes).
+ *      written as file holes (zero weights: the kernels' speed does not depend on the values),
+ *      except what routing reads: the embedding rows of the first ROUTE_IDS ids, every ffn_norm,
+ *      the gates and the hash tables get random values (route_like), so that each token picks
+ *      its own 6 experts, as with trained weights, and B tokens read as many experts as B real ones.
  * For each: prefill tokens/s (with GFLOP/s = 2 x active weights x tokens/s next to the FMA peak),
  * decode tokens/s without and with MTP (k = 1, 2; acceptance), next to the bytes-per-token
- * roofline = weights a decode step touches / the read bandwidth measured in the same run.
- *   --quick: the tiny model only; --model DIR: that checkpoint only; --threads N. */
-#define _XOPEN_SOURCE 700 /* nftw */
+ * roofline = weights a decode step touches / the read bandwidth measured in the same run; then
+ * batched decode (BENCHMARKS.md, "Batched decode (CPU)"): B = 1 .. 32 sequences, each prefilled
+ * with an 8-token prompt, append one token each per dsv4_engine_forward_batch call; aggregate
+ * tokens/s next to the roofline of B tokens (bytes_step and flops_step below).
+ *   --quick: the tiny model only; --model DIR: that checkpoint only; --threads N;
+ *   --max-batch B: the largest B (32). */
+#define _XOPEN_SOURCE 700 /* nftw, pwrite */
+#define _DEFAULT_SOURCE   /* mincore */
 #include "bench.h"
 #include "dsv4.h"
 #include "dsv4/engine.h"
 
+#include <fcntl.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+enum { ROUTE_IDS = 4096, MAX_B = 32, PROMPT = 8 };
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) { return remove(path); }
 
@@ -67,8 +81,32 @@ static void add_block(cost *c, const dsv4_layer_weights *L, const dsv4_model_con
 }
 
 typedef struct model_cost {
-    cost main, mtp; /* per token: main model (incl. head); MTP block + head per draft */
+    cost main, mtp;  /* per token: main model (incl. head); MTP block + head per draft */
+    cost head;       /* the LM head */
+    cost expert;     /* one routed expert: w1, w2, w3 */
+    double embed_row; /* bytes of one embedding row */
+    int moe_layers, k, E; /* main-model blocks with routed experts; experts per token; experts */
 } model_cost;
+
+/* Distinct experts B tokens touch in one MoE layer, in expectation, when each token picks k of E
+ * uniformly (the random gates and hash tables here; trained routers are less uniform, so this is
+ * the upper end): E (1 - (1 - k/E)^B). B = 1 gives k. */
+static double distinct_experts(const model_cost *mc, int B)
+{
+    return (double)mc->E * (1.0 - pow(1.0 - (double)mc->k / (double)mc->E, (double)B));
+}
+
+/* Weight bytes a decode step of B tokens (one per sequence) reads: the dense weights and the LM
+ * head once, B embedding rows, and per MoE layer the distinct experts of the B tokens. */
+static double bytes_step(const model_cost *mc, int B)
+{
+    const double dense = mc->main.bytes - mc->embed_row - (double)mc->moe_layers * mc->k * mc->expert.bytes;
+    return dense + B * mc->embed_row + (double)mc->moe_layers * distinct_experts(mc, B) * mc->expert.bytes;
+}
+
+/* FLOPs of that step: 2 per active weight per token (k experts each). The attention's own
+ * products (2 x 64 heads x entries x 1024 per token and layer) are < 0.1 % at these lengths. */
+static double flops_step(const model_cost *mc, int B) { return 2.0 * mc->main.params * B; }
 
 static int cost_of(const char *dir, model_cost *mc)
 {
@@ -78,10 +116,22 @@ static int cost_of(const char *dir, model_cost *mc)
     const dsv4_model_config *c = dsv4_model_get_config(m);
     memset(mc, 0, sizeof *mc);
     add_t(&mc->main, &w->head);
+    add_t(&mc->head, &w->head);
     add_t(&mc->main, &w->hc_head_fn);
     add_t(&mc->main, &w->norm);
-    mc->main.bytes += (double)c->dim * 2.0; /* the embedding row */
-    for (int b = 0; b < w->n_layers; b++) add_block(&mc->main, &w->layers[b], c);
+    mc->embed_row = (double)c->dim * (double)dsv4_dtype_size(w->embed.dtype);
+    mc->main.bytes += mc->embed_row;
+    for (int b = 0; b < w->n_layers; b++) {
+        add_block(&mc->main, &w->layers[b], c);
+        mc->moe_layers += w->layers[b].experts && w->layers[b].experts[0].w1.weight.data;
+    }
+    if (w->n_layers && w->layers[0].experts) {
+        add_l(&mc->expert, &w->layers[0].experts[0].w1, 1, 0);
+        add_l(&mc->expert, &w->layers[0].experts[0].w2, 1, 0);
+        add_l(&mc->expert, &w->layers[0].experts[0].w3, 1, 0);
+    }
+    mc->k = (int)c->n_activated_experts;
+    mc->E = (int)c->n_routed_experts;
     if (w->n_mtp) {
         add_block(&mc->mtp, &w->layers[w->n_layers], c);
         add_t(&mc->mtp, &w->head);
@@ -128,9 +178,198 @@ static int decode(dsv4_engine *e, const int32_t *prompt, int n_prompt, int token
     return ok;
 }
 
-static int bench_model(const char *name, const char *dir, int threads, int n_prefill, int n_decode, double bw_gbs,
+/* ---- batched decode ------------------------------------------------------------------------ */
+typedef struct run_opts {
+    int threads, max_b, steps; /* largest B; timed steps per B */
+    int pool;                  /* prompt and decode ids come from [0, pool) */
+    double peak;               /* GFLOP/s: the faster of the fp32 FMA and the vdpbf16ps peaks */
+    const char *peak_of;
+} run_opts;
+
+/* The ids of one step for B sequences: distinct (stride 7919, a prime above any pool here) from
+ * a start that moves with the step. */
+static void step_ids(int32_t *ids, int B, int pool, uint64_t step)
+{
+    uint64_t a = (step * 6364136223846793005ull + 1442695040888963407ull) >> 33;
+    for (int j = 0; j < B; j++) ids[j] = (int32_t)((a + (uint64_t)j * 7919u) % (uint64_t)pool);
+}
+
+static double median_of(const double *v, int n)
+{
+    double t[256];
+    for (int i = 0; i < n; i++) t[i] = v[i];
+    return bench_median(t, n);
+}
+
+static double mean_of(const double *v, int n)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += v[i];
+    return s / n;
+}
+
+/* How many of each main block's routed experts have their w1 in the page cache (mincore on the
+ * middle page): the experts some token was routed to so far. Prints one count per block. */
+static void experts_resident(const char *dir, int n_layers, int E)
+{
+    dsv4_checkpoint *ck = NULL;
+    if (dsv4_checkpoint_open(dir, &ck) != DSV4_OK) return;
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    printf("routed experts touched so far (w1 in the page cache, mincore):");
+    for (int b = 0; b < n_layers; b++) {
+        int n = 0;
+        for (int x = 0; x < E; x++) {
+            char name[96];
+            dsv4_tensor_entry te;
+            unsigned char v = 0;
+            snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w1.weight", b, x);
+            if (dsv4_checkpoint_find(ck, name, &te) != DSV4_OK) continue;
+            uintptr_t at = ((uintptr_t)te.data + te.nbytes / 2) & ~(uintptr_t)(pg - 1);
+            n += mincore((void *)at, pg, &v) == 0 && (v & 1);
+        }
+        printf(" %d", n);
+    }
+    printf(" of %d per block\n", E);
+    dsv4_checkpoint_close(ck);
+}
+
+/* Page faults of this process so far (minor + major): a step that maps weight pages again, e.g.
+ * after the kernel dropped cold page-cache pages, pays for it in the kernel. */
+static long faults_now(void)
+{
+    struct rusage u;
+    return getrusage(RUSAGE_SELF, &u) ? 0 : u.ru_minflt + u.ru_majflt;
+}
+
+/* One timed decode step of seqs[0..B-1]: one token each, n_logits 1 each, in one call. */
+static double batch_step(dsv4_engine *e, const int *seqs, int B, int pool, uint64_t step, float *logits)
+{
+    int32_t tok[MAX_B];
+    dsv4_batch_entry en[MAX_B];
+    step_ids(tok, B, pool, step);
+    for (int j = 0; j < B; j++) en[j] = (dsv4_batch_entry){seqs[j], &tok[j], 1, 1, 0};
+    double t0 = bench_now();
+    dsv4_status st = dsv4_engine_forward_batch(e, en, B, logits, NULL);
+    return st == DSV4_OK ? bench_now() - t0 : -1.0;
+}
+
+/* B = 1, 2, 4 .. max_b sequences decoding together on an engine planned for them (no MTP). Each
+ * sequence is prefilled with an 8-token prompt (all in one call), then every B runs 1 untimed and
+ * `steps` timed steps on sequences 0 .. B-1, which keep growing (positions 8 to ~60, where the
+ * attention is a small part of a step). At B = 1 each timed step is followed by the same step
+ * through the single-sequence calls (dsv4_engine_forward, dsv4_engine_step greedy) on two more
+ * sequences, and dsv4_engine_generate runs after the table: all must agree. */
+static int batched(const char *dir, const model_cost *mc, const run_opts *ro, double bw)
+{
+    dsv4_ctx *ctx = NULL;
+    dsv4_ctx_options co = {NULL, ro->threads, 0};
+    dsv4_engine_options eo = {1024, ro->max_b + 2, ro->max_b > 64 ? ro->max_b : 64, 0, 0};
+    dsv4_engine *e = NULL;
+    if (dsv4_ctx_create(&co, &ctx) != DSV4_OK || dsv4_engine_create(ctx, dir, &eo, &e) != DSV4_OK) {
+        fprintf(stderr, "bench run: %s\n", dsv4_last_error());
+        dsv4_ctx_destroy(ctx);
+        return 1;
+    }
+    const int64_t V = dsv4_engine_config(e)->vocab_size;
+    const int pool = ro->pool < V ? ro->pool : (int)V;
+    dsv4_engine_memory mem;
+    dsv4_engine_memory_info(e, &mem);
+    printf("batched decode: engine for %d + 2 sequences, max_batch %d, no MTP (%.1f MB planned); ids from [0, %d)\n", ro->max_b,
+           eo.max_batch, (double)mem.planned / 1e6, pool);
+    float *logits = malloc(sizeof *logits * (size_t)V * (size_t)ro->max_b);
+    int32_t prompt[MAX_B][PROMPT];
+    int seqs[MAX_B + 2], n_seq = 0, rc = 1;
+    dsv4_batch_entry en[MAX_B];
+    for (int j = 0; j < ro->max_b; j++) fill_ids(prompt[j], PROMPT, pool, 101 + (uint64_t)j);
+    if (!logits) goto done;
+    for (; n_seq < ro->max_b; n_seq++) {
+        if (dsv4_engine_seq_create(e, &seqs[n_seq]) != DSV4_OK) goto done;
+        en[n_seq] = (dsv4_batch_entry){seqs[n_seq], prompt[n_seq], PROMPT, 1, 0};
+    }
+    double t0 = bench_now();
+    if (dsv4_engine_forward_batch(e, en, n_seq, logits, NULL) != DSV4_OK) goto done;
+    printf("prefill of %d sequences x %d tokens in one call: %.1f tok/s\n", n_seq, PROMPT,
+           (double)(n_seq * PROMPT) / (bench_now() - t0));
+    experts_resident(dir, mc->moe_layers, mc->E);
+    /* two more sequences with sequence 0's prompt, for single-sequence steps: dsv4_engine_forward,
+     * and dsv4_engine_step greedy (which feeds the token it sampled) */
+    const int solo = n_seq, stepper = n_seq + 1;
+    for (int j = 0; j < 2; j++, n_seq++)
+        if (dsv4_engine_seq_create(e, &seqs[n_seq]) != DSV4_OK ||
+            dsv4_engine_forward(e, seqs[n_seq], prompt[0], PROMPT, logits, 1, NULL, 0) != DSV4_OK)
+            goto done;
+    uint64_t rng[4];
+    dsv4_rng_seed(0, rng);
+    int32_t x = 0, xo[1];
+    printf("roofline of B tokens = B / max(bytes / %.1f GB/s, FLOPs / %.0f GFLOP/s (%s peak));\n"
+           "  bytes = dense weights + LM head once + B embedding rows + per MoE layer (%d of them)\n"
+           "  E (1 - (1 - k/E)^B) distinct experts of %.1f MB (E %d, k %d); FLOPs = 2 x %.0f M active weights x B\n",
+           bw, ro->peak, ro->peak_of, mc->moe_layers, mc->expert.bytes / 1e6, mc->E, mc->k, mc->main.params / 1e6);
+    printf("%4s %9s %9s %9s %10s %9s %8s %8s %7s %10s %8s %9s\n", "B", "step ms", "median", "best", "tok/s", "MB/step",
+           "experts", "bound", "GB/s", "roof tok/s", "vs roof", "faults");
+    double b1_tps = 0.0, solo_tps = 0.0, step_tps = 0.0;
+    uint64_t step = 0;
+    for (int B = 1; B <= ro->max_b; B = B * 2 > ro->max_b && B < ro->max_b ? ro->max_b : B * 2) {
+        double t[256] = {0}, ts[256] = {0}, tq[256] = {0};
+        int n = ro->steps < 256 ? ro->steps : 256;
+        if (batch_step(e, seqs, B, pool, step++, logits) < 0) goto done;
+        long fb = 0; /* page faults of the batched steps only */
+        for (int i = 0; i < n; i++) {
+            long fa = faults_now();
+            if ((t[i] = batch_step(e, seqs, B, pool, step, logits)) < 0) goto done;
+            fb += faults_now() - fa;
+            if (B == 1) { /* the same token through the single-sequence call, step by step in turn */
+                int32_t tok;
+                step_ids(&tok, 1, pool, step);
+                double t1 = bench_now();
+                if (dsv4_engine_forward(e, seqs[solo], &tok, 1, logits, 1, NULL, 0) != DSV4_OK) goto done;
+                ts[i] = bench_now() - t1;
+                dsv4_step_request rq = {seqs[stepper], &x, 1, 0, 1, {0.0f, 1.0f, 0}, rng, xo, 0, 0, 0};
+                t1 = bench_now();
+                if (dsv4_engine_step(e, &rq, 1) != DSV4_OK) goto done;
+                tq[i] = bench_now() - t1;
+                x = xo[0];
+            }
+            step++;
+        }
+        if (B == 1) solo_tps = 1.0 / mean_of(ts, n), step_tps = 1.0 / mean_of(tq, n);
+        double best = t[0];
+        for (int i = 1; i < n; i++) best = t[i] < best ? t[i] : best;
+        const double mean = mean_of(t, n), med = median_of(t, n), tps = B / mean, bytes = bytes_step(mc, B),
+                     fl = flops_step(mc, B);
+        const double tm = bytes / (bw * 1e9), tc = fl / (ro->peak * 1e9), roof = B / (tm > tc ? tm : tc);
+        if (B == 1) b1_tps = tps;
+        printf("%4d %9.2f %9.2f %9.2f %10.1f %9.0f %8.1f %8s %7.1f %10.1f %8.2f %9.0f\n", B, mean * 1e3, med * 1e3, best * 1e3,
+               tps, bytes / 1e6, distinct_experts(mc, B), tm > tc ? "memory" : "compute", bytes / mean * 1e-9, roof, tps / roof,
+               (double)fb / n);
+    }
+    /* the single-sequence path of the rows above: greedy generation after sequence 0's prompt, on
+     * the slot of the single-sequence calls */
+    dsv4_generate_stats gs;
+    dsv4_engine_seq_free(e, seqs[solo]);
+    seqs[solo] = seqs[--n_seq];
+    if (!decode(e, prompt[0], PROMPT, ro->steps + 2, 0, &gs)) goto done;
+    const double gen_tps = (double)(gs.generated_tokens - 1) / gs.decode_seconds;
+    printf("B = 1 through the single-sequence paths, step by step in turn with the batched one: dsv4_engine_forward %.1f tok/s\n"
+           "(batched / it: %.2f), dsv4_engine_step greedy %.1f tok/s (%.2f); then dsv4_engine_generate %.1f tok/s (%.2f)\n",
+           solo_tps, b1_tps / solo_tps, step_tps, b1_tps / step_tps, gen_tps, b1_tps / gen_tps);
+    printf("(step ms = the mean of %d timed steps, median and best next to it; tok/s = B / step ms; GB/s = the weight\n"
+           "bytes of a step / step ms; experts = distinct experts per MoE layer, E (1 - (1 - k/E)^B); faults = page faults\n"
+           "per step: weight pages mapped again)\n", ro->steps);
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "bench run: batched decode: %s\n", dsv4_last_error());
+    for (int j = 0; j < n_seq; j++) dsv4_engine_seq_free(e, seqs[j]);
+    free(logits);
+    dsv4_engine_destroy(e);
+    dsv4_ctx_destroy(ctx);
+    return rc;
+}
+
+static int bench_model(const char *name, const char *dir, const run_opts *ro, int n_prefill, int n_decode, double bw_gbs,
                        double peak_gflops)
 {
+    const int threads = ro->threads;
     model_cost mc;
     if (!cost_of(dir, &mc)) {
         fprintf(stderr, "bench run: %s\n", dsv4_last_error());
@@ -161,6 +400,13 @@ static int bench_model(const char *name, const char *dir, int threads, int n_pre
     double roof = bw_gbs * 1e9 / mc.main.bytes;
     printf("decode roofline: %.1f MB of weights touched / token at %.1f GB/s = %.1f tok/s\n", mc.main.bytes / 1e6, bw_gbs,
            roof);
+    /* With MTP planned, every plain step also runs the MTP block on the row before it (so that a
+     * later step can draft; docs/engine.md §8): its weights without the head. */
+    const double mtp_block = mc.mtp.bytes > 0 ? mc.mtp.bytes - mc.head.bytes : 0.0;
+    const double roof_mtp = bw_gbs * 1e9 / (mc.main.bytes + mtp_block);
+    if (mtp_block > 0)
+        printf("(the engine plans MTP here, so a plain step also runs the MTP block on one row: %.1f MB more, roofline %.1f tok/s)\n",
+               mtp_block / 1e6, roof_mtp);
     int rc = 0;
     for (int k = 0; k <= 2; k++) {
         dsv4_generate_stats st;
@@ -171,6 +417,7 @@ static int bench_model(const char *name, const char *dir, int threads, int n_pre
         }
         double tps = (double)(st.generated_tokens - 1) / st.decode_seconds;
         printf("decode %3d tokens, mtp %d: %8.1f tok/s = %.2f of the roofline", n_decode, k, tps, tps / roof);
+        if (!k && mtp_block > 0) printf(" (%.2f with the MTP block)", tps / roof_mtp);
         if (k) printf("; acceptance %.0f%% (%lld/%lld), %.2f tokens/step", 100.0 * (double)st.accepted / (double)st.drafted,
                       (long long)st.accepted, (long long)st.drafted, (double)(st.generated_tokens - 1) / (double)(st.steps - 1));
         printf("\n");
@@ -182,7 +429,88 @@ static int bench_model(const char *name, const char *dir, int threads, int n_pre
     free(logits);
     dsv4_engine_destroy(e);
     dsv4_ctx_destroy(ctx);
-    return rc;
+    return rc ? rc : batched(dir, &mc, ro, bw_gbs);
+}
+
+/* What routing reads gets random values in the checkpoint of flash_like (its data are file
+ * holes): the embedding rows of ids [0, pool), every ffn_norm (1.0), every gate (uniform in
+ * [-1, 1)), and the rows [0, pool) of every hash table (k distinct experts). A token's hidden state
+ * then is its embedding row (the zero attention and experts add nothing), so each learned layer
+ * routes it through its own random gate and each hash layer through its own random row. */
+static int route_like(const char *dir, int pool, int64_t n_experts)
+{
+    dsv4_checkpoint *ck = NULL;
+    if (dsv4_checkpoint_open(dir, &ck) != DSV4_OK) return 0;
+    typedef struct patch {
+        char file[128];
+        uint64_t off;
+        int kind, dtype; /* kind: 0 embedding, 1 norm, 2 gate, 3 hash table */
+        int64_t rows, cols;
+    } patch;
+    const int64_t n = dsv4_checkpoint_count(ck);
+    patch *pl = calloc((size_t)n, sizeof *pl);
+    int np = 0, ok = pl != NULL;
+    static const char *const suffix[4] = {"embed.weight", "ffn_norm.weight", "ffn.gate.weight", "ffn.gate.tid2eid"};
+    for (int64_t i = 0; i < n && ok; i++) {
+        dsv4_tensor_entry te;
+        if (dsv4_checkpoint_entry(ck, i, &te) != DSV4_OK) ok = 0;
+        size_t cl = ok ? strlen(te.canonical) : 0;
+        for (int k = 0; k < 4 && ok; k++) {
+            size_t sl = strlen(suffix[k]);
+            if (cl < sl || strcmp(te.canonical + cl - sl, suffix[k]) || (k == 0 && cl != sl)) continue;
+            patch *p = &pl[np++];
+            snprintf(p->file, sizeof p->file, "%s", te.file);
+            p->off = te.file_offset;
+            p->kind = k;
+            p->dtype = te.dtype;
+            p->rows = te.shape[0];
+            p->cols = te.ndim > 1 ? te.shape[1] : 1;
+            if (k == 0 || k == 3) p->rows = p->rows < pool ? p->rows : pool;
+        }
+    }
+    dsv4_checkpoint_close(ck);
+    uint64_t seed = 12345;
+    for (int i = 0; i < np && ok; i++) {
+        const patch *p = &pl[i];
+        const size_t cnt = (size_t)(p->rows * p->cols), es = dsv4_dtype_size(p->dtype);
+        unsigned char *buf = malloc(cnt * es);
+        float *f = malloc(cnt * sizeof *f);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, p->file);
+        int fd = open(path, O_WRONLY);
+        ok = buf && f && fd >= 0;
+        if (ok && p->kind == 3) { /* k distinct experts a row: a partial Fisher-Yates shuffle */
+            int32_t perm[1024];
+            for (int64_t r = 0; r < p->rows && n_experts <= 1024; r++) {
+                for (int j = 0; j < n_experts; j++) perm[j] = j;
+                for (int64_t c = 0; c < p->cols; c++) {
+                    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                    int64_t j = c + (int64_t)((seed >> 33) % (uint64_t)(n_experts - c));
+                    int32_t x = perm[c];
+                    perm[c] = perm[j];
+                    perm[j] = x;
+                    if (p->dtype == DSV4_I64) ((int64_t *)(void *)buf)[r * p->cols + c] = perm[c];
+                    else ((int32_t *)(void *)buf)[r * p->cols + c] = perm[c];
+                }
+            }
+        } else if (ok) {
+            if (p->kind == 1)
+                for (size_t j = 0; j < cnt; j++) f[j] = 1.0f;
+            else
+                bench_fill_random_f32(f, cnt, seed + (uint64_t)i, 1.0f);
+            for (size_t j = 0; j < cnt; j++)
+                if (p->dtype == DSV4_BF16) ((uint16_t *)(void *)buf)[j] = dsv4_bf16_encode(f[j]);
+                else ((float *)(void *)buf)[j] = f[j];
+            ok = p->dtype == DSV4_BF16 || p->dtype == DSV4_F32;
+        }
+        ok = ok && pwrite(fd, buf, cnt * es, (off_t)p->off) == (ssize_t)(cnt * es);
+        if (fd >= 0) close(fd);
+        free(buf);
+        free(f);
+    }
+    free(pl);
+    if (!ok) fprintf(stderr, "bench run: giving the V4-Flash-shaped checkpoint its routing failed\n");
+    return ok;
 }
 
 static int flash_like(const char *dir)
@@ -203,27 +531,43 @@ static int flash_like(const char *dir)
         fprintf(stderr, "bench run: writing the V4-Flash-shaped checkpoint: %s\n", dsv4_last_error());
         return 0;
     }
-    return 1;
+    return route_like(dir, ROUTE_IDS, c.n_routed_experts);
 }
 
 int dsv4_bench_run(int argc, char **argv)
 {
-    int threads = bench_opt_int(argc, argv, "--threads", dsv4_default_threads());
+    run_opts ro = {bench_opt_int(argc, argv, "--threads", dsv4_default_threads()), bench_opt_int(argc, argv, "--max-batch", MAX_B),
+                   bench_opt_int(argc, argv, "--steps", 0), 0, 0.0, NULL};
     int quick = bench_opt_flag(argc, argv, "--quick");
     const char *model = bench_opt_str(argc, argv, "--model", NULL);
-    double bw = bench_read_bandwidth((size_t)512 << 20, threads, 3), peak = bench_fma_peak(threads);
-    printf("bench run: %d threads, read bandwidth %.1f GB/s, FMA peak %.0f GFLOP/s (measured now)\n", threads, bw, peak);
+    if (ro.max_b < 1 || ro.max_b > MAX_B) {
+        fprintf(stderr, "bench run: --max-batch must be in [1, %d]\n", MAX_B);
+        return 1;
+    }
+    const int threads = ro.threads, steps = ro.steps;
+    double bw = bench_read_bandwidth((size_t)512 << 20, threads, 4), peak = bench_fma_peak(threads);
+    const double dot = bench_dot_peak(threads);
+    ro.peak = dot > peak ? dot : peak;
+    ro.peak_of = dot > peak ? "vdpbf16ps" : "fp32 FMA";
+    printf("bench run: %d threads, read bandwidth %.1f GB/s, FMA peak %.0f GFLOP/s, vdpbf16ps peak %.0f GFLOP/s (measured now)\n",
+           threads, bw, peak, dot);
     printf("published CPU results: a good one is ~15-20 tok/s per server socket on V4-Flash (llama.cpp 9.7),\n"
            "i.e. 11.2 GB/token at ~200-250 GB/s: the fraction of the roofline below compares with ~0.8 for those\n");
-    if (model) return bench_model(model, model, threads, 64, 32, bw, peak);
+    ro.pool = INT32_MAX; /* a real checkpoint or make-tiny: any id routes like a real token */
+    ro.steps = steps > 0 ? steps : 8;
+    if (model) return bench_model(model, model, &ro, 64, 32, bw, peak);
     char tiny[] = "/tmp/dsv4-bench-tiny-XXXXXX", flash[] = "/tmp/dsv4-bench-flash-XXXXXX";
     int rc = 1;
-    if (mkdtemp(tiny) && dsv4_make_tiny(tiny, 1) == DSV4_OK) rc = bench_model("tiny (make-tiny)", tiny, threads, 128, 64, bw, peak);
+    ro.steps = steps > 0 ? steps : 24;
+    if (mkdtemp(tiny) && dsv4_make_tiny(tiny, 1) == DSV4_OK) rc = bench_model("tiny (make-tiny)", tiny, &ro, 128, 64, bw, peak);
     else fprintf(stderr, "bench run: make-tiny: %s\n", dsv4_last_error());
     rm_tree(tiny);
     if (rc || quick) return rc;
+    ro.pool = ROUTE_IDS;
+    ro.steps = steps > 0 ? steps : 8; /* two CSA compressions (ratio 4) per sequence */
     if (mkdtemp(flash) && flash_like(flash))
-        rc = bench_model("V4-Flash shapes, 3 blocks (SWA, CSA, HCA) + MTP, zero weights", flash, threads, 32, 8, bw, peak);
+        rc = bench_model("V4-Flash shapes, 3 blocks (SWA, CSA, HCA) + MTP, zero weights but the routing", flash, &ro, 32, 8, bw,
+                         peak);
     rm_tree(flash);
     return rc;
 }

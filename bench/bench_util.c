@@ -1,6 +1,5 @@
 #include "bench.h"
 
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,30 +34,6 @@ void bench_fill_random_f32(float *x, size_t n, uint64_t seed, float scale)
 void bench_fill_random_u8(uint8_t *x, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++) x[i] = (uint8_t)(splitmix(&seed) >> 56);
-}
-
-double bench_read_bandwidth(size_t bytes, int threads, int reps)
-{
-    size_t n = bytes / sizeof(uint64_t);
-    uint64_t *a = bench_alloc(n * sizeof(uint64_t));
-    if (!a) return 0.0;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (size_t i = 0; i < n; i++) a[i] = i * 2654435761u;
-    double best = 0.0;
-    volatile uint64_t sink = 0;
-    for (int r = 0; r < reps; r++) {
-        uint64_t acc = 0;
-        double t0 = bench_now();
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(^ : acc)
-        for (size_t i = 0; i < n; i++) acc ^= a[i];
-        double dt = bench_now() - t0;
-        sink ^= acc;
-        double gbs = (double)(n * sizeof(uint64_t)) / dt * 1e-9;
-        if (gbs > best) best = gbs;
-    }
-    (void)sink;
-    free(a);
-    return best;
 }
 
 int bench_opt_int(int argc, char **argv, const char *name, int dflt)
