@@ -232,7 +232,7 @@ static int linear_rate(int threads, size_t total, int calls, double *best, doubl
     int copies = (int)((total + wb - 1) / wb);
     if (copies < 2) copies = 2;
     dsv4_ctx *ctx = NULL;
-    const dsv4_ctx_options o = {"cpu", threads, 0};
+    const dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
     uint8_t *w = bench_alloc(wb * (size_t)copies), *s = bench_alloc(sb * (size_t)copies);
     uint16_t *x = bench_alloc((size_t)k * 2), *y = bench_alloc((size_t)n * 2);
     size_t wsb = 0;

@@ -262,7 +262,7 @@ static double batch_step(dsv4_engine *e, const int *seqs, int B, int pool, uint6
 static int batched(const char *dir, const model_cost *mc, const run_opts *ro, double bw)
 {
     dsv4_ctx *ctx = NULL;
-    dsv4_ctx_options co = {NULL, ro->threads, 0};
+    dsv4_ctx_options co = {.threads = ro->threads};
     dsv4_engine_options eo = {1024, ro->max_b + 2, ro->max_b > 64 ? ro->max_b : 64, 0, 0};
     dsv4_engine *e = NULL;
     if (dsv4_ctx_create(&co, &ctx) != DSV4_OK || dsv4_engine_create(ctx, dir, &eo, &e) != DSV4_OK) {
