@@ -6,10 +6,12 @@
  *   verify    one forward of [x_n, d_1 .. d_k] at positions n .. n+k: target logits of every row
  *   accept    greedy: the longest prefix with d_j == argmax; else min(1, p/q) per draft and a
  *             sample of max(0, p - q) at the first rejection; plus one token of the target model
- *   repair    rejected rows: the overlapping (CSA) compressor states go back to their snapshot
+ *   repair    rejected rows: every compressed block's compressor states go back to their snapshot
  *             and replay the kept tokens; rings and compressed caches need nothing (every entry a
  *             later query reads is rewritten first); then the MTP rows of the kept positions run
- *             with the target's streams, the last of them being the next step's first draft. */
+ *             with the target's streams, the last of them being the next step's first draft.
+ * A step (dsv4_engine_step) does this for many sequences at once, each phase one batched pass;
+ * generate is a prefill and then a loop of one-request steps. */
 #include "model/engine_internal.h"
 
 #include "core/error.h"
