@@ -886,7 +886,7 @@ dsv4_status dsv4_engine_seq_tokens(const dsv4_engine *e, int seq, int32_t *out, 
     DSV4_TRY(eng_check_seq(e, seq, "engine_seq_tokens"));
     DSV4_CHECK_ARG(len && (cap == 0 || out) && cap >= 0, "engine_seq_tokens: need a length pointer and a buffer");
     const eng_seq *q = &e->seqs[seq];
-    memcpy(out ? out : (void *)q->hist, q->hist, (size_t)(q->len < cap ? q->len : cap) * sizeof *out);
+    if (out) memcpy(out, q->hist, (size_t)(q->len < cap ? q->len : cap) * sizeof *out);
     *len = q->len;
     return DSV4_OK;
 }
