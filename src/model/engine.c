@@ -171,6 +171,22 @@ static dsv4_status wo_a_weight(dsv4_engine *e, arena *conv, const dsv4_linear_we
     return st;
 }
 
+/* An index table as the kernels load it: the mapped tensor when its data is aligned for its dtype
+ * (a safetensors header may be padded to any length, so the data area can start at any byte),
+ * else a contiguous copy. */
+static dsv4_status aligned_table(arena *conv, const dsv4_tensor *src, dsv4_tensor *dst)
+{
+    *dst = *src;
+    if (!src->data) return DSV4_OK;
+    const size_t sz = dsv4_dtype_size(src->dtype);
+    if (!((uintptr_t)src->data % sz)) return DSV4_OK;
+    const int64_t n = numel(src);
+    void *buf = take(conv, (uint64_t)n * sz);
+    *dst = view(buf, src->dtype, src->ndim, src->shape);
+    if (buf) memcpy(buf, src->data, (size_t)n * sz); /* mapped contiguous (the checkpoint's layout) */
+    return DSV4_OK;
+}
+
 static const dsv4_tensor *opt_t(const dsv4_tensor *t) { return t->data ? t : NULL; }
 
 static dsv4_ffn_weights ffn_of(const dsv4_expert_weights *x)
@@ -381,6 +397,7 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
     DSV4_TRY(param_f32(e, conv, &w->compressor.ape, &L->ape));
     DSV4_TRY(param_f32(e, conv, &w->index_compressor.ape, &L->index_ape));
     DSV4_TRY(param_f32(e, conv, &w->gate_bias, &L->gate_bias));
+    if (w->hash_routed) DSV4_TRY(aligned_table(conv, &w->tid2eid, &L->tid2eid));
     DSV4_TRY(wo_a_weight(e, conv, &w->wo_a, &L->wo_a));
     L->experts = take(conv, (uint64_t)E * sizeof *L->experts);
     if (L->experts)
