@@ -14,8 +14,9 @@
  * (prefill, a chunk of it, or the verification of drafts) leaves the caches and states that n
  * single-token calls leave, bit for bit, and gives the same logits (every op's result for a token
  * is independent of the other tokens in the call; the sparse attention cuts each query's entries
- * into splits of a fixed size). The engine runs every op on its context's backend and never
- * names one.
+ * into splits of a fixed size); a call over many sequences (dsv4_engine_forward_batch,
+ * dsv4_engine_step) leaves each of them as it would be alone (docs/engine.md §8). The engine runs
+ * every op on its context's backend and never names one.
  *
  * One engine is used by one thread at a time (the ops inside use the context's threads). */
 #ifndef DSV4_ENGINE_H
