@@ -46,13 +46,6 @@ static int is_eos(const dsv4_engine *e, int32_t t)
     return 0;
 }
 
-static int32_t pick(gen *g, const float *logits)
-{
-    int32_t t = 0;
-    dsv4_engine_sample(g->e, logits, &g->o->sampling, g->rng, &t);
-    return t;
-}
-
 /* Record the tokens of one step (cut at max_tokens and at an EOS) and report it. */
 static void emit(gen *g, int64_t step, const int32_t *toks, int64_t n, int drafted, int accepted, double t0,
                  const float *logits, int64_t n_logits, int64_t first_pos)
@@ -90,7 +83,8 @@ static dsv4_status prefill(gen *g, const int32_t *prompt, int64_t n)
             }
             continue;
         }
-        int32_t x = pick(g, e->s.logits + (rows - 1) * e->V);
+        int32_t x = 0;
+        dsv4_engine_sample(e, e->s.logits + (rows - 1) * e->V, &g->o->sampling, g->rng, &x);
         g->st.prefill_seconds = now_s() - t0;
         emit(g, 0, &x, 1, 0, 0, t0, e->s.logits, rows, c0 + m - rows);
     }
@@ -139,7 +133,7 @@ static int accept(dsv4_engine *e, const dsv4_step_request *r, const int32_t *d, 
 /* Draft the requests' tokens with the MTP block, one draft position j at a time over all the
  * requests that want a j-th draft: the first from the main model's streams of position n-1 and
  * the request's token (or the head row a previous step left), the next ones from the block's own
- * output streams. Drafts go to s.tokens rows after each request's token. */
+ * output streams. Drafts go to s.vtok rows after each request's token. */
 static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
 {
     eng_scratch *s = &e->s;
@@ -280,7 +274,7 @@ dsv4_status dsv4_engine_step(dsv4_engine *e, dsv4_step_request *rq, int n)
     dsv4_status st = DSV4_OK;
     int64_t rows = 0;
     int i = 0;
-    for (; i < n && st == DSV4_OK; i++) {
+    for (; i < n; i++) {
         dsv4_step_request *r = &rq[i];
         st = eng_check_rows(e, op, i, r->seq, r->tokens, r->n_tokens, r->mtp > 0 ? r->mtp : 0);
         if (st != DSV4_OK) break;
@@ -294,6 +288,7 @@ dsv4_status dsv4_engine_step(dsv4_engine *e, dsv4_step_request *rq, int n)
             st = dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: request %d: sampling needs an output buffer and a generator", op, i);
         else if (r->sample)
             st = check_sampling(op, i, &r->sampling);
+        if (st != DSV4_OK) break;
         rows += r->n_tokens + r->mtp;
     }
     eng_clear_marks(e, &rq[0].seq, i < n ? i + 1 : n, sizeof *rq);

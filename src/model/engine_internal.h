@@ -91,7 +91,7 @@ typedef struct eng_scratch {
     uint16_t *qr, *q, *kv, *o, *z; /* [T, q_lora], [T, H, 512], [T, 512], [T, H, 512], [T, G*o_lora] */
     float *ckv, *cgate;         /* [T, 2*512] compressor inputs */
     uint16_t *cout;             /* [T, 512] compressed entries of one call */
-    int64_t *cslots, *positions; /* [T] */
+    int64_t *cslots, *positions; /* [T]; cslots also holds a call's row lists after the forward (logits rows) */
     int32_t *tokens;            /* [T] */
     int32_t *mtok;              /* [T] next tokens of the MTP rows */
     int32_t *vtok;              /* [T] a step's tokens and drafts by row */

@@ -88,8 +88,7 @@ static dsv4_status save_rows(const fwd *f, const eng_layer *L, int64_t col, cons
 dsv4_status eng_gather_streams(dsv4_engine *e, int64_t row, const uint16_t *src, int64_t rows)
 {
     const int64_t n = e->hc * e->D;
-    uint16_t *dst = e->s.Xm + row * n;
-    return dst == src ? DSV4_OK : eng_copy(e, dst, src, rows * n * 2);
+    return eng_copy(e, e->s.Xm + row * n, src, rows * n * 2);
 }
 
 /* ---- attention (§5) ------------------------------------------------------------------------- */
