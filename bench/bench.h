@@ -3,16 +3,22 @@
 #ifndef DSV4_BENCH_H
 #define DSV4_BENCH_H
 
+#include "cli/cli.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct dsv4_bench_entry {
     const char *name;
     const char *help;
-    int (*run)(int argc, char **argv); /* argv: options after the name */
+    const char *opts; /* the options it takes, by name, from bench_options (bench_registry.c) */
+    int (*run)(int argc, char **argv); /* argv: its options as "--name [value]" pairs, already checked */
 } dsv4_bench_entry;
 
 extern const dsv4_bench_entry dsv4_benches[]; /* bench_registry.c; ends with a NULL name */
+/* Every option a benchmark may take (name, kind, help), in the form of src/cli/cli.h's tables
+ * with dst unset; bench_registry.c. */
+extern const cli_opt bench_options[];
 
 /* ---- utilities (bench_util.c) ---- */
 double bench_now(void); /* seconds, monotonic */
@@ -44,7 +50,7 @@ double bench_dot_peak(int threads);
 void *bench_alloc(size_t bytes);
 void bench_fill_random_f32(float *x, size_t n, uint64_t seed, float scale);
 void bench_fill_random_u8(uint8_t *x, size_t n, uint64_t seed);
-/* `--threads N` and `--quick` style option lookup in argv. */
+/* `--threads N` and `--quick` lookup in the checked argv a benchmark receives. */
 int bench_opt_int(int argc, char **argv, const char *name, int dflt);
 int bench_opt_flag(int argc, char **argv, const char *name);
 const char *bench_opt_str(int argc, char **argv, const char *name, const char *dflt);

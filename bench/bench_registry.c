@@ -11,14 +11,29 @@ int dsv4_bench_run(int argc, char **argv);
 int dsv4_bench_bandwidth(int argc, char **argv);
 
 const dsv4_bench_entry dsv4_benches[] = {
-    {"bandwidth", "the read-bandwidth probe behind every roofline (all threads, 1 thread) vs the former probe and an FP8 M=1 linear", dsv4_bench_bandwidth},
-    {"formats", "GB/s of the vectorized quantize/dequantize routines vs read bandwidth", dsv4_bench_formats},
-    {"attention", "sparse MLA decode at V4-Flash decode shapes: GFLOP/s, GB/s vs FMA peak, read bandwidth, the two-pass design", dsv4_bench_attention},
-    {"linear", "quantized linear layers at V4-Flash shapes: weight GB/s vs read bandwidth and OpenBLAS", dsv4_bench_linear},
-    {"attention-cuda", "sparse MLA decode on the GPU: TFLOP/s, GB/s vs device copy, vs the two-pass design", dsv4_bench_attention_cuda},
-    {"indexer", "lightning-indexer scoring + top-k at 16k/64k/256k entries: GB/s vs read bandwidth and an sgemm+sort peer", dsv4_bench_indexer},
-    {"layer", "mHC, router and MoE (6 FP4 experts + FP8 shared) per token at V4-Flash sizes: GB/s vs read bandwidth; then the indexer bench", dsv4_bench_layer},
-    {"model", "checkpoint loading: V4-Flash-shaped header parse + bind, in-place mmap vs a copying loader, mapped-weight GB/s", dsv4_bench_model},
-    {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline", dsv4_bench_run},
-    {0, 0, 0},
+    {"bandwidth", "the read-bandwidth probe behind every roofline (all threads, 1 thread) vs the former probe and an FP8 M=1 linear", "threads passes", dsv4_bench_bandwidth},
+    {"formats", "GB/s of the vectorized quantize/dequantize routines vs read bandwidth", "threads quick", dsv4_bench_formats},
+    {"attention", "sparse MLA decode at V4-Flash decode shapes: GFLOP/s, GB/s vs FMA peak, read bandwidth, the two-pass design", "threads quick", dsv4_bench_attention},
+    {"linear", "quantized linear layers at V4-Flash shapes: weight GB/s vs read bandwidth and OpenBLAS", "threads quick only", dsv4_bench_linear},
+    {"attention-cuda", "sparse MLA decode on the GPU: TFLOP/s, GB/s vs device copy, vs the two-pass design", "quick peak-tflops compare", dsv4_bench_attention_cuda},
+    {"indexer", "lightning-indexer scoring + top-k at 16k/64k/256k entries: GB/s vs read bandwidth and an sgemm+sort peer", "threads quick", dsv4_bench_indexer},
+    {"layer", "mHC, router and MoE (6 FP4 experts + FP8 shared) per token at V4-Flash sizes: GB/s vs read bandwidth; then the indexer bench", "threads quick only no-indexer", dsv4_bench_layer},
+    {"model", "checkpoint loading: V4-Flash-shaped header parse + bind, in-place mmap vs a copying loader, mapped-weight GB/s", "threads quick dir", dsv4_bench_model},
+    {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline", "threads quick model max-batch steps", dsv4_bench_run},
+    {0, 0, 0, 0},
+};
+
+const cli_opt bench_options[] = {
+    {"threads", 0, CLI_INT, NULL, 1, CLI_MAX_THREADS, "N", "threads (default: $DSV4_THREADS, else all cores)"},
+    {"quick", 0, CLI_FLAG, NULL, 0, 0, NULL, "fewer sizes and repetitions"},
+    {"passes", 0, CLI_INT, NULL, 1, 1000, "N", "passes over the buffer (default 4)"},
+    {"only", 0, CLI_STR, NULL, 0, 0, "NAME", "only the cases whose name (or format) contains NAME"},
+    {"no-indexer", 0, CLI_FLAG, NULL, 0, 0, NULL, "leave out the indexer benchmark that follows"},
+    {"dir", 0, CLI_STR, NULL, 0, 0, "DIR", "folder for the temporary checkpoint (default /tmp)"},
+    {"model", 0, CLI_STR, NULL, 0, 0, "DIR", "a checkpoint to run instead of the tiny model and the V4-Flash shapes"},
+    {"max-batch", 0, CLI_INT, NULL, 1, 32, "N", "largest batch of sequences (default and at most 32)"},
+    {"steps", 0, CLI_INT, NULL, 0, 1 << 20, "N", "decode steps timed (default: 24 on the tiny model, else 8)"},
+    {"peak-tflops", 0, CLI_F64, NULL, 0, 1e6, "X", "the GPU's peak to compare with (default: none)"},
+    {"compare", 0, CLI_STR, NULL, 0, 0, "LIST", "kernels to compare with (default ws1,v1)"},
+    {NULL, 0, CLI_FLAG, NULL, 0, 0, NULL, NULL},
 };

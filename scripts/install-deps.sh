@@ -3,7 +3,7 @@
 # Debian packages through apt-get, test oracles through pip (PyPI). Safe to run repeatedly.
 set -euo pipefail
 
-DEB_PACKAGES=(cmake make gcc g++ python3 python3-pip libopenblas-dev pkg-config libpcre2-dev clang libclang-rt-dev)
+DEB_PACKAGES=(cmake make gcc g++ python3 python3-pip libopenblas-dev pkg-config libpcre2-dev libcjson-dev libedit-dev clang libclang-rt-dev)
 PY_PACKAGES=(numpy ml_dtypes pytest)
 
 missing_deb=()

@@ -1,6 +1,6 @@
 /* dsv4 inspect DIR: the config in short, the tensors by dtype, and what is missing, unexpected
  * or mistyped. Exit status 0 when the checkpoint matches its config, 1 otherwise. */
-#include "dsv4.h"
+#include "cli.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -67,20 +67,17 @@ static void print_tensors(const dsv4_checkpoint *ck)
 
 int dsv4_cmd_inspect(int argc, char **argv)
 {
-    const char *dir = NULL;
     int all = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--all")) all = 1;
-        else if (!dir && argv[i][0] != '-') dir = argv[i];
-        else {
-            fprintf(stderr, "usage: dsv4 inspect DIR [--all]\n");
-            return 2;
-        }
-    }
-    if (!dir) {
-        fprintf(stderr, "usage: dsv4 inspect DIR [--all]\n");
-        return 2;
-    }
+    const cli_opt own[] = {{"all", 'a', CLI_FLAG, &all, 0, 0, NULL, "list every problem (default: the first 20 of each kind)"},
+                           {0}};
+    const cli_opt *tables[] = {own, NULL};
+    const cli_cmd cmd = {"inspect", "DIR [--all]",
+                         "A checkpoint: the config in short, the tensors by dtype, and what is missing, unexpected or\n"
+                         "mistyped. Exit status 0 when the checkpoint matches its config, 1 otherwise.",
+                         1, 1, tables, NULL};
+    int pos, rc = cli_parse(&cmd, argc, argv, &pos);
+    if (rc != CLI_PARSED) return rc;
+    const char *dir = argv[pos];
     dsv4_model_open_options opt = {1};
     dsv4_model *m = NULL;
     if (dsv4_model_open(dir, &opt, &m) != DSV4_OK) {

@@ -1,17 +1,38 @@
-/* dsv4 — the command-line tool. */
-#include "bench.h"
-#include "dsv4.h"
+/* dsv4 — the command-line tool: one entry per command below; each parses its own options with
+ * cli_parse (src/cli/cli.h) and receives argv[0] = its name. */
+#include "cli.h"
 
 #include <stdio.h>
 #include <string.h>
 
+int dsv4_cmd_bench(int argc, char **argv);     /* bench_cmd.c */
+int dsv4_cmd_chat(int argc, char **argv);      /* chat.c */
 int dsv4_cmd_inspect(int argc, char **argv);   /* inspect.c */
 int dsv4_cmd_make_tiny(int argc, char **argv); /* make_tiny.c */
 int dsv4_cmd_run(int argc, char **argv);       /* run.c */
 int dsv4_cmd_tokenize(int argc, char **argv);  /* tokenize.c */
+static int cmd_info(int argc, char **argv);
 
-static int cmd_info(void)
+static const struct command {
+    const char *name, *help;
+    int (*run)(int argc, char **argv);
+} commands[] = {
+    {"info", "backends, CPU features, threads", cmd_info},
+    {"run", "generate from a checkpoint: text or token ids in, text out (run --help)", dsv4_cmd_run},
+    {"chat", "an interactive conversation with a checkpoint", dsv4_cmd_chat},
+    {"tokenize", "text -> token ids with a tokenizer.json, and back (--decode)", dsv4_cmd_tokenize},
+    {"inspect", "a checkpoint: config, tensors by dtype, missing/unexpected", dsv4_cmd_inspect},
+    {"make-tiny", "write the built-in tiny model (random weights, the real tokenizer)", dsv4_cmd_make_tiny},
+    {"bench", "benchmarks (bench --help lists them)", dsv4_cmd_bench},
+};
+enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
+
+static int cmd_info(int argc, char **argv)
 {
+    const cli_opt none[] = {{0}}, *tables[] = {none, NULL};
+    const cli_cmd cmd = {"info", "", "The version, CPU features and kernels, threads and backends.", 0, 0, tables, NULL};
+    int pos, rc = cli_parse(&cmd, argc, argv, &pos);
+    if (rc != CLI_PARSED) return rc;
     printf("dsv4 %s\n", dsv4_version());
     printf("cpu features: %s\n", dsv4_cpu_features());
     printf("cpu kernels:  %s (cap with DSV4_CPU_ISA=scalar|avx2|avx512)\n", dsv4_cpu_isa());
@@ -29,40 +50,29 @@ static int cmd_info(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dsv4 COMMAND [options]\n\n"
-               "commands:\n"
-               "  info                 backends, CPU features, threads\n"
-               "  inspect DIR          a checkpoint: config, tensors by dtype, missing/unexpected\n"
-               "  make-tiny --out DIR  write the built-in tiny model (--seed S)\n"
-               "  run --model DIR ...  generate: --prompt-ids 1,2,3 --max-tokens N [--mtp K] (run -h)\n"
-               "  tokenize TEXT|-      text -> token ids with a tokenizer.json (--ids, --chat, --think, --decode; -h)\n"
-               "  bench NAME [opts]    benchmarks (--threads N, --quick):\n");
-    for (const dsv4_bench_entry *b = dsv4_benches; b->name; b++) fprintf(f, "      %-14s %s\n", b->name, b->help);
+    fprintf(f, "usage: dsv4 COMMAND [options]   (dsv4 COMMAND --help: its options)\n\ncommands:\n");
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\noptions: -h, --help (this help), --version\n");
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    if (!strcmp(argv[1], "info")) return cmd_info();
-    if (!strcmp(argv[1], "inspect")) return dsv4_cmd_inspect(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "make-tiny")) return dsv4_cmd_make_tiny(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "run")) return dsv4_cmd_run(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "tokenize")) return dsv4_cmd_tokenize(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "bench")) {
-        if (argc < 3) {
-            usage(stderr);
-            return 2;
-        }
-        for (const dsv4_bench_entry *b = dsv4_benches; b->name; b++)
-            if (!strcmp(b->name, argv[2])) return b->run(argc - 3, argv + 3);
-        fprintf(stderr, "dsv4: unknown benchmark '%s'\n", argv[2]);
+    if (argc < 2) {
         usage(stderr);
         return 2;
     }
-    fprintf(stderr, "dsv4: unknown command '%s'\n", argv[1]);
-    usage(stderr);
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("dsv4 %s\n", dsv4_version());
+        return 0;
+    }
+    cli_check_env();
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "dsv4: unknown %s '%s' (dsv4 --help lists the commands)\n", argv[1][0] == '-' ? "option" : "command",
+            argv[1]);
     return 2;
 }

@@ -1,41 +1,31 @@
 /* dsv4 run: load a checkpoint and generate (docs/engine.md).
  *
- *   dsv4 run --model DIR [--prompt-ids 1,2,3 | --prompt TEXT | --chat TEXT] --max-tokens N
- *            [--mtp K] [--temperature T] [--top-p P] [--seed S] [--stop-at-eos]
- *            [--max-context N] [--max-seqs N] [--max-batch N] [--threads N] [--backend NAME]
- *            [--output text|json] [--dump-logits FILE.npy]
- *
- * A progress line on stderr (prefill and decode tokens/s, MTP acceptance, memory planned and
- * used); the generated ids (and text when the model directory has a tokenizer.json) on stdout,
- * or one JSON object with --output json. Any error is one line on stderr and exit status 1. */
-#include "dsv4.h"
-#include "dsv4/engine.h"
+ * The prompt: token ids (--prompt-ids), plain text after BOS (--prompt, --prompt-file) or a user
+ * message in DeepSeek-V4's chat format (--chat, --chat-file; --system, --think); "-" reads
+ * standard input. Text streams to stdout as it is generated, the speed line goes to stderr; or one
+ * JSON object with --output json. Any error is one line on stderr and exit status 1 (2 for the
+ * command line). */
+#include "cli.h"
 
+#include <cJSON.h>
 #include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct run_args {
-    const char *model, *prompt_ids, *prompt, *chat, *output, *dump, *backend;
-    long long max_tokens, max_context, seed;
-    int mtp, max_seqs, max_batch, threads, stop_at_eos;
-    double temperature, top_p;
+    cli_gen_args g;
+    const char *prompt_ids, *prompt, *chat, *prompt_file, *chat_file, *output, *dump;
+    long long max_seqs;
 } run_args;
 
 /* Everything the step callback collects. */
 typedef struct run_state {
-    int64_t *ids;          /* generated ids */
-    int64_t n_ids, cap_ids;
-    char *steps_json;      /* per-step records for --output json */
-    size_t steps_len, steps_cap;
+    int64_t n_ids;
+    cJSON *steps; /* --output json: one object per step */
     FILE *dump;
     int64_t dump_rows, vocab;
-    dsv4_tokenizer *tok;
-    dsv4_decode_stream stream;
-    int text_out;
-    int failed;
+    cli_text_out text;
+    int text_out, failed;
 } run_state;
 
 static int fail(const char *what)
@@ -44,90 +34,45 @@ static int fail(const char *what)
     return 1;
 }
 
-static int usage(void)
-{
-    fprintf(stderr, "usage: dsv4 run --model DIR [--prompt-ids 1,2,3 | --prompt TEXT | --chat TEXT] --max-tokens N\n"
-                    "                [--mtp K] [--temperature T] [--top-p P] [--seed S] [--stop-at-eos]\n"
-                    "                [--max-context N] [--max-seqs N] [--max-batch N] [--threads N] [--backend NAME]\n"
-                    "                [--output text|json] [--dump-logits FILE.npy]\n");
-    return 2;
-}
-
-static int parse_ll(const char *opt, const char *s, long long lo, long long hi, long long *v)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(s, &end, 10);
-    if (errno || end == s || *end || x < lo || x > hi) {
-        fprintf(stderr, "dsv4 run: %s %s is not an integer in [%lld, %lld]\n", opt, s, lo, hi);
-        return 0;
-    }
-    *v = x;
-    return 1;
-}
-
-static int parse_double(const char *opt, const char *s, double lo, double hi, double *v)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(s, &end);
-    if (errno || end == s || *end || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "dsv4 run: %s %s is not a number in [%g, %g]\n", opt, s, lo, hi);
-        return 0;
-    }
-    *v = x;
-    return 1;
-}
-
 static int parse_args(int argc, char **argv, run_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->max_tokens = 32;
     a->max_seqs = 1;
-    a->top_p = 1.0;
     a->output = "text";
-    for (int i = 0; i < argc; i++) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long long x;
-        int ok = 1;
-        if (!strcmp(o, "--stop-at-eos")) {
-            a->stop_at_eos = 1;
-            continue;
-        }
-        if (!v) return usage();
-        i++;
-        if (!strcmp(o, "--model")) a->model = v;
-        else if (!strcmp(o, "--prompt-ids")) a->prompt_ids = v;
-        else if (!strcmp(o, "--prompt")) a->prompt = v;
-        else if (!strcmp(o, "--chat")) a->chat = v;
-        else if (!strcmp(o, "--output")) a->output = v;
-        else if (!strcmp(o, "--dump-logits")) a->dump = v;
-        else if (!strcmp(o, "--backend")) a->backend = v;
-        else if (!strcmp(o, "--max-tokens")) ok = parse_ll(o, v, 1, 1 << 24, &a->max_tokens);
-        else if (!strcmp(o, "--max-context")) ok = parse_ll(o, v, 1, 1 << 24, &a->max_context);
-        else if (!strcmp(o, "--seed")) ok = parse_ll(o, v, 0, INT64_MAX, &a->seed);
-        else if (!strcmp(o, "--mtp")) ok = parse_ll(o, v, 0, 64, &x) && ((a->mtp = (int)x), 1);
-        else if (!strcmp(o, "--max-seqs")) ok = parse_ll(o, v, 1, 4096, &x) && ((a->max_seqs = (int)x), 1);
-        else if (!strcmp(o, "--max-batch")) ok = parse_ll(o, v, 1, 65536, &x) && ((a->max_batch = (int)x), 1);
-        else if (!strcmp(o, "--threads")) ok = parse_ll(o, v, 1, 4096, &x) && ((a->threads = (int)x), 1);
-        else if (!strcmp(o, "--temperature")) ok = parse_double(o, v, 0.0, 1e6, &a->temperature);
-        else if (!strcmp(o, "--top-p")) ok = parse_double(o, v, 1e-9, 1.0, &a->top_p);
-        else return usage();
-        if (!ok) return 1;
+    const cli_opt own[] = {
+        {"prompt-ids", 0, CLI_STR, &a->prompt_ids, 0, 0, "IDS", "the prompt as token ids: 0,17,42"},
+        {"prompt", 'p', CLI_STR, &a->prompt, 0, 0, "TEXT", "the prompt as plain text after BOS (-: standard input)"},
+        {"prompt-file", 'f', CLI_STR, &a->prompt_file, 0, 0, "FILE", "--prompt's text from FILE (-: standard input)"},
+        {"chat", 'c', CLI_STR, &a->chat, 0, 0, "TEXT", "the prompt as a user message in the chat format (-: standard input)"},
+        {"chat-file", 0, CLI_STR, &a->chat_file, 0, 0, "FILE", "--chat's message from FILE (-: standard input)"},
+        {"output", 'o', CLI_STR, &a->output, 0, 0, "FORMAT", "text (default: streamed) or json (one object at the end)"},
+        {"dump-logits", 0, CLI_STR, &a->dump, 0, 0, "FILE", "the logits of every position as float32 .npy"},
+        {"max-seqs", 0, CLI_INT, &a->max_seqs, 1, 4096, "N", "sequences to plan for (default 1)"},
+        {NULL, 0, CLI_FLAG, NULL, 0, 0, NULL, NULL},
+    };
+    const cli_opt *tables[] = {own, cli_gen_options(&a->g, 32), NULL};
+    const cli_cmd cmd = {"run", "--model DIR (--prompt-ids IDS | --prompt TEXT | --chat TEXT | ...) [options]",
+                         "Generate from a checkpoint. The weights of the built-in tiny model (dsv4 make-tiny) are random:\n"
+                         "its text is noise, only the speed means something.",
+                         0, 0, tables, NULL};
+    int pos, rc = cli_parse(&cmd, argc, argv, &pos);
+    if (rc != CLI_PARSED) return rc == CLI_EXIT_OK ? -1 : rc;
+    if (!!a->prompt_ids + !!a->prompt + !!a->chat + !!a->prompt_file + !!a->chat_file != 1) {
+        fprintf(stderr, "dsv4 run: give exactly one of --prompt-ids, --prompt, --prompt-file, --chat, --chat-file\n");
+        return 2;
     }
-    if (!a->model) return usage();
-    if (!!a->prompt_ids + !!a->prompt + !!a->chat != 1) {
-        fprintf(stderr, "dsv4 run: give exactly one of --prompt-ids, --prompt, --chat\n");
-        return 1;
+    if ((a->g.think || a->g.system) && !a->chat && !a->chat_file) {
+        fprintf(stderr, "dsv4 run: --think and --system format a chat: use them with --chat or --chat-file\n");
+        return 2;
     }
     if (strcmp(a->output, "text") && strcmp(a->output, "json")) {
-        fprintf(stderr, "dsv4 run: --output %s: use text or json\n", a->output);
-        return 1;
+        fprintf(stderr, "dsv4 run: --output '%s': use text or json\n", a->output);
+        return 2;
     }
     return 0;
 }
 
-/* "1,2,3" -> ids (malloc'd); every id checked against the vocabulary. */
+/* "1,2,3" -> ids (malloc'd): decimal digits and commas only, every id inside the vocabulary. */
 static int parse_ids(const char *s, int64_t vocab, int32_t **ids, int64_t *n)
 {
     int64_t cap = 1;
@@ -135,92 +80,97 @@ static int parse_ids(const char *s, int64_t vocab, int32_t **ids, int64_t *n)
     int32_t *v = malloc((size_t)cap * sizeof *v);
     if (!v) return fail("out of memory");
     int64_t k = 0;
-    const char *p = s;
-    while (1) {
-        char *end;
-        errno = 0;
-        long long x = strtoll(p, &end, 10);
-        if (errno || end == p || x < 0 || x >= vocab || (*end && *end != ',')) {
+    for (const char *p = s;; p++) {
+        char word[24];
+        size_t len = strcspn(p, ",");
+        long long x;
+        snprintf(word, sizeof word, "%.*s", (int)(len < sizeof word ? len : sizeof word - 1), p);
+        if (len >= sizeof word || !cli_parse_int(word, 0, vocab - 1, &x)) {
             free(v);
-            fprintf(stderr, "dsv4 run: --prompt-ids: '%s' is not a list of ids in [0, %lld)\n", s, (long long)vocab);
+            fprintf(stderr, "dsv4 run: --prompt-ids: '%s' is not a list of ids in [0, %lld) separated by commas\n", s,
+                    (long long)vocab);
             return 1;
         }
         v[k++] = (int32_t)x;
-        if (!*end) break;
-        p = end + 1;
+        p += len;
+        if (!*p) break;
     }
     *ids = v;
     *n = k;
     return 0;
 }
 
-static int load_tokenizer(const char *dir, dsv4_tokenizer **tok, int required)
+/* A whole file ("-": standard input), NUL-terminated. */
+static char *read_all(const char *path, size_t *len)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    FILE *f = fopen(path, "rb");
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) {
-        if (!required) return 0;
-        fprintf(stderr, "dsv4 run: %s not found: --prompt and --chat need the model's tokenizer (use --prompt-ids)\n", path);
-        return 1;
+        fprintf(stderr, "dsv4 run: %s: %s\n", path, strerror(errno));
+        return NULL;
     }
-    fclose(f);
-    if (dsv4_tokenizer_load(path, tok) != DSV4_OK) {
-        fprintf(stderr, "dsv4 run: %s\n", dsv4_last_error());
-        return required ? 1 : 0;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break;
+        char *b = realloc(buf, cap *= 2);
+        if (!b) free(buf);
+        buf = b;
     }
-    return 0;
+    int err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf || err) {
+        fprintf(stderr, "dsv4 run: cannot read %s\n", strcmp(path, "-") ? path : "standard input");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
 }
 
-static int encode_prompt(const run_args *a, dsv4_tokenizer *tok, int64_t bos, int32_t **ids, int64_t *n)
+static int encode_prompt(const run_args *a, const cli_session *s, int32_t **ids, int64_t *n)
 {
-    size_t count = 0, len = strlen(a->prompt ? a->prompt : a->chat);
-    dsv4_chat_message msg = {.role = DSV4_ROLE_USER, .content = a->chat, .content_len = a->chat ? len : 0};
-    dsv4_prompt_options po = {DSV4_PROMPT_CHAT, 0};
-    size_t cap = a->chat ? 0 : dsv4_tokenizer_max_ids(tok, len) + 1;
-    if (a->chat && dsv4_prompt_encode(tok, &msg, 1, &po, NULL, 0, &cap) != DSV4_OK) return fail(dsv4_last_error());
-    int32_t *v = malloc((cap + 1) * sizeof *v);
-    if (!v) return fail("out of memory");
-    dsv4_status st;
-    if (a->chat) {
-        st = dsv4_prompt_encode(tok, &msg, 1, &po, v, cap, &count);
-    } else { /* plain text after BOS */
-        v[0] = (int32_t)bos;
-        st = dsv4_tokenizer_encode(tok, a->prompt, len, DSV4_TOKENIZE_SPECIAL_AS_TEXT, v + 1, cap, &count);
+    int chat = a->chat || a->chat_file;
+    const char *src = a->chat ? a->chat : a->prompt ? a->prompt : NULL;
+    const char *file = src && strcmp(src, "-") ? NULL : src ? "-" : a->chat_file ? a->chat_file : a->prompt_file;
+    size_t len = src ? strlen(src) : 0;
+    char *owned = file ? read_all(file, &len) : NULL;
+    if (file && !owned) return 1;
+    const char *text = owned ? owned : src;
+    dsv4_chat_message msgs[2] = {
+        {.role = DSV4_ROLE_SYSTEM, .content = a->g.system, .content_len = a->g.system ? strlen(a->g.system) : 0},
+        {.role = DSV4_ROLE_USER, .content = text, .content_len = len}};
+    const dsv4_chat_message *m = a->g.system ? msgs : msgs + 1;
+    size_t nm = a->g.system ? 2 : 1, count = 0;
+    dsv4_prompt_options po = {a->g.think ? DSV4_PROMPT_THINKING : DSV4_PROMPT_CHAT, 0};
+    size_t cap = chat ? 0 : dsv4_tokenizer_max_ids(s->tok, len) + 1;
+    dsv4_status st = chat ? dsv4_prompt_encode(s->tok, m, nm, &po, NULL, 0, &cap) : DSV4_OK;
+    int32_t *v = st == DSV4_OK ? malloc((cap + 1) * sizeof *v) : NULL;
+    if (st == DSV4_OK && !v) st = DSV4_ERR_NO_MEMORY;
+    if (st == DSV4_OK && chat) {
+        st = dsv4_prompt_encode(s->tok, m, nm, &po, v, cap, &count);
+    } else if (st == DSV4_OK) { /* plain text after BOS; special tokens in it stay text */
+        v[0] = (int32_t)s->cfg->bos_token_id;
+        st = dsv4_tokenizer_encode(s->tok, text, len, DSV4_TOKENIZE_SPECIAL_AS_TEXT, v + 1, cap, &count);
         count++;
     }
+    free(owned);
     if (st != DSV4_OK) {
         free(v);
-        return fail(dsv4_last_error());
+        return fail(st == DSV4_ERR_NO_MEMORY ? "out of memory" : dsv4_last_error());
     }
     *ids = v;
     *n = (int64_t)count;
     return 0;
 }
 
-/* ---- the step callback --------------------------------------------------------------------- */
-static void append(run_state *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void append(run_state *r, const char *fmt, ...)
+static cJSON *int_array(const int32_t *v, int64_t n)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if (r->steps_len + (size_t)n + 1 > r->steps_cap) {
-        size_t cap = (r->steps_cap + (size_t)n + 1) * 2;
-        char *p = realloc(r->steps_json, cap);
-        if (!p) {
-            r->failed = 1;
-            return;
-        }
-        r->steps_json = p;
-        r->steps_cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(r->steps_json + r->steps_len, r->steps_cap - r->steps_len, fmt, ap);
-    va_end(ap);
-    r->steps_len += (size_t)n;
+    cJSON *a = cJSON_CreateArray();
+    for (int64_t i = 0; a && i < n; i++)
+        if (!cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]))) return cJSON_Delete(a), NULL;
+    return a;
 }
 
 static int on_step(void *user, const dsv4_gen_step *s)
@@ -232,22 +182,16 @@ static int on_step(void *user, const dsv4_gen_step *s)
         r->dump_rows += rows;
     }
     if (s->step == 0 && s->n_tokens == 0) return r->failed;
-    append(r, "%s{\"step\": %lld, \"tokens\": [", r->steps_len ? ", " : "", (long long)s->step);
-    for (int64_t i = 0; i < s->n_tokens; i++) {
-        append(r, i ? ", %d" : "%d", s->tokens[i]);
-        if (r->n_ids < r->cap_ids) r->ids[r->n_ids++] = s->tokens[i];
-        if (r->text_out) {
-            char buf[1024];
-            size_t len = 0;
-            if (r->tok && dsv4_decode_stream_step(r->tok, &r->stream, s->tokens[i], buf, sizeof buf, &len) == DSV4_OK) {
-                fwrite(buf, 1, len, stdout);
-            } else {
-                printf("%s%d", r->n_ids > 1 ? " " : "", s->tokens[i]);
-            }
-            fflush(stdout);
-        }
+    if (r->steps) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(r->steps, o) || !cJSON_AddNumberToObject(o, "step", (double)s->step) ||
+            !cJSON_AddItemToObject(o, "tokens", int_array(s->tokens, s->n_tokens)) ||
+            !cJSON_AddNumberToObject(o, "drafted", s->drafted) || !cJSON_AddNumberToObject(o, "accepted", s->accepted) ||
+            !cJSON_AddNumberToObject(o, "seconds", s->seconds))
+            r->failed = 1;
     }
-    append(r, "], \"drafted\": %d, \"accepted\": %d, \"seconds\": %.6f}", s->drafted, s->accepted, s->seconds);
+    for (int64_t i = 0; i < s->n_tokens; i++)
+        if (r->text_out) cli_text_token(&r->text, s->tokens[i]);
     return r->failed;
 }
 
@@ -267,73 +211,77 @@ static void npy_header(FILE *f, int64_t rows, int64_t vocab)
     fwrite(h, 1, sizeof h, f);
 }
 
-static void print_json(const run_args *a, const run_state *r, const int32_t *prompt, int64_t n_prompt,
-                       const dsv4_generate_stats *st, const dsv4_engine_memory *mem)
+static int print_json(const run_args *a, const cli_session *s, run_state *r, const int32_t *prompt, int64_t n_prompt,
+                      const int32_t *out, int64_t n_out, const dsv4_generate_stats *st, const dsv4_engine_memory *mem)
 {
-    printf("{\"model\": \"%s\", \"prompt_ids\": [", a->model);
-    for (int64_t i = 0; i < n_prompt; i++) printf(i ? ", %d" : "%d", prompt[i]);
-    printf("], \"generated_ids\": [");
-    for (int64_t i = 0; i < r->n_ids; i++) printf(i ? ", %lld" : "%lld", (long long)r->ids[i]);
     double pre = st->prefill_seconds, dec = st->decode_seconds;
-    printf("], \"steps\": [%s], \"prefill_seconds\": %.6f, \"decode_seconds\": %.6f, \"prefill_tokens_per_s\": %.3f, "
-           "\"decode_tokens_per_s\": %.3f, \"mtp\": %d, \"drafted\": %lld, \"accepted\": %lld, \"acceptance\": ",
-           r->steps_json ? r->steps_json : "", pre, dec, pre > 0 ? (double)n_prompt / pre : 0.0,
-           dec > 0 ? (double)(st->generated_tokens - 1) / dec : 0.0, a->mtp, (long long)st->drafted, (long long)st->accepted);
-    if (st->drafted) printf("%.6f", (double)st->accepted / (double)st->drafted);
-    else printf("null");
-    printf(", \"memory\": {\"planned\": %llu, \"kv_cache\": %llu, \"kv_used\": %llu, \"state\": %llu, \"scratch\": %llu, "
-           "\"weights_mapped\": %llu, \"weights_converted\": %llu}}\n",
-           (unsigned long long)mem->planned, (unsigned long long)mem->kv_cache, (unsigned long long)mem->kv_used,
-           (unsigned long long)mem->state, (unsigned long long)mem->scratch, (unsigned long long)mem->weights_mapped,
-           (unsigned long long)mem->weights_converted);
+    cJSON *o = cJSON_CreateObject(), *m = cJSON_CreateObject();
+    int ok = o && m && cJSON_AddStringToObject(o, "model", a->g.model) &&
+             cJSON_AddItemToObject(o, "prompt_ids", int_array(prompt, n_prompt)) &&
+             cJSON_AddItemToObject(o, "generated_ids", int_array(out, n_out));
+    if (ok && s->tok) { /* the text, special tokens as --special says */
+        dsv4_decode_stream ds;
+        size_t len = 0, total = 0;
+        dsv4_decode_stream_init(&ds, a->g.special ? 0 : DSV4_DECODE_SKIP_SPECIAL);
+        char *text = malloc((size_t)n_out * s->text_cap + 4);
+        for (int64_t i = 0; text && i < n_out; i++, total += len)
+            if (dsv4_decode_stream_step(s->tok, &ds, out[i], text + total, s->text_cap, &len)) len = 0;
+        if (text && !dsv4_decode_stream_flush(&ds, text + total, 4, &len)) total += len;
+        if (text) text[total] = '\0';
+        ok = text && cJSON_AddStringToObject(o, "text", text); /* bytes that are not UTF-8 stay as they are */
+        free(text);
+    }
+    ok = ok && cJSON_AddNumberToObject(o, "seed", (double)s->seed) && cJSON_AddItemToObject(o, "steps", r->steps);
+    r->steps = NULL; /* owned by o now */
+    ok = ok && cJSON_AddNumberToObject(o, "prefill_seconds", pre) && cJSON_AddNumberToObject(o, "decode_seconds", dec) &&
+         cJSON_AddNumberToObject(o, "prefill_tokens_per_s", pre > 0 ? (double)n_prompt / pre : 0.0) &&
+         cJSON_AddNumberToObject(o, "decode_tokens_per_s", dec > 0 ? (double)(st->generated_tokens - 1) / dec : 0.0) &&
+         cJSON_AddNumberToObject(o, "mtp", (double)a->g.mtp) && cJSON_AddNumberToObject(o, "drafted", (double)st->drafted) &&
+         cJSON_AddNumberToObject(o, "accepted", (double)st->accepted) &&
+         (st->drafted ? cJSON_AddNumberToObject(o, "acceptance", (double)st->accepted / (double)st->drafted)
+                      : cJSON_AddNullToObject(o, "acceptance")) &&
+         cJSON_AddItemToObject(o, "memory", m);
+    if (ok) m = NULL;
+    const char *names[] = {"planned", "kv_cache", "kv_used", "state", "scratch", "weights_mapped", "weights_converted"};
+    const uint64_t vals[] = {mem->planned, mem->kv_cache, mem->kv_used, mem->state, mem->scratch, mem->weights_mapped,
+                             mem->weights_converted};
+    cJSON *mo = cJSON_GetObjectItem(o, "memory");
+    for (int i = 0; ok && i < 7; i++) ok = cJSON_AddNumberToObject(mo, names[i], (double)vals[i]) != NULL;
+    char *txt = ok ? cJSON_PrintUnformatted(o) : NULL;
+    if (txt) printf("%s\n", txt);
+    cJSON_free(txt);
+    cJSON_Delete(o);
+    cJSON_Delete(m);
+    return txt ? 0 : fail("out of memory writing the JSON output");
 }
 
-static void progress(const run_args *a, int64_t n_prompt, const dsv4_generate_stats *st, const dsv4_engine_memory *m)
-{
-    const double mib = 1048576.0;
-    double pre = st->prefill_seconds, dec = st->decode_seconds;
-    fprintf(stderr, "prefill %lld tokens %.3f s (%.1f tok/s) | decode %lld tokens %.3f s (%.1f tok/s)", (long long)n_prompt,
-            pre, pre > 0 ? (double)n_prompt / pre : 0.0, (long long)(st->generated_tokens - 1), dec,
-            dec > 0 ? (double)(st->generated_tokens - 1) / dec : 0.0);
-    if (a->mtp)
-        fprintf(stderr, " | mtp %d: acceptance %.1f%% (%lld/%lld drafts, %.2f tokens/step)", a->mtp,
-                st->drafted ? 100.0 * (double)st->accepted / (double)st->drafted : 0.0, (long long)st->accepted,
-                (long long)st->drafted, st->steps > 1 ? (double)(st->generated_tokens - 1) / (double)(st->steps - 1) : 0.0);
-    fprintf(stderr, " | memory planned %.1f MiB (KV %.1f MiB, used %.2f MiB), weights mapped %.1f MiB\n",
-            (double)m->planned / mib, (double)m->kv_cache / mib, (double)m->kv_used / mib, (double)m->weights_mapped / mib);
-}
-
-static int generate(const run_args *a, dsv4_engine *e, run_state *r, const int32_t *prompt, int64_t n_prompt)
+static int generate(const run_args *a, cli_session *s, run_state *r, const int32_t *prompt, int64_t n_prompt)
 {
     int seq;
-    if (dsv4_engine_seq_create(e, &seq) != DSV4_OK) return fail(dsv4_last_error());
-    dsv4_generate_options go = {a->max_tokens, a->mtp, {(float)a->temperature, (float)a->top_p, (uint64_t)a->seed},
-                                a->stop_at_eos, a->dump != NULL, on_step, r};
+    if (dsv4_engine_seq_create(s->engine, &seq) != DSV4_OK) return fail(dsv4_last_error());
     dsv4_generate_stats st;
     int64_t n_out = 0;
-    int32_t *out = malloc((size_t)a->max_tokens * sizeof *out);
-    r->ids = malloc((size_t)a->max_tokens * sizeof *r->ids);
-    r->cap_ids = a->max_tokens;
-    if (!out || !r->ids) {
-        free(out);
-        return fail("out of memory");
-    }
-    dsv4_status s = dsv4_engine_generate(e, seq, prompt, n_prompt, &go, out, a->max_tokens, &n_out, &st);
-    free(out);
-    if (s != DSV4_OK) return fail(dsv4_last_error());
-    if (r->failed) return fail("could not record the output (out of memory or a write error)");
+    int32_t *out = malloc((size_t)a->g.max_tokens * sizeof *out);
+    if (!out) return fail("out of memory");
+    if (r->text_out) cli_text_begin(&r->text, s, a->g.special);
+    dsv4_status rs = cli_generate(s, seq, &a->g, prompt, n_prompt, on_step, r, a->dump != NULL, out, a->g.max_tokens,
+                                  &n_out, &st);
+    if (r->text_out) cli_text_end(&r->text);
+    int rc = 0;
+    if (rs != DSV4_OK) rc = fail(dsv4_last_error());
+    else if (r->failed || r->text.failed) rc = fail("could not record the output (out of memory or a write error)");
     dsv4_engine_memory mem;
-    dsv4_engine_memory_info(e, &mem);
-    if (r->text_out) {
-        char buf[8];
-        size_t len = 0;
-        if (r->tok && dsv4_decode_stream_flush(&r->stream, buf, sizeof buf, &len) == DSV4_OK) fwrite(buf, 1, len, stdout);
-        printf("\n");
-    } else {
-        print_json(a, r, prompt, n_prompt, &st, &mem);
-    }
-    fflush(stdout); /* the output before the progress line (stderr), also when both go to one file */
-    progress(a, n_prompt, &st, &mem);
+    dsv4_engine_memory_info(s->engine, &mem);
+    if (!rc && r->text_out) printf("\n");
+    else if (!rc) rc = print_json(a, s, r, prompt, n_prompt, out, n_out, &st, &mem);
+    free(out);
+    if (rc) return rc;
+    fflush(stdout); /* the output before the speed line (stderr), also when both go to one file */
+    const double mib = 1048576.0;
+    cli_speed_line(&st, (int)a->g.mtp);
+    fprintf(stderr, " | memory planned %.1f MiB (KV %.1f MiB, used %.2f MiB), weights mapped %.1f MiB | seed %llu%s\n",
+            (double)mem.planned / mib, (double)mem.kv_cache / mib, (double)mem.kv_used / mib,
+            (double)mem.weights_mapped / mib, (unsigned long long)s->seed, a->g.seed_given ? "" : " (random)");
     return 0;
 }
 
@@ -341,37 +289,27 @@ int dsv4_cmd_run(int argc, char **argv)
 {
     run_args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc) return rc;
-    dsv4_ctx *ctx = NULL;
-    if (a.backend || a.threads) {
-        dsv4_ctx_options co = {.backend = a.backend, .threads = a.threads};
-        if (dsv4_ctx_create(&co, &ctx) != DSV4_OK) return fail(dsv4_last_error());
-    }
-    dsv4_engine_options eo = {a.max_context, a.max_seqs, a.max_batch, a.mtp, 0};
+    if (rc) return rc < 0 ? 0 : rc;
+    a.g.seed_given = a.g.seed >= 0;
+    int64_t rows = 0;
     if (a.dump) { /* the prompt's logits come in chunks of logits_rows */
-        if (!eo.max_batch) eo.max_batch = 128;
-        eo.logits_rows = eo.max_batch;
+        if (!a.g.max_batch) a.g.max_batch = 128;
+        rows = a.g.max_batch;
     }
-    dsv4_engine *e = NULL;
+    cli_session s;
     run_state r;
     memset(&r, 0, sizeof r);
     int32_t *prompt = NULL;
     int64_t n_prompt = 0;
-    if (dsv4_engine_create(ctx, a.model, &eo, &e) != DSV4_OK) {
-        rc = fail(dsv4_last_error());
-        goto done;
-    }
-    const dsv4_model_config *cfg = dsv4_engine_config(e);
-    if (a.mtp && dsv4_engine_get_options(e).max_mtp < a.mtp) {
-        rc = fail("--mtp: the checkpoint has no MTP block");
-        goto done;
-    }
-    r.vocab = cfg->vocab_size;
+    if ((rc = cli_session_open(&s, "run", &a.g, a.max_seqs, rows, !a.prompt_ids))) goto done;
+    r.vocab = s.cfg->vocab_size;
     r.text_out = !strcmp(a.output, "text");
-    if ((rc = load_tokenizer(a.model, &r.tok, a.prompt || a.chat))) goto done;
-    dsv4_decode_stream_init(&r.stream, 0);
-    if (a.prompt_ids) rc = parse_ids(a.prompt_ids, cfg->vocab_size, &prompt, &n_prompt);
-    else rc = encode_prompt(&a, r.tok, cfg->bos_token_id, &prompt, &n_prompt);
+    if (!r.text_out && !(r.steps = cJSON_CreateArray())) {
+        rc = fail("out of memory");
+        goto done;
+    }
+    if (a.prompt_ids) rc = parse_ids(a.prompt_ids, s.cfg->vocab_size, &prompt, &n_prompt);
+    else rc = encode_prompt(&a, &s, &prompt, &n_prompt);
     if (rc) goto done;
     if (a.dump && !(r.dump = fopen(a.dump, "wb"))) {
         fprintf(stderr, "dsv4 run: cannot write %s: %s\n", a.dump, strerror(errno));
@@ -379,7 +317,7 @@ int dsv4_cmd_run(int argc, char **argv)
         goto done;
     }
     if (r.dump) npy_header(r.dump, 0, r.vocab);
-    rc = generate(&a, e, &r, prompt, n_prompt);
+    rc = generate(&a, &s, &r, prompt, n_prompt);
     if (r.dump) {
         npy_header(r.dump, r.dump_rows, r.vocab);
         if (fclose(r.dump) && !rc) rc = fail("error writing the logits file");
@@ -388,10 +326,7 @@ int dsv4_cmd_run(int argc, char **argv)
 done:
     if (r.dump) fclose(r.dump);
     free(prompt);
-    free(r.ids);
-    free(r.steps_json);
-    dsv4_tokenizer_free(r.tok);
-    dsv4_engine_destroy(e);
-    dsv4_ctx_destroy(ctx);
+    cJSON_Delete(r.steps);
+    cli_session_close(&s);
     return rc;
 }

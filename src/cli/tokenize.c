@@ -1,23 +1,10 @@
 /* dsv4 tokenize: text -> ids (and back) with a tokenizer.json. */
-#include "dsv4.h"
+#include "cli.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: dsv4 tokenize [options] TEXT|-        text (or stdin) -> tokens\n"
-               "       dsv4 tokenize [options] --decode ID...|-  ids (or stdin) -> text, decoded as a stream\n\n"
-               "options:\n"
-               "  --tokenizer PATH  tokenizer.json, or a folder holding one (default: $DSV4_TOKENIZER, else ./tokenizer.json)\n"
-               "  --ids             print only the ids, on one line\n"
-               "  --no-special      read special tokens in TEXT as plain text\n"
-               "  --chat, --think   TEXT is a user message: print the DeepSeek-V4 prompt (chat / thinking mode)\n"
-               "  --system TEXT     with --chat/--think: a system message first\n");
-}
 
 /* All of stdin, NUL-terminated. */
 static char *read_stdin(size_t *len)
@@ -75,10 +62,8 @@ static int fail(const char *what)
 
 static int decode_word(dsv4_tokenizer *tok, dsv4_decode_stream *st, const char *word, char *out, size_t cap)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(word, &end, 10);
-    if (*end || errno || v < INT32_MIN || v > INT32_MAX) {
+    long long v;
+    if (!cli_parse_int(word, INT32_MIN, INT32_MAX, &v)) {
         fprintf(stderr, "dsv4 tokenize: '%s' is not an id\n", word);
         return 2;
     }
@@ -115,45 +100,34 @@ static int decode_ids(dsv4_tokenizer *tok, int n, char **args)
 
 int dsv4_cmd_tokenize(int argc, char **argv)
 {
-    const char *path = getenv("DSV4_TOKENIZER"), *system = NULL, *text = NULL;
-    int ids_only = 0, no_special = 0, mode = -1, decode = 0, rest = argc;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(a, "--system") && i + 1 < argc) system = argv[++i];
-        else if (!strcmp(a, "--ids")) ids_only = 1;
-        else if (!strcmp(a, "--no-special")) no_special = 1;
-        else if (!strcmp(a, "--chat")) mode = DSV4_PROMPT_CHAT;
-        else if (!strcmp(a, "--think")) mode = DSV4_PROMPT_THINKING;
-        else if (!strcmp(a, "--decode")) {
-            decode = 1;
-            rest = i + 1;
-            break;
-        } else if (!text && (a[0] != '-' || !a[1])) text = a;
-        else {
-            fprintf(stderr, "dsv4 tokenize: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (decode ? rest >= argc : !text) {
-        usage(stderr);
+    const char *path = NULL, *system = NULL;
+    int ids_only = 0, no_special = 0, chat = 0, think = 0, decode = 0;
+    const cli_opt own[] = {
+        {"tokenizer", 0, CLI_STR, &path, 0, 0, "PATH", "tokenizer.json or its folder (default: $DSV4_TOKENIZER, else ./tokenizer.json)"},
+        {"ids", 0, CLI_FLAG, &ids_only, 0, 0, NULL, "print only the ids, on one line"},
+        {"no-special", 0, CLI_FLAG, &no_special, 0, 0, NULL, "read special tokens in TEXT as plain text"},
+        {"chat", 0, CLI_FLAG, &chat, 0, 0, NULL, "TEXT is a user message: print the DeepSeek-V4 chat prompt"},
+        {"think", 0, CLI_FLAG, &think, 0, 0, NULL, "the same in thinking mode"},
+        {"system", 0, CLI_STR, &system, 0, 0, "TEXT", "with --chat/--think: a system message first"},
+        {"decode", 0, CLI_FLAG, &decode, 0, 0, NULL, "the arguments are ids (or - : ids on stdin): print their text"},
+        {0}};
+    const cli_opt *tables[] = {own, NULL};
+    const cli_cmd cmd = {"tokenize", "[options] TEXT|-   |   dsv4 tokenize [options] --decode ID...|-",
+                         "Text (or standard input) -> tokens: id, token and its bytes on each line; or ids -> text,\n"
+                         "decoded as a stream.",
+                         1, -1, tables, NULL};
+    int pos, rc = cli_parse(&cmd, argc, argv, &pos);
+    if (rc != CLI_PARSED) return rc;
+    int mode = think ? DSV4_PROMPT_THINKING : chat ? DSV4_PROMPT_CHAT : -1;
+    if (!decode && argc - pos != 1) {
+        fprintf(stderr, "dsv4 tokenize: one TEXT (or -) to encode; %d given (dsv4 tokenize --help)\n", argc - pos);
         return 2;
     }
-    char file[4096];
-    struct stat sb;
-    if (!path) path = "tokenizer.json";
-    if (!stat(path, &sb) && S_ISDIR(sb.st_mode)) {
-        snprintf(file, sizeof file, "%s/tokenizer.json", path);
-        path = file;
-    }
+    const char *text = argv[pos];
     dsv4_tokenizer *tok = NULL;
-    if (dsv4_tokenizer_load(path, &tok)) return fail("load");
+    if (cli_tokenizer_load("tokenize", path, NULL, 1, &tok)) return 1;
     if (decode) {
-        int rc = decode_ids(tok, argc - rest, argv + rest);
+        rc = decode_ids(tok, argc - pos, argv + pos);
         dsv4_tokenizer_free(tok);
         return rc;
     }
@@ -184,7 +158,6 @@ int dsv4_cmd_tokenize(int argc, char **argv)
         s = ids ? dsv4_tokenizer_encode(tok, text, len, no_special ? DSV4_TOKENIZE_SPECIAL_AS_TEXT : 0, ids, cap, &n)
                 : DSV4_ERR_NO_MEMORY;
     }
-    int rc = 0;
     if (s || !ids) {
         rc = ids ? fail("encode") : (fprintf(stderr, "dsv4 tokenize: out of memory\n"), 1);
     } else if (ids_only) {

@@ -590,7 +590,7 @@ def test_cli_run(models, tmp_path):
     """`dsv4 run`: JSON output equal to Engine.generate, the logits dump, a clear one-line error."""
     path, dump = models["vocab8"], str(tmp_path / "logits.npy")
     cmd = [_cli(), "run", "--model", path, "--prompt-ids", "1,2,3,4", "--max-tokens", "12", "--mtp", "2",
-           "--output", "json", "--dump-logits", dump]
+           "--output", "json", "--dump-logits", dump, "--ignore-eos"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
