@@ -58,9 +58,11 @@ void cli_check_env(void);
 int cli_stderr_tty(void); /* progress lines only on a terminal */
 
 /* ---- the tokenizer (generate.c) ---------------------------------------------------------------
- * `path` a tokenizer.json or a folder holding one; NULL: $DSV4_TOKENIZER, else `fallback_dir`'s
- * tokenizer.json (the model folder; NULL: the current folder). With required 0 a missing file
- * gives *tok NULL and 0. Non-zero after a message naming the file. */
+ * Which tokenizer.json: `given` (--tokenizer), else $DSV4_TOKENIZER, else `fallback`; each a file
+ * or a folder holding tokenizer.json. *named says whether it came from the first two. */
+const char *cli_tokenizer_path(const char *given, const char *fallback, char *buf, size_t cap, int *named);
+/* Loads it (fallback_dir NULL: the current folder). With required 0 a missing file that was not
+ * named gives *tok NULL and 0. Non-zero after a message naming the file. */
 int cli_tokenizer_load(const char *cmd, const char *path, const char *fallback_dir, int required, dsv4_tokenizer **tok);
 
 /* ---- generation shared by `run` and `chat` (generate.c) ------------------------------------- */

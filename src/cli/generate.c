@@ -8,19 +8,26 @@
 #include <sys/stat.h>
 #include <time.h>
 
-int cli_tokenizer_load(const char *cmd, const char *path, const char *fallback_dir, int required, dsv4_tokenizer **tok)
+const char *cli_tokenizer_path(const char *given, const char *fallback, char *buf, size_t cap, int *named)
+{
+    const char *p = given && *given ? given : getenv("DSV4_TOKENIZER");
+    *named = p && *p;
+    if (!*named) p = fallback;
+    struct stat sb;
+    if (!stat(p, &sb) && S_ISDIR(sb.st_mode)) {
+        snprintf(buf, cap, "%s/tokenizer.json", p);
+        return buf;
+    }
+    return p;
+}
+
+int cli_tokenizer_load(const char *cmd, const char *given, const char *fallback_dir, int required, dsv4_tokenizer **tok)
 {
     char file[4096];
     struct stat sb;
+    int named;
     *tok = NULL;
-    if (!path) path = getenv("DSV4_TOKENIZER");
-    if (path && !*path) path = NULL;
-    int named = path != NULL;
-    if (!path) path = fallback_dir ? fallback_dir : ".";
-    if (!stat(path, &sb) && S_ISDIR(sb.st_mode)) {
-        snprintf(file, sizeof file, "%s/tokenizer.json", path);
-        path = file;
-    }
+    const char *path = cli_tokenizer_path(given, fallback_dir ? fallback_dir : ".", file, sizeof file, &named);
     if (!named && !required && stat(path, &sb)) return 0; /* no tokenizer beside the model: ids only */
     if (stat(path, &sb)) {
         fprintf(stderr, "dsv4 %s: %s: %s (give --tokenizer PATH or set DSV4_TOKENIZER)\n", cmd, path, strerror(errno));

@@ -22,7 +22,7 @@ static const struct command {
     {"chat", "an interactive conversation with a checkpoint", dsv4_cmd_chat},
     {"tokenize", "text -> token ids with a tokenizer.json, and back (--decode)", dsv4_cmd_tokenize},
     {"inspect", "a checkpoint: config, tensors by dtype, missing/unexpected", dsv4_cmd_inspect},
-    {"make-tiny", "write the built-in tiny model (random weights, the real tokenizer)", dsv4_cmd_make_tiny},
+    {"make-tiny", "write the built-in tiny model (random weights, DeepSeek-V4's tokenizer)", dsv4_cmd_make_tiny},
     {"bench", "benchmarks (bench --help lists them)", dsv4_cmd_bench},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
