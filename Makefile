@@ -32,6 +32,7 @@ run: build
 	./$(BUILD)/dsv4 info
 	./$(BUILD)/dsv4 bench formats --quick
 	@test -f $(BUILD)/tiny/tokenizer.json || ./$(BUILD)/dsv4 make-tiny --out $(BUILD)/tiny
+	@echo 'chat prompt in: "Hello! Who are you?"  (the tiny model'"'"'s weights are random: the text out is noise, the speed is real)'
 	./$(BUILD)/dsv4 run --model $(BUILD)/tiny --chat "Hello! Who are you?" --max-tokens 32 --mtp 2
 
 test: build

@@ -165,6 +165,30 @@ static int encode_prompt(const run_args *a, const cli_session *s, int32_t **ids,
     return 0;
 }
 
+/* The bytes as UTF-8 for JSON: each maximal ill-formed subpart becomes U+FFFD (as Python's
+ * errors="replace" decodes it). dst holds 3 bytes per byte of src, plus the NUL. */
+static void utf8_clean(const unsigned char *src, size_t n, char *dst)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned c = src[i];
+        size_t need = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 9;
+        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        size_t j = 1;
+        while (need != 9 && j <= need && i + j < n && src[i + j] >= (j == 1 ? lo : 0x80) && src[i + j] <= (j == 1 ? hi : 0xBF))
+            j++;
+        if (need != 9 && j == need + 1) {
+            memcpy(dst + k, src + i, j);
+            k += j;
+        } else {
+            memcpy(dst + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+        }
+        i += need == 9 ? 1 : j;
+    }
+    dst[k] = '\0';
+}
+
 static cJSON *int_array(const int32_t *v, int64_t n)
 {
     cJSON *a = cJSON_CreateArray();
@@ -227,8 +251,10 @@ static int print_json(const run_args *a, const cli_session *s, run_state *r, con
         for (int64_t i = 0; text && i < n_out; i++, total += len)
             if (dsv4_decode_stream_step(s->tok, &ds, out[i], text + total, s->text_cap, &len)) len = 0;
         if (text && !dsv4_decode_stream_flush(&ds, text + total, 4, &len)) total += len;
-        if (text) text[total] = '\0';
-        ok = text && cJSON_AddStringToObject(o, "text", text); /* bytes that are not UTF-8 stay as they are */
+        char *clean = text ? malloc(3 * total + 1) : NULL;
+        if (clean) utf8_clean((const unsigned char *)text, total, clean);
+        ok = clean && cJSON_AddStringToObject(o, "text", clean);
+        free(clean);
         free(text);
     }
     ok = ok && cJSON_AddNumberToObject(o, "seed", (double)s->seed) && cJSON_AddItemToObject(o, "steps", r->steps);

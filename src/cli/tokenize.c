@@ -118,6 +118,7 @@ int dsv4_cmd_tokenize(int argc, char **argv)
                          1, -1, tables, NULL};
     int pos, rc = cli_parse(&cmd, argc, argv, &pos);
     if (rc != CLI_PARSED) return rc;
+    rc = 0;
     int mode = think ? DSV4_PROMPT_THINKING : chat ? DSV4_PROMPT_CHAT : -1;
     if (!decode && argc - pos != 1) {
         fprintf(stderr, "dsv4 tokenize: one TEXT (or -) to encode; %d given (dsv4 tokenize --help)\n", argc - pos);
