@@ -168,7 +168,6 @@ int dsv4_cmd_chat(int argc, char **argv)
                          0, 0, tables, NULL};
     int pos, rc = cli_parse(&cmd, argc, argv, &pos);
     if (rc != CLI_PARSED) return rc;
-    a.seed_given = a.seed >= 0;
     chat_state c;
     memset(&c, 0, sizeof c);
     c.a = &a;
@@ -184,7 +183,7 @@ int dsv4_cmd_chat(int argc, char **argv)
         goto done;
     }
     fprintf(stderr, "dsv4 chat: %s, seed %llu%s. %s", a.model, (unsigned long long)c.s.seed,
-            a.seed_given ? "" : " (random)", HELP);
+            a.seed >= 0 ? "" : " (random)", HELP);
     for (char *l; (l = read_line(&c));) {
         int quit = 0;
         if (l[0] == '/') quit = command(&c, l);

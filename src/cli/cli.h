@@ -56,6 +56,8 @@ int cli_parse_int(const char *s, long long lo, long long hi, long long *v);
 #define CLI_MAX_THREADS 1024
 void cli_check_env(void);
 int cli_stderr_tty(void); /* progress lines only on a terminal */
+/* All of a file ("-": standard input), NUL-terminated, malloc'd; NULL after a message. */
+char *cli_read_file(const char *cmd, const char *path, size_t *len);
 
 /* ---- the tokenizer (generate.c) ---------------------------------------------------------------
  * Which tokenizer.json: `given` (--tokenizer), else $DSV4_TOKENIZER, else `fallback`; each a file
@@ -69,7 +71,7 @@ int cli_tokenizer_load(const char *cmd, const char *path, const char *fallback_d
 typedef struct cli_gen_args {
     const char *model, *backend, *tokenizer, *system;
     long long max_tokens, max_context, seed, mtp, max_batch, threads;
-    int think, ignore_eos, special, seed_given;
+    int think, ignore_eos, special;
     double temperature, top_p;
 } cli_gen_args;
 

@@ -183,6 +183,35 @@ int cli_parse(const cli_cmd *cmd, int argc, char **argv, int *first_pos)
 
 int cli_stderr_tty(void) { return isatty(STDERR_FILENO); }
 
+char *cli_read_file(const char *cmd, const char *path, size_t *len)
+{
+    int in = !strcmp(path, "-");
+    FILE *f = in ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "dsv4 %s: %s: %s\n", cmd, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break;
+        char *b = realloc(buf, cap *= 2);
+        if (!b) free(buf);
+        buf = b;
+    }
+    int err = ferror(f);
+    if (!in) fclose(f);
+    if (!buf || err) {
+        fprintf(stderr, "dsv4 %s: cannot read %s\n", cmd, in ? "standard input" : path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
 void cli_check_env(void)
 {
     const char *s = getenv("DSV4_THREADS");

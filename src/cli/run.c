@@ -100,42 +100,13 @@ static int parse_ids(const char *s, int64_t vocab, int32_t **ids, int64_t *n)
     return 0;
 }
 
-/* A whole file ("-": standard input), NUL-terminated. */
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "dsv4 run: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1) break;
-        char *b = realloc(buf, cap *= 2);
-        if (!b) free(buf);
-        buf = b;
-    }
-    int err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || err) {
-        fprintf(stderr, "dsv4 run: cannot read %s\n", strcmp(path, "-") ? path : "standard input");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
 static int encode_prompt(const run_args *a, const cli_session *s, int32_t **ids, int64_t *n)
 {
     int chat = a->chat || a->chat_file;
     const char *src = a->chat ? a->chat : a->prompt ? a->prompt : NULL;
     const char *file = src && strcmp(src, "-") ? NULL : src ? "-" : a->chat_file ? a->chat_file : a->prompt_file;
     size_t len = src ? strlen(src) : 0;
-    char *owned = file ? read_all(file, &len) : NULL;
+    char *owned = file ? cli_read_file("run", file, &len) : NULL;
     if (file && !owned) return 1;
     const char *text = owned ? owned : src;
     dsv4_chat_message msgs[2] = {
@@ -307,7 +278,7 @@ static int generate(const run_args *a, cli_session *s, run_state *r, const int32
     cli_speed_line(&st, (int)a->g.mtp);
     fprintf(stderr, " | memory planned %.1f MiB (KV %.1f MiB, used %.2f MiB), weights mapped %.1f MiB | seed %llu%s\n",
             (double)mem.planned / mib, (double)mem.kv_cache / mib, (double)mem.kv_used / mib,
-            (double)mem.weights_mapped / mib, (unsigned long long)s->seed, a->g.seed_given ? "" : " (random)");
+            (double)mem.weights_mapped / mib, (unsigned long long)s->seed, a->g.seed >= 0 ? "" : " (random)");
     return 0;
 }
 
@@ -316,7 +287,6 @@ int dsv4_cmd_run(int argc, char **argv)
     run_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
-    a.g.seed_given = a.g.seed >= 0;
     int64_t rows = 0;
     if (a.dump) { /* the prompt's logits come in chunks of logits_rows */
         if (!a.g.max_batch) a.g.max_batch = 128;

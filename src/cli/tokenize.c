@@ -1,32 +1,9 @@
 /* dsv4 tokenize: text -> ids (and back) with a tokenizer.json. */
 #include "cli.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* All of stdin, NUL-terminated. */
-static char *read_stdin(size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, stdin);
-        if (n < cap - 1) break;
-        char *b = realloc(buf, cap *= 2);
-        if (!b) free(buf);
-        buf = b;
-    }
-    if (!buf || ferror(stdin)) {
-        fprintf(stderr, "dsv4 tokenize: cannot read stdin\n");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
 
 /* Bytes as a quoted string: UTF-8 text as it is, control and ill-formed bytes escaped. */
 static void print_quoted(const unsigned char *s, size_t n)
@@ -83,7 +60,7 @@ static int decode_ids(dsv4_tokenizer *tok, int n, char **args)
     char *out = malloc(cap), *in = NULL;
     int rc = out ? 0 : 1;
     if (rc == 0 && n == 1 && !strcmp(args[0], "-")) {
-        in = read_stdin(&len);
+        in = cli_read_file("tokenize", "-", &len);
         char *save = NULL;
         rc = in ? 0 : 1;
         for (char *w = in ? strtok_r(in, " \t\r\n,[]", &save) : NULL; w && !rc; w = strtok_r(NULL, " \t\r\n,[]", &save))
@@ -136,7 +113,7 @@ int dsv4_cmd_tokenize(int argc, char **argv)
     size_t len = strlen(text);
     char *owned = NULL;
     if (!strcmp(text, "-")) {
-        owned = read_stdin(&len);
+        owned = cli_read_file("tokenize", "-", &len);
         if (!owned) {
             dsv4_tokenizer_free(tok);
             return 1;
