@@ -51,6 +51,7 @@ bench: build
 	./$(BUILD)/dsv4 bench linear
 	./$(BUILD)/dsv4 bench layer
 	./$(BUILD)/dsv4 bench model
+	./$(BUILD)/dsv4 bench memory
 	./$(BUILD)/dsv4 bench run
 	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests/python python3 bench/bench_tokenizer.py
 

@@ -9,6 +9,7 @@ int dsv4_bench_linear(int argc, char **argv);
 int dsv4_bench_layer(int argc, char **argv);
 int dsv4_bench_run(int argc, char **argv);
 int dsv4_bench_bandwidth(int argc, char **argv);
+int dsv4_bench_memory(int argc, char **argv);
 
 const dsv4_bench_entry dsv4_benches[] = {
     {"bandwidth", "the read-bandwidth probe behind every roofline (all threads, 1 thread) vs the former probe and an FP8 M=1 linear", "threads passes", dsv4_bench_bandwidth},
@@ -20,6 +21,7 @@ const dsv4_bench_entry dsv4_benches[] = {
     {"layer", "mHC, router and MoE (6 FP4 experts + FP8 shared) per token at V4-Flash sizes: GB/s vs read bandwidth; then the indexer bench", "threads quick only no-indexer", dsv4_bench_layer},
     {"model", "checkpoint loading: V4-Flash-shaped header parse + bind, in-place mmap vs a copying loader, mapped-weight GB/s", "threads quick dir", dsv4_bench_model},
     {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline", "threads quick model max-batch steps", dsv4_bench_run},
+    {"memory", "what V4-Flash (--pro: V4-Pro) needs: mapped checkpoint, bytes read per decoded token, the engine's plan at 4k/64k/1M positions (minutes)", "dir model pro", dsv4_bench_memory},
     {0, 0, 0, 0},
 };
 
@@ -30,7 +32,8 @@ const cli_opt bench_options[] = {
     {"only", 0, CLI_STR, NULL, 0, 0, "NAME", "only the cases whose name (or format) contains NAME"},
     {"no-indexer", 0, CLI_FLAG, NULL, 0, 0, NULL, "leave out the indexer benchmark that follows"},
     {"dir", 0, CLI_STR, NULL, 0, 0, "DIR", "folder for the temporary checkpoint (default /tmp)"},
-    {"model", 0, CLI_STR, NULL, 0, 0, "DIR", "a checkpoint to run instead of the tiny model and the V4-Flash shapes"},
+    {"pro", 0, CLI_FLAG, NULL, 0, 0, NULL, "also V4-Pro's shapes (an 865 GB checkpoint of file holes)"},
+    {"model", 0, CLI_STR, NULL, 0, 0, "DIR", "a checkpoint of your own instead of the built-in shapes"},
     {"max-batch", 0, CLI_INT, NULL, 1, 32, "N", "largest batch of sequences (default and at most 32)"},
     {"steps", 0, CLI_INT, NULL, 0, 1 << 20, "N", "decode steps timed (default: 24 on the tiny model, else 8)"},
     {"peak-tflops", 0, CLI_F64, NULL, 0, 1e6, "X", "the GPU's peak to compare with (default: none)"},
