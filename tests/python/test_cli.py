@@ -220,3 +220,32 @@ def test_chat_through_a_pipe(tiny):
     assert ctx == [len(t1["prompt_ids"]) + 4, len(whole) + 4, len(t1["prompt_ids"]) + 4], (ctx, r.err)
     r = dsv4("chat", "--model", tiny, "--tokenizer", tiny / "nope.json", stdin=b"hi\n")
     assert r.returncode == 1 and "nope.json" in r.err
+
+
+def test_progress_on_a_terminal(tiny_ids):
+    """With stderr on a terminal: the loading line and a long prefill fed in chunks with a progress
+    line; the tokens are those of the run without a terminal (the engine's state does not depend on
+    how the prompt was batched)."""
+    import pty
+    ids = ",".join(str((7 * i) % 500 + 1) for i in range(100))
+    args = [str(EXE), "run", "-m", str(tiny_ids), "--prompt-ids", ids, "-n", "4", "--max-batch", "16", "--mtp", "1",
+            "--ignore-eos", "-o", "json"]
+    master, slave = pty.openpty()
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, env=ENV)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    out = p.communicate(timeout=120)[0]
+    os.close(master)
+    err = err.decode("utf-8", "replace")
+    assert p.returncode == 0 and "loading" in err and "prefill 96/100 tokens" in err and "prefill 100 tokens" in err, err
+    plain = dsv4(*args[1:])
+    assert plain.returncode == 0 and "loading" not in plain.err and "/100" not in plain.err, plain.err
+    assert json.loads(out)["generated_ids"] == json.loads(plain.stdout)["generated_ids"]
