@@ -160,6 +160,14 @@ static void utf8_clean(const unsigned char *src, size_t n, char *dst)
     dst[k] = '\0';
 }
 
+/* A 64-bit count exactly (cJSON writes numbers as doubles, 1.5e+15 style past 2^31). */
+static cJSON *add_u64(cJSON *o, const char *name, uint64_t v)
+{
+    char text[24];
+    snprintf(text, sizeof text, "%llu", (unsigned long long)v);
+    return cJSON_AddRawToObject(o, name, text);
+}
+
 static cJSON *int_array(const int32_t *v, int64_t n)
 {
     cJSON *a = cJSON_CreateArray();
@@ -179,7 +187,7 @@ static int on_step(void *user, const dsv4_gen_step *s)
     if (s->step == 0 && s->n_tokens == 0) return r->failed;
     if (r->steps) {
         cJSON *o = cJSON_CreateObject();
-        if (!o || !cJSON_AddItemToArray(r->steps, o) || !cJSON_AddNumberToObject(o, "step", (double)s->step) ||
+        if (!o || !cJSON_AddItemToArray(r->steps, o) || !add_u64(o, "step", (uint64_t)s->step) ||
             !cJSON_AddItemToObject(o, "tokens", int_array(s->tokens, s->n_tokens)) ||
             !cJSON_AddNumberToObject(o, "drafted", s->drafted) || !cJSON_AddNumberToObject(o, "accepted", s->accepted) ||
             !cJSON_AddNumberToObject(o, "seconds", s->seconds))
@@ -228,13 +236,13 @@ static int print_json(const run_args *a, const cli_session *s, run_state *r, con
         free(clean);
         free(text);
     }
-    ok = ok && cJSON_AddNumberToObject(o, "seed", (double)s->seed) && cJSON_AddItemToObject(o, "steps", r->steps);
+    ok = ok && add_u64(o, "seed", s->seed) && cJSON_AddItemToObject(o, "steps", r->steps);
     r->steps = NULL; /* owned by o now */
     ok = ok && cJSON_AddNumberToObject(o, "prefill_seconds", pre) && cJSON_AddNumberToObject(o, "decode_seconds", dec) &&
          cJSON_AddNumberToObject(o, "prefill_tokens_per_s", pre > 0 ? (double)n_prompt / pre : 0.0) &&
          cJSON_AddNumberToObject(o, "decode_tokens_per_s", dec > 0 ? (double)(st->generated_tokens - 1) / dec : 0.0) &&
-         cJSON_AddNumberToObject(o, "mtp", (double)a->g.mtp) && cJSON_AddNumberToObject(o, "drafted", (double)st->drafted) &&
-         cJSON_AddNumberToObject(o, "accepted", (double)st->accepted) &&
+         cJSON_AddNumberToObject(o, "mtp", (double)a->g.mtp) && add_u64(o, "drafted", (uint64_t)st->drafted) &&
+         add_u64(o, "accepted", (uint64_t)st->accepted) &&
          (st->drafted ? cJSON_AddNumberToObject(o, "acceptance", (double)st->accepted / (double)st->drafted)
                       : cJSON_AddNullToObject(o, "acceptance")) &&
          cJSON_AddItemToObject(o, "memory", m);
@@ -243,7 +251,7 @@ static int print_json(const run_args *a, const cli_session *s, run_state *r, con
     const uint64_t vals[] = {mem->planned, mem->kv_cache, mem->kv_used, mem->state, mem->scratch, mem->weights_mapped,
                              mem->weights_converted};
     cJSON *mo = cJSON_GetObjectItem(o, "memory");
-    for (int i = 0; ok && i < 7; i++) ok = cJSON_AddNumberToObject(mo, names[i], (double)vals[i]) != NULL;
+    for (int i = 0; ok && i < 7; i++) ok = add_u64(mo, names[i], vals[i]) != NULL;
     char *txt = ok ? cJSON_PrintUnformatted(o) : NULL;
     if (txt) printf("%s\n", txt);
     cJSON_free(txt);

@@ -148,7 +148,10 @@ def test_run_chat_text_and_json(tiny, tmp_path):
     j = dsv4("run", "--model", odd, "--chat", "Hello!", "-n", "6", "--ignore-eos", "--output", "json")
     assert j.returncode == 0 and "(random)" in j.err, j.err
     out = json.loads(j.stdout)
-    assert out["model"] == str(odd) and len(out["generated_ids"]) == 6 and isinstance(out["seed"], int)
+    assert out["model"] == str(odd) and len(out["generated_ids"]) == 6
+    # 64-bit counts are exact integers (a JSON writer of doubles would print 1.5e+15)
+    assert type(out["seed"]) is int and f"seed {out['seed']} (random)" in j.err, (out["seed"], j.err)
+    assert all(type(v) is int for v in out["memory"].values()) and out["memory"]["weights_mapped"] > 100e6
     ids = " ".join(map(str, out["generated_ids"]))
     dec = dsv4("tokenize", "--tokenizer", tiny, "--decode", *ids.split())
     assert dec.returncode == 0 and r.stdout == dec.stdout, (r.stdout, dec.stdout)  # both end with one "\n"
