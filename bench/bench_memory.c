@@ -2,7 +2,7 @@
  * writer and planner rather than from arithmetic by hand. A headers-only checkpoint of the official
  * tensor inventory (file holes, dsv4_checkpoint_write's `sparse`) gives the mapped weight bytes and
  * the bytes a decode step reads (dense layers, LM head, the activated share of the routed experts;
- * the MTP block and the embedding rows apart); dsv4_engine_create then plans one sequence at
+ * an MTP draft apart, the embedding rows not counted); dsv4_engine_create then plans one sequence at
  * 4,096 / 65,536 / 1,048,576 positions (minutes: the engine converts parameters out of the holes).
  * With --model DIR the same for a checkpoint of your own. */
 #include "bench.h"
@@ -51,25 +51,25 @@ static int report(const char *label, const char *dir)
         fprintf(stderr, "bench memory: %s\n", dsv4_last_error());
         return 1;
     }
-    double total = 0, dense = 0, head = 0, routed = 0, mtp = 0;
+    double total = 0, dense = 0, head = 0, routed = 0, mtp = 0, mtp_routed = 0;
     for (int64_t i = 0; i < dsv4_checkpoint_count(ck); i++) {
         dsv4_tensor_entry e;
         if (dsv4_checkpoint_entry(ck, i, &e) != DSV4_OK) continue;
         const char *n = e.canonical;
         double b = (double)e.nbytes;
         total += b;
-        if (!strncmp(n, "mtp.", 4)) mtp += b;
+        if (!strncmp(n, "mtp.", 4)) *(strstr(n, ".experts.") ? &mtp_routed : &mtp) += b;
         else if (!strncmp(n, "embed.", 6) || strstr(n, "tid2eid")) continue; /* one row per token */
         else if (!strncmp(n, "head.", 5)) head += b;
         else if (strstr(n, ".experts.")) routed += b;
         else dense += b;
     }
     dsv4_checkpoint_close(ck);
-    double act = routed * (double)c.n_activated_experts / (double)c.n_routed_experts, g = 1e9;
+    double share = (double)c.n_activated_experts / (double)c.n_routed_experts, act = routed * share, g = 1e9;
     printf("%s: checkpoint %.1f GB mapped; a decode step reads dense %.2f + LM head %.2f + %lld/%lld routed experts %.2f"
-           " = %.2f GB per token (the MTP block %.2f GB more per draft)\n",
+           " = %.2f GB per token; an MTP draft %.2f GB more (its block's dense part and experts, the LM head)\n",
            label, total / g, dense / g, head / g, (long long)c.n_activated_experts, (long long)c.n_routed_experts, act / g,
-           (dense + head + act) / g, mtp / g);
+           (dense + head + act) / g, (mtp + mtp_routed * share + head) / g);
     const int64_t ctx[] = {4096, 65536, 1048576};
     for (int k = 0; k < 3; k++) {
         if (ctx[k] > c.max_position_embeddings) break;
