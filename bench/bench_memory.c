@@ -70,6 +70,7 @@ static int report(const char *label, const char *dir)
            " = %.2f GB per token; an MTP draft %.2f GB more (its block's dense part and experts, the LM head)\n",
            label, total / g, dense / g, head / g, (long long)c.n_activated_experts, (long long)c.n_routed_experts, act / g,
            (dense + head + act) / g, (mtp + mtp_routed * share + head) / g);
+    fflush(stdout); /* the planning below takes minutes */
     const int64_t ctx[] = {4096, 65536, 1048576};
     for (int k = 0; k < 3; k++) {
         if (ctx[k] > c.max_position_embeddings) break;
