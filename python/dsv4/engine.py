@@ -117,6 +117,7 @@ class Engine:
         self.vocab = self.config["vocab_size"]
 
     def close(self):
+        """Destroy the engine and free all it planned (also on collection or leaving a `with`)."""
         h, self._h = self._h, None
         if h:
             lib.dsv4_engine_destroy(h)
@@ -131,11 +132,13 @@ class Engine:
 
     # ---- sequences ----
     def seq_create(self):
+        """A new empty sequence; returns its id (DSV4Error when max_seqs are alive)."""
         s = ctypes.c_int()
         check(lib.dsv4_engine_seq_create(self._h, ctypes.byref(s)))
         return s.value
 
     def seq_free(self, seq):
+        """Release the sequence's slot and caches."""
         check(lib.dsv4_engine_seq_free(self._h, int(seq)))
 
     def seq_reset(self, seq):
@@ -143,6 +146,7 @@ class Engine:
         check(lib.dsv4_engine_seq_reset(self._h, int(seq)))
 
     def seq_length(self, seq):
+        """Tokens the sequence holds (positions in its caches)."""
         return lib.dsv4_engine_seq_length(self._h, int(seq))
 
     def seq_copy(self, src, dst):
@@ -165,6 +169,7 @@ class Engine:
         return out
 
     def memory(self):
+        """The engine's memory in bytes, as a dict of dsv4_engine_memory's fields (planned, kv_used, ...)."""
         m = EngineMemory()
         check(lib.dsv4_engine_memory_info(self._h, ctypes.byref(m)))
         return {f: getattr(m, f) for f, _ in EngineMemory._fields_}
