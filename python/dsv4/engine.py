@@ -260,7 +260,8 @@ class Engine:
         """Generate on a fresh sequence (or `seq`, whose tokens the prompt continues). Returns (tokens int32, stats dict,
         steps list); each step is a dict with its tokens, drafted/accepted counts and seconds, plus the
         target logits of the positions it ran when keep_logits. on_step(step dict) returning True stops
-        the generation after that step (during the prefill: after that chunk, with no token generated)."""
+        the generation after that step (during the prefill: after that chunk, with no token generated).
+        max_tokens 0 generates until the sequence holds max_context positions."""
         ids = _ids(prompt)
         steps = []
 
@@ -280,7 +281,8 @@ class Engine:
         if own:
             seq = self.seq_create()
         try:
-            out = np.zeros(max(int(max_tokens), 0), np.int32)
+            room = self.options["max_context"] - self.seq_length(seq) - len(ids) + 1  # what max_tokens 0 gets
+            out = np.zeros(max(int(max_tokens) if int(max_tokens) else room, 0), np.int32)
             n = ctypes.c_int64()
             st = GenStats()
             check(lib.dsv4_engine_generate(self._h, int(seq), ids.ctypes.data, len(ids), ctypes.byref(o),

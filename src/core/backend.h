@@ -65,8 +65,9 @@ typedef struct dsv4_module_host {
 typedef const dsv4_backend *(*dsv4_module_entry_fn)(const dsv4_module_host *host, char *why, size_t cap);
 
 /* Load the module `file` (a name such as "libdsv4-cuda.so"), looked for in $DSV4_MODULE_DIR, then
- * beside the code of libdsv4 (libdsv4.so, or the program linked with libdsv4.a), then the install
- * libdir. NULL when it is absent or cannot load; *why says which, naming the paths. */
+ * beside the code of libdsv4 (libdsv4.so, or the program linked with libdsv4.a), then in the libdir
+ * of that folder taken as a bindir (PREFIX/bin -> PREFIX/lib), then the configured install libdir.
+ * NULL when it is absent or cannot load; *why says which, naming the paths. */
 const dsv4_backend *dsv4_module_load(const char *file, char *why, size_t cap);
 
 /* Registry and contexts (core/dispatch.c). */

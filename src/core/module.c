@@ -41,14 +41,17 @@ static const dsv4_module_host host = {
 
 const dsv4_backend *dsv4_module_load(const char *file, char *why, size_t cap)
 {
-    char dirs[3][4096];
+    char dirs[4][4096];
     const char *env = getenv("DSV4_MODULE_DIR");
     snprintf(dirs[0], sizeof dirs[0], "%s", env ? env : "");
     own_folder(dirs[1], sizeof dirs[1]);
-    snprintf(dirs[2], sizeof dirs[2], "%s", DSV4_INSTALL_LIBDIR);
-    char looked[1024] = "";
+    /* a program linked with libdsv4.a installed in PREFIX/bin: the modules are in PREFIX/lib */
+    if (!dirs[1][0] || snprintf(dirs[2], sizeof dirs[2], "%s/%s", dirs[1], DSV4_BIN_TO_LIBDIR) >= (int)sizeof dirs[2])
+        dirs[2][0] = '\0';
+    snprintf(dirs[3], sizeof dirs[3], "%s", DSV4_INSTALL_LIBDIR);
+    char looked[2048] = "";
     size_t o = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (!dirs[i][0]) continue;
         char path[4352];
         if (snprintf(path, sizeof path, "%s/%s", dirs[i], file) >= (int)sizeof path) continue;
