@@ -66,8 +66,10 @@ static int chat_text(dsv4_engine *e, int seq, dsv4_tokenizer *tok)
             rc = fail("decode");
             break;
         }
-        replies[t][len] = '\0';
-        printf("user: %s\nassistant: %s\n", turns[t], replies[t]);
+        /* its exact bytes (random weights can stop inside a UTF-8 character) */
+        printf("user: %s\nassistant: ", turns[t]);
+        fwrite(replies[t], 1, len, stdout);
+        printf("\n");
         msgs[n_msgs++] = (dsv4_chat_message){.role = DSV4_ROLE_ASSISTANT, .content = replies[t], .content_len = len};
     }
     free(ids);

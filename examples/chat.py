@@ -28,9 +28,11 @@ def chat_text(engine, seq, tok):
         if k < len(held):
             engine.seq_truncate(seq, k)
         out, _, _ = engine.generate(ids[k:], REPLY_TOKENS, stop_at_eos=True, seq=seq)
-        text = tok.decode(out, skip_special=True)
-        print(f"user: {turn}\nassistant: {text}")
-        messages.append({"role": "assistant", "content": text})
+        # the reply's exact bytes (random weights can stop inside a UTF-8 character)
+        reply = tok.decode_bytes(out, skip_special=True)
+        sys.stdout.buffer.write(f"user: {turn}\nassistant: ".encode() + reply + b"\n")
+        sys.stdout.flush()
+        messages.append({"role": "assistant", "content": reply})
 
 
 def chat_ids(engine, seq):

@@ -147,33 +147,44 @@ def test_no_cuda_runtime_or_blas_needed(prefix):
         assert bad == [], f"{f.name} needs {bad}"
 
 
-def chat_outputs(prefix, tiny, tmp_path):
-    """stdout of the C example built with pkg-config, with find_package(dsv4), and of chat.py."""
+@pytest.fixture(scope="module")
+def examples(prefix, tmp_path_factory):
+    """The C example built against the installed package with pkg-config and with find_package."""
     ld = libdir(prefix)
+    tmp = tmp_path_factory.mktemp("examples")
     cc = os.environ.get("CC", "cc")
     pc_env = tool_env(PKG_CONFIG_PATH=str(ld / "pkgconfig"))
     flags = run(["pkg-config", "--cflags", "--libs", "dsv4"], env=pc_env).split()
-    exe_pc = tmp_path / "chat_pc"
+    exe_pc = tmp / "chat_pc"
     run([cc, "-std=c17", "-Wall", "-Werror", ROOT / "examples/chat.c", *flags, f"-Wl,-rpath,{ld}", "-o", exe_pc])
-    bdir = tmp_path / "build-example"
+    bdir = tmp / "build-example"
     run(["cmake", "-S", ROOT / "examples", "-B", bdir, f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release"],
         timeout=300)
     run(["cmake", "--build", bdir], timeout=300)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), DSV4_LIB=str(ld / "libdsv4.so"))
-    outs = {"pkg-config": run([exe_pc, tiny], env=env), "find_package": run([bdir / "chat", tiny], env=env),
-            "python": run([sys.executable, ROOT / "examples/chat.py", tiny], env=env)}
+    return {"pkg-config": [exe_pc], "find_package": [bdir / "chat"], "python": [sys.executable, ROOT / "examples/chat.py"]}
+
+
+def chat_outputs(prefix, examples, model):
+    """stdout (bytes) of the C example built with pkg-config, with find_package(dsv4), and of chat.py."""
+    # one thread: results do not depend on it, and a busy 2-core machine runs the tiny model faster so
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), DSV4_LIB=str(libdir(prefix) / "libdsv4.so"), DSV4_THREADS="1")
+    outs = {}
+    for name, cmd in examples.items():
+        r = subprocess.run([str(c) for c in cmd + [model]], capture_output=True, env=env, timeout=300)
+        assert r.returncode == 0, f"{name}: {r.stderr.decode(errors='replace')[-3000:]}"
+        outs[name] = r.stdout
     return outs
 
 
-def test_examples_chat(prefix, tiny, tmp_path):
-    outs = chat_outputs(prefix, tiny, tmp_path)
+def test_examples_chat(prefix, examples, tiny):
+    outs = chat_outputs(prefix, examples, tiny)
     assert outs["pkg-config"] == outs["find_package"] == outs["python"], outs
-    # token-id mode (the tiny model has no tokenizer.json): two turns, then the sequence length
+    # token-id mode (the test model has no tokenizer.json): two turns, then the sequence length
     m = re.fullmatch(r"turn 1: 4 ids in, reply:((?: \d+)+)\nturn 2: 5 ids in, reply:((?: \d+)+)\n"
-                     r"sequence holds (\d+) tokens\n", outs["python"])
+                     r"sequence holds (\d+) tokens\n", outs["python"].decode())
     assert m, outs["python"]
     r1, r2 = [int(x) for x in m.group(1).split()], [int(x) for x in m.group(2).split()]
-    with dsv4.Engine(tiny) as e:
+    with dsv4.Engine(tiny, threads=1) as e:
         v = e.vocab
         p1 = [(5 * i + 3) % v for i in range(4)]
         p2 = [(17 + 5 * i + 3) % v for i in range(4)]
@@ -183,6 +194,28 @@ def test_examples_chat(prefix, tiny, tmp_path):
         assert list(ref) == r2
         first, _, _ = e.generate(p1, 16, stop_at_eos=True)
         assert list(first) == r1
+
+
+def test_examples_chat_text(prefix, examples, tmp_path):
+    """The installed `dsv4 make-tiny` writes the tiny model with DeepSeek-V4's tokenizer beside it;
+    the examples then chat in text, all three alike, and the second reply is what one sequence
+    given the whole rendered conversation generates."""
+    fetched = ROOT / "scripts/fetch_tokenizer.py"
+    tok_json = run([sys.executable, fetched], timeout=600).strip()
+    model = tmp_path / "tiny-text"
+    run([prefix / "bin/dsv4", "make-tiny", "--out", model, "--tokenizer", tok_json, "--seed", "3"], timeout=300)
+    outs = chat_outputs(prefix, examples, model)
+    assert outs["pkg-config"] == outs["find_package"] == outs["python"], outs
+    parts = re.fullmatch(rb"user: (.*)\nassistant: (.*)\nuser: (.*)\nassistant: (.*)\n", outs["python"], re.S)
+    assert parts and parts.group(1) == b"Hello! Who are you?", outs["python"]
+    tok = dsv4.Tokenizer(str(model / "tokenizer.json"))
+    msgs = [{"role": "user", "content": parts.group(1)}, {"role": "assistant", "content": parts.group(2)},
+            {"role": "user", "content": parts.group(3)}]
+    with dsv4.Engine(model, threads=1) as e:
+        first, _, _ = e.generate(tok.encode_chat(msgs[:1]), 16, stop_at_eos=True)
+        assert tok.decode_bytes(first, skip_special=True) == parts.group(2)
+        second, _, _ = e.generate(tok.encode_chat(msgs), 16, stop_at_eos=True)
+        assert tok.decode_bytes(second, skip_special=True) == parts.group(4)
 
 
 @pytest.fixture
