@@ -3,6 +3,7 @@
 #   make test       build, then run every test (C tests through CTest, Python oracles through pytest)
 #   make test SAN=1 the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench      every benchmark
+#   make install PREFIX=DIR  install the library, its headers, dsv4 and the packages (default /usr/local)
 SAN ?= 0
 JOBS ?= $(shell nproc)
 ifeq ($(SAN),1)
@@ -16,7 +17,9 @@ SAN_ENV =
 endif
 PYTEST_ARGS ?=
 
-.PHONY: all deps build run test test-c test-py test-gpu bench clean
+PREFIX ?= /usr/local
+
+.PHONY: all deps build run test test-c test-py test-gpu bench install clean
 all: build
 
 deps:
@@ -40,11 +43,16 @@ test: build
 	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python $(SAN_ENV) \
 	  python3 -m pytest -q tests/python $(PYTEST_ARGS)
 
+# Headers, libdsv4.so/.a, the backend modules, dsv4, dsv4.pc and the CMake package under PREFIX.
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
 # The cuda backend on a machine with an NVIDIA GPU (skips without one): tests/gpu/run_gpu_tests.sh
 test-gpu:
 	BUILD=$(CURDIR)/build-gpu bash tests/gpu/run_gpu_tests.sh
 
 bench: build
+	./$(BUILD)/dsv4 bench startup
 	./$(BUILD)/dsv4 bench bandwidth
 	./$(BUILD)/dsv4 bench formats
 	./$(BUILD)/dsv4 bench attention

@@ -1,25 +1,49 @@
 /* dsv4 bench linear: quantized linear layers at the V4-Flash shapes (docs/kernels.md §5), M = 1, 2, 4, 8.
  * Effective weight GB/s (weight + scale bytes of the checkpoint format / time per call) next to
  * the read bandwidth measured in the same run, GFLOP/s next to the FMA peak, and OpenBLAS
- * sgemv (M = 1) / sgemm on the same weights dequantized to F32, timed in the same run. Every call
+ * sgemv (M = 1) / sgemm on the same weights dequantized to F32, timed in the same run (OpenBLAS,
+ * or another CBLAS, is opened when the benchmark runs: dsv4 is not linked with it). Every call
  * reads a different copy of the weights, and the copies together exceed twice the last-level
  * cache, so the weights come from memory as in a decode step. */
 #include "bench.h"
 #include "dsv4.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef DSV4_HAVE_BLAS
-/* CBLAS (row-major = 101, no transpose = 111, transpose = 112). */
-void cblas_sgemv(int order, int trans, int m, int n, float alpha, const float *a, int lda, const float *x, int incx,
-                 float beta, float *y, int incy);
-void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                 int ldb, float beta, float *c, int ldc);
-extern void openblas_set_num_threads(int n) __attribute__((weak));
-extern char *openblas_get_config(void) __attribute__((weak));
-#endif
+/* The peer: CBLAS (row-major = 101, no transpose = 111, transpose = 112) of the first library of
+ * `blas_names` that loads; sgemv NULL when none does. */
+static struct blas {
+    void (*sgemv)(int order, int trans, int m, int n, float alpha, const float *a, int lda, const float *x, int incx,
+                  float beta, float *y, int incy);
+    void (*sgemm)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                  const float *b, int ldb, float beta, float *c, int ldc);
+    void (*set_threads)(int n);  /* OpenBLAS only */
+    char *(*get_config)(void);   /* OpenBLAS only */
+    const char *file;
+} blas;
+
+static void blas_open(void)
+{
+    static const char *const blas_names[] = {"libopenblas.so.0", "libopenblas.so", "libcblas.so.3", "libblas.so.3"};
+    for (size_t i = 0; i < sizeof blas_names / sizeof blas_names[0]; i++) {
+        void *h = dlopen(blas_names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) continue;
+        *(void **)&blas.sgemv = dlsym(h, "cblas_sgemv");
+        *(void **)&blas.sgemm = dlsym(h, "cblas_sgemm");
+        if (!blas.sgemv || !blas.sgemm) {
+            blas.sgemv = NULL;
+            dlclose(h);
+            continue;
+        }
+        *(void **)&blas.set_threads = dlsym(h, "openblas_set_num_threads");
+        *(void **)&blas.get_config = dlsym(h, "openblas_get_config");
+        blas.file = blas_names[i];
+        return;
+    }
+}
 
 typedef struct lcase {
     const char *name;
@@ -129,7 +153,6 @@ typedef struct result {
     double bytes, flops, blas_bytes;
 } result;
 
-#ifdef DSV4_HAVE_BLAS
 /* Best time of OpenBLAS on the F32 copies: sgemv for M = 1, sgemm otherwise, one call per group. */
 static double time_blas(const lcase *c, const float *wf, int fcopies, int64_t m, const float *xf, float *yf)
 {
@@ -142,9 +165,9 @@ static double time_blas(const lcase *c, const float *wf, int fcopies, int64_t m,
         for (int64_t g = 0; g < c->groups; g++) {
             const float *wg = wb + (size_t)(g * c->n * c->k);
             if (m == 1)
-                cblas_sgemv(101, 111, (int)c->n, (int)c->k, 1.0f, wg, (int)c->k, xf + g * c->k, 1, 0.0f, yf + g * c->n, 1);
+                blas.sgemv(101, 111, (int)c->n, (int)c->k, 1.0f, wg, (int)c->k, xf + g * c->k, 1, 0.0f, yf + g * c->n, 1);
             else
-                cblas_sgemm(101, 111, 112, (int)m, (int)c->n, (int)c->k, 1.0f, xf + g * c->k, (int)kx, wg, (int)c->k,
+                blas.sgemm(101, 111, 112, (int)m, (int)c->n, (int)c->k, 1.0f, xf + g * c->k, (int)kx, wg, (int)c->k,
                             0.0f, yf + g * c->n, (int)ny);
         }
         const double dt = bench_now() - t0;
@@ -152,7 +175,6 @@ static double time_blas(const lcase *c, const float *wf, int fcopies, int64_t m,
     }
     return best;
 }
-#endif
 
 /* Best time of dsv4 on the quantized copies. */
 static double time_dsv4(dsv4_ctx *ctx, const lcase *c, const wset *ws, int64_t m, uint16_t *x, uint16_t *y, void *work,
@@ -195,11 +217,9 @@ static int run_case(dsv4_ctx *ctx, const lcase *c, size_t min_total, result *out
     if (dsv4_linear_workspace_size(ctx, c->fmt, mmax * c->groups, c->k, &wsb)) die("workspace");
     void *work = bench_alloc(wsb + 1);
     const size_t f32_bytes = (size_t)(ws.rows * ws.k) * 4;
-#ifdef DSV4_HAVE_BLAS
     int fcopies = (int)((min_total + f32_bytes - 1) / f32_bytes);
     if (fcopies < 2) fcopies = 2;
-    float *wf = wset_f32(ctx, &ws, fcopies);
-#endif
+    float *wf = blas.sgemv ? wset_f32(ctx, &ws, fcopies) : NULL;
     for (int mi = 0; mi < 4; mi++) {
         result *r = &out[mi];
         r->c = c;
@@ -208,15 +228,9 @@ static int run_case(dsv4_ctx *ctx, const lcase *c, size_t min_total, result *out
         r->bytes = (double)(ws.wbytes + ws.sbytes);
         r->flops = 2.0 * (double)(r->m * ny * c->k);
         r->blas_bytes = (double)f32_bytes;
-#ifdef DSV4_HAVE_BLAS
-        r->t_blas = time_blas(c, wf, fcopies, r->m, xf, yf);
-#else
-        r->t_blas = -1.0;
-#endif
+        r->t_blas = wf ? time_blas(c, wf, fcopies, r->m, xf, yf) : -1.0;
     }
-#ifdef DSV4_HAVE_BLAS
     free(wf);
-#endif
     free(ws.w);
     free(ws.s);
     free(x);
@@ -240,9 +254,8 @@ int dsv4_bench_linear(int argc, char **argv)
     /* The machine is shared: read bandwidth before and after, the higher one is the roofline. */
     const double bw0 = bench_read_bandwidth(bw_bytes, threads, 5);
     const double peak = bench_fma_peak(threads);
-#ifdef DSV4_HAVE_BLAS
-    if (openblas_set_num_threads) openblas_set_num_threads(threads);
-#endif
+    blas_open();
+    if (blas.set_threads) blas.set_threads(threads);
     dsv4_ctx *ctx = NULL;
     const dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
     if (dsv4_ctx_create(&o, &ctx)) die("context");
@@ -260,12 +273,11 @@ int dsv4_bench_linear(int argc, char **argv)
     printf("dsv4 bench linear — %d thread(s), cpu isa %s\n", threads, dsv4_cpu_isa());
     printf("memory read bandwidth (measured before / after): %.1f / %.1f GB/s, %%read uses %.1f; "
            "fp32 FMA peak: %.0f GFLOP/s\n", bw0, bw1, bw, peak);
-#ifdef DSV4_HAVE_BLAS
-    printf("peer: %s, sgemv (M = 1) / sgemm on the weights dequantized to F32\n",
-           openblas_get_config ? openblas_get_config() : "the linked CBLAS (not OpenBLAS)");
-#else
-    printf("peer: none (built without BLAS)\n");
-#endif
+    if (blas.sgemv)
+        printf("peer: %s (%s), sgemv (M = 1) / sgemm on the weights dequantized to F32\n",
+               blas.get_config ? blas.get_config() : "a CBLAS that is not OpenBLAS", blas.file);
+    else
+        printf("peer: none (no CBLAS library found: libopenblas.so.0, libcblas.so.3 or libblas.so.3)\n");
     printf("GB/s = weight + scale bytes of the format / best time per call; each call reads another copy (> L3)\n\n");
     printf("%-21s %-8s %2s %9s %8s %6s %8s %6s %9s %9s %8s\n", "weight", "format", "M", "us/call", "GB/s", "%read",
            "GFLOP/s", "%peak", "blas us", "blas GB/s", "speedup");

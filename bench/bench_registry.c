@@ -10,6 +10,7 @@ int dsv4_bench_layer(int argc, char **argv);
 int dsv4_bench_run(int argc, char **argv);
 int dsv4_bench_bandwidth(int argc, char **argv);
 int dsv4_bench_memory(int argc, char **argv);
+int dsv4_bench_startup(int argc, char **argv);
 
 const dsv4_bench_entry dsv4_benches[] = {
     {"bandwidth", "the read-bandwidth probe behind every roofline (all threads, 1 thread) vs the former probe and an FP8 M=1 linear", "threads passes", dsv4_bench_bandwidth},
@@ -22,6 +23,7 @@ const dsv4_bench_entry dsv4_benches[] = {
     {"model", "checkpoint loading: V4-Flash-shaped header parse + bind, in-place mmap vs a copying loader, mapped-weight GB/s", "threads quick dir", dsv4_bench_model},
     {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline", "threads quick model max-batch steps", dsv4_bench_run},
     {"memory", "what V4-Flash (--pro: V4-Pro) needs: mapped checkpoint, bytes read per decoded token, the engine's plan at 4k/64k/1M positions (minutes)", "dir model pro", dsv4_bench_memory},
+    {"startup", "first use of the backend registry (loading the backend modules) and each backend's availability check", "", dsv4_bench_startup},
     {0, 0, 0, 0},
 };
 

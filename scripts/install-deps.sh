@@ -4,7 +4,8 @@
 set -euo pipefail
 
 DEB_PACKAGES=(cmake make gcc g++ python3 python3-pip libopenblas-dev pkg-config libpcre2-dev libcjson-dev libedit-dev clang libclang-rt-dev)
-PY_PACKAGES=(numpy ml_dtypes pytest)
+# PyPI name:import name; scikit-build-core is the build backend of `pip install .` (pyproject.toml)
+PY_PACKAGES=(numpy ml_dtypes pytest scikit-build-core:scikit_build_core)
 
 missing_deb=()
 for p in "${DEB_PACKAGES[@]}"; do
@@ -27,13 +28,16 @@ if [ ${#filtered[@]} -gt 0 ]; then
 fi
 
 missing_py=()
-for p in "${PY_PACKAGES[@]}"; do
-  python3 -c "import $p" >/dev/null 2>&1 || missing_py+=("$p")
+missing_mod=()
+for entry in "${PY_PACKAGES[@]}"; do
+  p=${entry%%:*}
+  m=${entry#*:}
+  python3 -c "import $m" >/dev/null 2>&1 || { missing_py+=("$p"); missing_mod+=("$m"); }
 done
 if [ ${#missing_py[@]} -gt 0 ]; then
   echo "install-deps: pip install ${missing_py[*]}"
   python3 -m pip install -q --disable-pip-version-check "${missing_py[@]}" 2>&1 | grep -v "Running pip as the 'root'" || true
-  for p in "${missing_py[@]}"; do python3 -c "import $p" || { echo "install-deps: $p did not install" >&2; exit 1; }; done
+  for m in "${missing_mod[@]}"; do python3 -c "import $m" || { echo "install-deps: $m did not install" >&2; exit 1; }; done
 fi
 
 # DeepSeek-V4's tokenizer.json into the cache, where `dsv4 make-tiny` and the tests find it

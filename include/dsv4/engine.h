@@ -94,10 +94,11 @@ DSV4_API dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t 
  * temperature 0: greedy (argmax, lowest id on ties). temperature > 0: p = softmax(logits / T),
  * restricted to the smallest set of most likely tokens whose mass reaches top_p (top_p >= 1: all),
  * then the reference's Gumbel-max form argmax_i p_i / E_i with E_i ~ Exp(1) drawn from the
- * seeded generator (xoshiro256**, seeded through splitmix64). */
+ * seeded generator (xoshiro256**, seeded through splitmix64). A zero-initialized dsv4_sampling is
+ * greedy decoding. */
 typedef struct dsv4_sampling {
     float temperature; /* >= 0 */
-    float top_p;       /* (0, 1]; values >= 1 keep every token */
+    float top_p;       /* (0, 1]; values >= 1 keep every token; 0: 1 */
     uint64_t seed;
 } dsv4_sampling;
 
@@ -202,8 +203,10 @@ typedef struct dsv4_gen_step {
 /* Return non-zero to stop the generation after this step. */
 typedef int (*dsv4_gen_callback)(void *user, const dsv4_gen_step *step);
 
+/* A zero-initialized dsv4_generate_options asks for every default: greedy, no MTP, as many tokens
+ * as the sequence has room for (max_context), not stopping at EOS. */
 typedef struct dsv4_generate_options {
-    int64_t max_tokens;
+    int64_t max_tokens;      /* >= 1; 0: until the sequence holds max_context positions */
     int mtp;                 /* draft length k; 0: plain decoding */
     dsv4_sampling sampling;
     int stop_at_eos;

@@ -241,9 +241,10 @@ DSV4_API dsv4_status dsv4_model_issue(const dsv4_model *m, int i, dsv4_model_iss
 
 /* ==== writing checkpoints ================================================================== */
 
+/* Zero-initialized (or NULL): seed 0, one file, the official layout, no MTP, real data. */
 typedef struct dsv4_write_options {
     uint64_t seed;       /* random weights: same seed, same bytes */
-    int shards;          /* >= 1; > 1 writes model-0000i-of-0000n.safetensors + the index */
+    int shards;          /* 0 or 1: one file; > 1 writes model-0000i-of-0000n.safetensors + the index */
     dsv4_layout layout;  /* OFFICIAL (config formats) or HF (BF16, model. prefix) */
     int with_mtp;        /* write the config's MTP blocks */
     int sparse;          /* headers only: tensor data left as file holes (shape/size tests) */

@@ -154,7 +154,8 @@ typedef struct dsv4_prompt_options {
     int keep_reasoning; /* 1: drop_thinking=False of the reference */
 } dsv4_prompt_options;
 
-/* The prompt as text (no NUL written). out == NULL asks only for the size. */
+/* The prompt as text (no NUL written). out == NULL asks only for the size. opt NULL (or zeroed):
+ * chat mode. */
 DSV4_API dsv4_status dsv4_prompt_render(const dsv4_chat_message *msgs, size_t n_msgs, const dsv4_prompt_options *opt,
                                         char *out, size_t cap, size_t *len);
 /* The prompt as ids (BOS first). ids == NULL asks only for the count. */

@@ -26,21 +26,30 @@ class DSV4Error(ValueError):
 
 
 def _find_library():
+    """$DSV4_LIB, else the library installed with the package (`pip install .`), else the one of a
+    build in the source tree (PYTHONPATH=python)."""
     env = os.environ.get("DSV4_LIB")
     if env:
         return env
-    root = pathlib.Path(__file__).resolve().parents[2]
-    for cand in (root / "build" / "libdsv4.so", root / "build-san" / "libdsv4.so"):
+    here = pathlib.Path(__file__).resolve().parent
+    cands = [here / "libdsv4.so"]
+    root = here.parents[1]
+    if (root / "CMakeLists.txt").exists() and (root / "python" / "dsv4").is_dir():
+        cands += [root / "build" / "libdsv4.so", root / "build-san" / "libdsv4.so"]
+    for cand in cands:
         if cand.exists():
             return str(cand)
-    raise OSError("libdsv4.so not found: run `make` first or set DSV4_LIB")
+    raise OSError("libdsv4.so not found: `pip install .`, or run `make` first, or set DSV4_LIB")
 
 
 lib = ctypes.CDLL(_find_library())
 lib.dsv4_last_error.restype = ctypes.c_char_p
+lib.dsv4_version.restype = ctypes.c_char_p
+VERSION = lib.dsv4_version().decode()
 
 
 def check(status):
+    """Raise DSV4Error with the library's message unless `status` is 0 (DSV4_OK)."""
     if status != 0:
         raise DSV4Error(status, lib.dsv4_last_error().decode("utf-8", "replace"))
 
@@ -145,6 +154,8 @@ def ctx(backend=None, threads=None):
 
 
 def backends():
+    """The registered backends' names, in registration order (a backend built as a module is listed
+    even when it did not load: dsv4.device.available says why)."""
     return [lib.dsv4_backend_name(i).decode() for i in range(lib.dsv4_backend_count())]
 
 
@@ -197,6 +208,7 @@ def float_tensor(a, name):
 
 
 def ptr(a):
+    """The data pointer of numpy array `a` for ctypes (NULL when it is empty)."""
     return ctypes.c_void_p(a.ctypes.data if a.size else 0)
 
 

@@ -229,6 +229,8 @@ def dequant_gather(cache, slots, block_size, backend=None, threads=None, out=Non
 
 # ---- sparse decode ----------------------------------------------------------------------------
 def decode_workspace_bytes(t, h, width, extra_width=0, backend=None, threads=None):
+    """Bytes of scratch sparse_mla_decode needs for t queries of h heads whose scopes have
+    `width` + `extra_width` index columns, on the backend."""
     n = ctypes.c_size_t()
     check(lib.dsv4_sparse_mla_decode_workspace(ctx(backend, threads), int(t), int(h), int(width), int(extra_width),
                                                ctypes.byref(n)))

@@ -119,6 +119,7 @@ class DeviceArray:
         return self
 
     def free(self):
+        """Free the buffer now (also done when the array is collected); a second call does nothing."""
         if self.ptr:
             lib.dsv4_device_free(self._ctx, self.ptr)
             self.ptr = None
@@ -137,6 +138,7 @@ def upload(arr, backend="cuda"):
 
 
 def empty(shape, dtype, backend="cuda"):
+    """An uninitialized DeviceArray of `shape` and numpy `dtype` in the backend's memory."""
     return DeviceArray(shape, dtype, backend)
 
 

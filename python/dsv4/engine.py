@@ -117,6 +117,7 @@ class Engine:
         self.vocab = self.config["vocab_size"]
 
     def close(self):
+        """Destroy the engine and free all it planned (also on collection or leaving a `with`)."""
         h, self._h = self._h, None
         if h:
             lib.dsv4_engine_destroy(h)
@@ -131,11 +132,13 @@ class Engine:
 
     # ---- sequences ----
     def seq_create(self):
+        """A new empty sequence; returns its id (DSV4Error when max_seqs are alive)."""
         s = ctypes.c_int()
         check(lib.dsv4_engine_seq_create(self._h, ctypes.byref(s)))
         return s.value
 
     def seq_free(self, seq):
+        """Release the sequence's slot and caches."""
         check(lib.dsv4_engine_seq_free(self._h, int(seq)))
 
     def seq_reset(self, seq):
@@ -143,6 +146,7 @@ class Engine:
         check(lib.dsv4_engine_seq_reset(self._h, int(seq)))
 
     def seq_length(self, seq):
+        """Tokens the sequence holds (positions in its caches)."""
         return lib.dsv4_engine_seq_length(self._h, int(seq))
 
     def seq_copy(self, src, dst):
@@ -165,6 +169,7 @@ class Engine:
         return out
 
     def memory(self):
+        """The engine's memory in bytes, as a dict of dsv4_engine_memory's fields (planned, kv_used, ...)."""
         m = EngineMemory()
         check(lib.dsv4_engine_memory_info(self._h, ctypes.byref(m)))
         return {f: getattr(m, f) for f, _ in EngineMemory._fields_}
@@ -255,7 +260,8 @@ class Engine:
         """Generate on a fresh sequence (or `seq`, whose tokens the prompt continues). Returns (tokens int32, stats dict,
         steps list); each step is a dict with its tokens, drafted/accepted counts and seconds, plus the
         target logits of the positions it ran when keep_logits. on_step(step dict) returning True stops
-        the generation after that step (during the prefill: after that chunk, with no token generated)."""
+        the generation after that step (during the prefill: after that chunk, with no token generated).
+        max_tokens 0 generates until the sequence holds max_context positions."""
         ids = _ids(prompt)
         steps = []
 
@@ -275,7 +281,8 @@ class Engine:
         if own:
             seq = self.seq_create()
         try:
-            out = np.zeros(max(int(max_tokens), 0), np.int32)
+            room = self.options["max_context"] - self.seq_length(seq) - len(ids) + 1  # what max_tokens 0 gets
+            out = np.zeros(max(int(max_tokens) if int(max_tokens) else room, 0), np.int32)
             n = ctypes.c_int64()
             st = GenStats()
             check(lib.dsv4_engine_generate(self._h, int(seq), ids.ctypes.data, len(ids), ctypes.byref(o),

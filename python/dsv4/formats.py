@@ -34,26 +34,33 @@ def _decode(fmt, codes, in_dtype, backend, threads):
 
 
 def e4m3_encode(x, backend=None, threads=None):
+    """float32 array -> OCP E4M3FN codes (uint8): round to nearest even, saturating to +-448, NaN kept."""
     return _encode("e4m3", x, np.uint8, backend, threads)
 
 
 def e4m3_decode(codes, backend=None, threads=None):
+    """E4M3FN codes (uint8) -> float32, exactly."""
     return _decode("e4m3", codes, np.uint8, backend, threads)
 
 
 def bf16_encode(x, backend=None, threads=None):
+    """float32 array -> BF16 bit patterns (uint16), round to nearest even."""
     return _encode("bf16", x, np.uint16, backend, threads)
 
 
 def bf16_decode(bits, backend=None, threads=None):
+    """BF16 bit patterns (uint16) -> float32, exactly."""
     return _decode("bf16", bits, np.uint16, backend, threads)
 
 
 def e2m1_encode(x, backend=None, threads=None):
+    """float32 array -> E2M1 (FP4) codes, one per uint8 (0..15): round to nearest even on the FP4
+    grid, saturating to +-6, NaN -> +0."""
     return _encode("e2m1", x, np.uint8, backend, threads)
 
 
 def e2m1_decode(codes, backend=None, threads=None):
+    """E2M1 codes (uint8 nibbles 0..15) -> float32, exactly."""
     codes = as_array(codes, np.uint8, "codes")
     if codes.size and codes.max() > 15:
         raise DSV4Error(5, "e2m1_decode: codes must be nibbles (0..15)")
@@ -61,6 +68,7 @@ def e2m1_decode(codes, backend=None, threads=None):
 
 
 def e8m0_decode(codes, backend=None, threads=None):
+    """UE8M0 scale bytes -> float32 2^(b-127) (255 is NaN)."""
     return _decode("e8m0", codes, np.uint8, backend, threads)
 
 
@@ -135,6 +143,7 @@ def fp4_pack(codes):
 
 
 def fp4_unpack(packed):
+    """Packed FP4 bytes [..., n] -> one E2M1 code per byte [..., 2n] (the low nibble is the even element)."""
     p = np.ascontiguousarray(as_array(packed, np.uint8, "packed"))
     out = new_output(p.shape[:-1] + (p.shape[-1] * 2,), np.uint8)
     lib.dsv4_fp4_unpack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]

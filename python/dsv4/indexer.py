@@ -177,6 +177,7 @@ def _topk_outputs(t, topk, out):
 
 
 def workspace_size(tokens, topk, backend=None, threads=None):
+    """Bytes of workspace indexer_select / indexer_topk need for `tokens` query rows and this topk."""
     return int(lib.dsv4_indexer_workspace_size(ctx(backend, threads), int(tokens), int(topk)))
 
 

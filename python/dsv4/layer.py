@@ -7,7 +7,7 @@ import numpy as np
 
 from ._lib import c_struct
 from ._lib import float_tensor, BF16, F32, I32, I64, DSV4Error, Tensor, as_array, check, ctx, lib, new_output, ptr, tensor
-from .linear import FORMATS, _weight_tensors
+from .linear_ops import FORMATS, _weight_tensors
 
 
 @c_struct("dsv4_ffn_weights")

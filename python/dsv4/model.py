@@ -114,6 +114,7 @@ def config_parse(text, source="config.json"):
 
 
 def config_load(path):
+    """The config.json at `path` (a file or a checkpoint folder) parsed by the library, as a dict."""
     c = ModelConfig()
     check(lib.dsv4_config_load(str(path).encode(), ctypes.byref(c)))
     return _config_dict(c)
@@ -130,6 +131,8 @@ def tiny_config_json():
 
 
 def make_tiny(path, seed=0):
+    """`dsv4 make-tiny`: write the built-in tiny checkpoint (4 layers and an MTP block, official
+    layout, 2 shards) with random weights from `seed` into the folder `path`."""
     check(lib.dsv4_make_tiny(str(path).encode(), seed))
 
 
@@ -160,6 +163,7 @@ class Model:
             i += 1
 
     def close(self):
+        """Unmap the checkpoint (also on collection or leaving a `with`)."""
         if self._h:
             lib.dsv4_model_close(self._h)
             self._h = None
@@ -183,6 +187,8 @@ class Model:
         return out
 
     def entry(self, name):
+        """The entry of tensor `name` (its file name or canonical name) as a dict: name, canonical
+        name, file, safetensors dtype, dtype and shape; DSV4Error when absent."""
         e = TensorEntry()
         check(lib.dsv4_checkpoint_find(self._ck, name.encode(), ctypes.byref(e)))
         return _entry_dict(e)

@@ -130,12 +130,14 @@ class DecodeStream:
         self._buf = ctypes.create_string_buffer(lib.dsv4_tokenizer_max_token_bytes(tokenizer._h) + 4)
 
     def step(self, token_id):
+        """The bytes ready after one more id (never the middle of a UTF-8 character)."""
         n = _SZ()
         check(lib.dsv4_decode_stream_step(self._tok._h, ctypes.byref(self._st), int(token_id), self._buf,
                                           len(self._buf), ctypes.byref(n)))
         return self._buf.raw[:n.value]
 
     def flush(self):
+        """The bytes still waiting at the end (an unfinished character), emptying the stream."""
         n = _SZ()
         check(lib.dsv4_decode_stream_flush(ctypes.byref(self._st), self._buf, len(self._buf), ctypes.byref(n)))
         return self._buf.raw[:n.value]
@@ -163,6 +165,7 @@ class Tokenizer:
 
     @property
     def vocab_size(self):
+        """Number of ids: valid ids are 0 .. vocab_size - 1."""
         return lib.dsv4_tokenizer_vocab_size(self._h)
 
     def token_to_id(self, token):
@@ -176,11 +179,13 @@ class Tokenizer:
         return out.value
 
     def id_to_token(self, token_id):
+        """The token's text as written in tokenizer.json."""
         s, n = ctypes.c_char_p(), _SZ()
         check(lib.dsv4_tokenizer_token_text(self._h, int(token_id), ctypes.byref(s), ctypes.byref(n)))
         return ctypes.string_at(s, n.value).decode("utf-8")
 
     def is_special(self, token_id):
+        """Whether the id is an added token marked special (BOS, EOS, role markers)."""
         r = lib.dsv4_tokenizer_is_special(self._h, int(token_id))
         if r < 0:
             raise DSV4Error(5, f"id {token_id} is not in the vocabulary")
@@ -196,6 +201,8 @@ class Tokenizer:
         return out[:n.value].copy()
 
     def decode_bytes(self, ids, skip_special=False):
+        """The bytes of the ids concatenated (exactly those that were encoded), special tokens left
+        out with skip_special."""
         a = _ids_array(ids)
         n = _SZ()
         flags = SKIP_SPECIAL if skip_special else 0
@@ -210,9 +217,11 @@ class Tokenizer:
         return self.decode_bytes(ids, skip_special).decode("utf-8", "replace")
 
     def decode_stream(self, skip_special=False):
+        """A DecodeStream over this tokenizer, for decoding one generated id at a time."""
         return DecodeStream(self, skip_special)
 
     def render_chat(self, messages, thinking=False, keep_reasoning=False):
+        """The DeepSeek-V4 prompt of the messages as text (the module's render_chat)."""
         return render_chat(messages, thinking, keep_reasoning)
 
     def encode_chat(self, messages, thinking=False, keep_reasoning=False):

@@ -50,6 +50,26 @@ typedef struct dsv4_backend {
     const struct dsv4_tensor_ops *tensor;
 } dsv4_backend;
 
+/* ---- backends built as modules (core/module.c) ------------------------------------------------
+ * A module (libdsv4-NAME.so, built from src/backends/NAME) exports one function,
+ * DSV4_MODULE_ENTRY, which returns its backend or NULL (then *why says why). It is linked against
+ * nothing of libdsv4: what it needs of the library comes in the host table, so that one module
+ * serves libdsv4.so and every program linked with libdsv4.a. The versions must agree exactly
+ * (the structs above are shared between the two sides). */
+#define DSV4_MODULE_ENTRY "dsv4_module_backend"
+typedef struct dsv4_module_host {
+    const char *version; /* DSV4_VERSION_STRING of the library */
+    size_t backend_size; /* sizeof(dsv4_backend) */
+    dsv4_status (*fail)(dsv4_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+} dsv4_module_host;
+typedef const dsv4_backend *(*dsv4_module_entry_fn)(const dsv4_module_host *host, char *why, size_t cap);
+
+/* Load the module `file` (a name such as "libdsv4-cuda.so"), looked for in $DSV4_MODULE_DIR, then
+ * beside the code of libdsv4 (libdsv4.so, or the program linked with libdsv4.a), then in the libdir
+ * of that folder taken as a bindir (PREFIX/bin -> PREFIX/lib), then the configured install libdir.
+ * NULL when it is absent or cannot load; *why says which, naming the paths. */
+const dsv4_backend *dsv4_module_load(const char *file, char *why, size_t cap);
+
 /* Registry and contexts (core/dispatch.c). */
 const dsv4_backend *dsv4_backend_find(const char *name);
 /* Resolve a (possibly NULL) context into its backend and execution settings. */

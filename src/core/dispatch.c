@@ -9,15 +9,45 @@
 #include <string.h>
 
 #define DSV4_BACKEND_ENTRY(id) extern const dsv4_backend dsv4_backend_##id;
+#define DSV4_BACKEND_MODULE(id, file)
 #include "dsv4_backend_list.inc"
 #undef DSV4_BACKEND_ENTRY
+#undef DSV4_BACKEND_MODULE
 
-static const dsv4_backend *const registry[] = {
-#define DSV4_BACKEND_ENTRY(id) &dsv4_backend_##id,
+/* The built-in backends, then the modules (core/module.c) in the order the build lists them. A
+ * module that did not load stays listed under its name with the reason (`missing`), so that
+ * asking for it says why it is not there. Filled once, on first use. */
+enum {
+#define DSV4_BACKEND_ENTRY(id) 1 +
+#define DSV4_BACKEND_MODULE(id, file) 1 +
+    REGISTRY_SIZE =
+#include "dsv4_backend_list.inc"
+    0
+#undef DSV4_BACKEND_ENTRY
+#undef DSV4_BACKEND_MODULE
+};
+static const dsv4_backend *registry[REGISTRY_SIZE ? REGISTRY_SIZE : 1];
+static dsv4_backend absent[REGISTRY_SIZE ? REGISTRY_SIZE : 1];
+static char missing[REGISTRY_SIZE ? REGISTRY_SIZE : 1][768];
+static pthread_once_t registry_once = PTHREAD_ONCE_INIT;
+
+static void registry_init(void)
+{
+    int i = 0;
+#define DSV4_BACKEND_ENTRY(id) registry[i++] = &dsv4_backend_##id;
+#define DSV4_BACKEND_MODULE(id, file)                                                   \
+    registry[i] = dsv4_module_load(file, missing[i], sizeof missing[i]);                \
+    if (!registry[i]) {                                                                 \
+        absent[i].name = #id;                                                           \
+        registry[i] = &absent[i];                                                       \
+    }                                                                                   \
+    i++;
 #include "dsv4_backend_list.inc"
 #undef DSV4_BACKEND_ENTRY
-};
-enum { REGISTRY_SIZE = (int)(sizeof registry / sizeof registry[0]) };
+#undef DSV4_BACKEND_MODULE
+}
+
+static void registry_ready(void) { pthread_once(&registry_once, registry_init); }
 
 struct dsv4_ctx {
     const dsv4_backend *backend;
@@ -25,18 +55,32 @@ struct dsv4_ctx {
 };
 
 int dsv4_backend_count(void) { return REGISTRY_SIZE; }
-const char *dsv4_backend_name(int i) { return i >= 0 && i < REGISTRY_SIZE ? registry[i]->name : NULL; }
+const char *dsv4_backend_name(int i)
+{
+    registry_ready();
+    return i >= 0 && i < REGISTRY_SIZE ? registry[i]->name : NULL;
+}
+
+static int backend_index(const char *name)
+{
+    registry_ready();
+    for (int i = 0; i < REGISTRY_SIZE; i++)
+        if (name && strcmp(registry[i]->name, name) == 0) return i;
+    return -1;
+}
 
 const dsv4_backend *dsv4_backend_find(const char *name)
 {
-    for (int i = 0; i < REGISTRY_SIZE; i++)
-        if (name && strcmp(registry[i]->name, name) == 0) return registry[i];
-    return NULL;
+    int i = backend_index(name);
+    return i >= 0 && !missing[i][0] ? registry[i] : NULL;
 }
 
 static dsv4_status backend_lookup(const char *name, const dsv4_backend **out)
 {
-    const dsv4_backend *b = dsv4_backend_find(name);
+    const int at = backend_index(name);
+    if (at >= 0 && missing[at][0])
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "backend '%s': its module %s", name, missing[at]);
+    const dsv4_backend *b = at >= 0 ? registry[at] : NULL;
     if (!b) {
         char known[256] = "";
         size_t o = 0;
@@ -143,21 +187,21 @@ dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream)
 
 const char *dsv4_ctx_backend_name(const dsv4_ctx *ctx)
 {
-    const dsv4_backend *b;
-    dsv4_exec ex;
+    const dsv4_backend *b = NULL;
+    dsv4_exec ex = {0};
     return dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? b->name : NULL;
 }
 
 int dsv4_ctx_threads(const dsv4_ctx *ctx)
 {
-    const dsv4_backend *b;
-    dsv4_exec ex;
+    const dsv4_backend *b = NULL;
+    dsv4_exec ex = {0};
     return dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? ex.threads : 0;
 }
 
 const char *dsv4_ctx_cpu_isa(const dsv4_ctx *ctx)
 {
-    const dsv4_backend *b;
-    dsv4_exec ex;
+    const dsv4_backend *b = NULL;
+    dsv4_exec ex = {0};
     return dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? dsv4_cpu_isa_name(ex.isa) : NULL;
 }

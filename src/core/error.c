@@ -16,7 +16,6 @@ dsv4_status dsv4_fail(dsv4_status status, const char *fmt, ...)
 
 const char *dsv4_last_error(void) { return last_error; }
 void dsv4_clear_error(void) { last_error[0] = '\0'; }
-const char *dsv4_version(void) { return "0.1.0"; }
 
 const char *dsv4_status_name(dsv4_status s)
 {

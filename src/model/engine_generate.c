@@ -262,8 +262,8 @@ static dsv4_status run_step(dsv4_engine *e, dsv4_step_request *rq, int n)
 
 static dsv4_status check_sampling(const char *op, int i, const dsv4_sampling *s)
 {
-    if (s->temperature >= 0.0f && isfinite(s->temperature) && s->top_p > 0.0f) return DSV4_OK;
-    return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: request %d: need temperature >= 0 and top_p > 0", op, i);
+    if (s->temperature >= 0.0f && isfinite(s->temperature) && s->top_p >= 0.0f) return DSV4_OK;
+    return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: request %d: need temperature >= 0 and top_p >= 0 (0: 1)", op, i);
 }
 
 dsv4_status dsv4_engine_step(dsv4_engine *e, dsv4_step_request *rq, int n)
@@ -316,16 +316,19 @@ dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt,
         if (prompt[i] < 0 || prompt[i] >= e->V)
             return dsv4_fail(DSV4_ERR_RANGE, "%s: prompt token %lld = %d is outside the vocabulary [0, %lld)", op,
                              (long long)i, prompt[i], (long long)e->V);
-    DSV4_CHECK_ARG(o->max_tokens >= 1 && cap >= 0 && (!cap || out_tokens), "%s: need max_tokens >= 1 and an output buffer", op);
+    DSV4_CHECK_ARG(o->max_tokens >= 0 && cap >= 0 && (!cap || out_tokens),
+                   "%s: need max_tokens >= 0 (0: up to max_context) and an output buffer", op);
     DSV4_CHECK_ARG(o->mtp >= 0 && o->mtp <= e->opt.max_mtp,
                    "%s: mtp %d not in [0, %d] (the engine's max_mtp; 0 when the checkpoint has no MTP block)", op, o->mtp,
                    e->opt.max_mtp);
     DSV4_TRY(check_sampling(op, 0, &o->sampling));
     const int64_t len0 = e->seqs[seq].len, room0 = e->opt.max_context - len0;
-    if (n_prompt > room0 || o->max_tokens - 1 > room0 - n_prompt)
+    /* the last token generated is not fed back, so n_prompt + max_tokens - 1 positions must fit */
+    const int64_t max_tokens = o->max_tokens ? o->max_tokens : room0 - n_prompt + 1;
+    if (n_prompt > room0 || max_tokens - 1 > room0 - n_prompt)
         return dsv4_fail(DSV4_ERR_CAPACITY, "%s: %lld held + %lld prompt + %lld new tokens exceed max_context %lld", op,
-                         (long long)len0, (long long)n_prompt, (long long)o->max_tokens, (long long)e->opt.max_context);
-    gen g = {.e = e, .sq = seq, .o = o, .out = out_tokens, .cap = cap, .max = o->max_tokens};
+                         (long long)len0, (long long)n_prompt, (long long)max_tokens, (long long)e->opt.max_context);
+    gen g = {.e = e, .sq = seq, .o = o, .out = out_tokens, .cap = cap, .max = max_tokens};
     dsv4_rng_seed(o->sampling.seed, g.rng);
     g.st.prompt_tokens = n_prompt;
     /* everything is checked: a failure from here on fails the sequence (forward marks its own) */

@@ -92,7 +92,8 @@ void eng_probs(dsv4_engine *e, const float *logits, const dsv4_sampling *s, floa
         sum += v;
     }
     for (int64_t i = 0; i < V; i++) out[i] = (float)(out[i] / sum);
-    if (!(s->top_p < 1.0f)) return;
+    const float top_p = s->top_p > 0.0f ? s->top_p : 1.0f; /* 0: the default, every token */
+    if (!(top_p < 1.0f)) return;
     /* nucleus: the most likely tokens, one at a time off a max-heap (no sort of the whole
      * vocabulary, no allocation), until their mass reaches top_p */
     int32_t *h = e->s.order;
@@ -100,7 +101,7 @@ void eng_probs(dsv4_engine *e, const float *logits, const dsv4_sampling *s, floa
     for (int64_t i = V / 2 - 1; i >= 0; i--) sift_down(h, V, i, out);
     double mass = 0.0;
     int64_t n = V;
-    while (n > 0 && (n == V || mass < s->top_p)) { /* popped ids collect at h[n..V-1] */
+    while (n > 0 && (n == V || mass < top_p)) { /* popped ids collect at h[n..V-1] */
         int32_t top = h[0];
         mass += out[top];
         h[0] = h[--n];
@@ -116,7 +117,7 @@ dsv4_status dsv4_engine_sample(dsv4_engine *e, const float *logits, const dsv4_s
     DSV4_CHECK_ARG(e && logits && s && rng && token, "engine_sample: null argument");
     DSV4_CHECK_ARG(s->temperature >= 0.0f && isfinite(s->temperature), "engine_sample: temperature %g must be finite and >= 0",
                    (double)s->temperature);
-    DSV4_CHECK_ARG(s->top_p > 0.0f, "engine_sample: top_p %g must be > 0", (double)s->top_p);
+    DSV4_CHECK_ARG(s->top_p >= 0.0f, "engine_sample: top_p %g must be >= 0 (0: 1)", (double)s->top_p);
     if (s->temperature == 0.0f) {
         *token = eng_argmax(logits, e->V);
         return DSV4_OK;

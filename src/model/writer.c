@@ -362,9 +362,11 @@ static dsv4_status check_options(const dsv4_model_config *c, const dsv4_write_op
 
 dsv4_status dsv4_checkpoint_write(const char *dir, const dsv4_model_config *cfg, const dsv4_write_options *options)
 {
-    DSV4_CHECK_ARG(dir && cfg && options, "checkpoint_write: null argument");
-    DSV4_TRY(check_options(cfg, options));
-    const dsv4_write_options *o = options;
+    DSV4_CHECK_ARG(dir && cfg, "checkpoint_write: null argument");
+    dsv4_write_options resolved = options ? *options : (dsv4_write_options){0};
+    if (resolved.shards == 0) resolved.shards = 1; /* the zero default: one file */
+    DSV4_TRY(check_options(cfg, &resolved));
+    const dsv4_write_options *o = &resolved;
     int n_mtp = o->with_mtp ? (int)cfg->n_mtp_layers : 0;
     dsv4_weight_format ef = cfg->expert_format == DSV4_WFMT_AUTO ? DSV4_WFMT_FP4 : cfg->expert_format;
     /* config.json first: a config the official naming cannot express fails before any file is written */

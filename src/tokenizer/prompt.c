@@ -346,9 +346,13 @@ static dsv4_status check_json(const char *op, size_t i, const char *what, const 
     return s;
 }
 
-static dsv4_status check_messages(const char *op, const dsv4_chat_message *m, size_t n, const dsv4_prompt_options *opt)
+/* Checks the messages and the options; *optp NULL becomes the defaults (chat mode). */
+static dsv4_status check_messages(const char *op, const dsv4_chat_message *m, size_t n, const dsv4_prompt_options **optp)
 {
-    DSV4_CHECK_ARG(opt && (m || !n), "%s: null pointer", op);
+    static const dsv4_prompt_options defaults = {0};
+    if (!*optp) *optp = &defaults;
+    const dsv4_prompt_options *opt = *optp;
+    DSV4_CHECK_ARG(m || !n, "%s: null pointer", op);
     DSV4_CHECK_ARG(opt->mode == DSV4_PROMPT_CHAT || opt->mode == DSV4_PROMPT_THINKING, "%s: mode %d is not chat (0) or thinking (1)",
                    op, (int)opt->mode);
     for (size_t i = 0; i < n; i++) {
@@ -383,7 +387,7 @@ dsv4_status dsv4_prompt_render(const dsv4_chat_message *msgs, size_t n_msgs, con
 {
     const char *op = "prompt_render";
     DSV4_CHECK_ARG(len, "%s: null pointer", op);
-    DSV4_TRY(check_messages(op, msgs, n_msgs, opt));
+    DSV4_TRY(check_messages(op, msgs, n_msgs, &opt));
     writer w = {NULL, 0};
     DSV4_TRY(render(msgs, n_msgs, opt, &w));
     if (out) {
@@ -400,7 +404,7 @@ dsv4_status dsv4_prompt_encode(dsv4_tokenizer *tok, const dsv4_chat_message *msg
 {
     const char *op = "prompt_encode";
     DSV4_CHECK_ARG(tok && n_ids, "%s: null pointer", op);
-    DSV4_TRY(check_messages(op, msgs, n_msgs, opt));
+    DSV4_TRY(check_messages(op, msgs, n_msgs, &opt));
     writer w = {NULL, 0};
     DSV4_TRY(render(msgs, n_msgs, opt, &w));
     char *text = malloc(w.n ? w.n : 1);

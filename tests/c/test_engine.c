@@ -381,6 +381,50 @@ static void test_generate_prompt(dsv4_ctx *c, const int32_t *ids)
     dsv4_engine_destroy(e);
 }
 
+/* Zero-initialized options are the defaults: greedy, every token kept (top_p 0 is 1), as many
+ * tokens as fit in max_context; a negative top_p is still an error. */
+static void test_default_options(dsv4_ctx *c, const int32_t *ids)
+{
+    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){.max_context = 24});
+    if (!e) return;
+    int seq;
+    int32_t dflt[24], ref[24];
+    int64_t n_dflt = -1, n_ref = -1;
+    const dsv4_generate_options zero = {0};
+    const dsv4_generate_options explicit_o = {.max_tokens = 24 - 6 + 1, .sampling = {0.0f, 1.0f, 0}};
+    CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq");
+    CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &zero, dflt, 24, &n_dflt, NULL), DSV4_OK);
+    CHECK(dsv4_engine_seq_reset(e, seq) == DSV4_OK, "reset");
+    CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &explicit_o, ref, 24, &n_ref, NULL), DSV4_OK);
+    CHECK(n_dflt == 19 && n_ref == 19 && !memcmp(dflt, ref, sizeof(int32_t) * 19),
+          "zero options: %lld tokens, explicit defaults %lld, or they differ", (long long)n_dflt, (long long)n_ref);
+    /* sampling at temperature 1: top_p 0 draws what top_p 1 draws from the same seed */
+    float logits[512];
+    CHECK(dsv4_engine_seq_reset(e, seq) == DSV4_OK, "reset");
+    CHECK_STATUS(dsv4_engine_forward(e, seq, ids, 6, logits, 1, NULL, 0), DSV4_OK);
+    const dsv4_sampling s0 = {.temperature = 1.0f, .seed = 7}, s1 = {.temperature = 1.0f, .top_p = 1.0f, .seed = 7};
+    int same = 1;
+    for (int i = 0; i < 32 && same; i++) {
+        uint64_t r0[4], r1[4];
+        int32_t t0 = -1, t1 = -2;
+        dsv4_rng_seed((uint64_t)i, r0);
+        dsv4_rng_seed((uint64_t)i, r1);
+        CHECK_STATUS(dsv4_engine_sample(e, logits, &s0, r0, &t0), DSV4_OK);
+        CHECK_STATUS(dsv4_engine_sample(e, logits, &s1, r1, &t1), DSV4_OK);
+        same = t0 == t1;
+    }
+    CHECK(same, "top_p 0 does not sample as top_p 1");
+    const dsv4_sampling neg = {.temperature = 1.0f, .top_p = -0.5f};
+    uint64_t r[4] = {1, 2, 3, 4};
+    int32_t t = 123;
+    CHECK_STATUS(dsv4_engine_sample(e, logits, &neg, r, &t), DSV4_ERR_INVALID_ARG);
+    CHECK(t == 123, "output written on failure");
+    dsv4_generate_options bad = {.sampling = {.top_p = -1.0f}};
+    CHECK(dsv4_engine_seq_reset(e, seq) == DSV4_OK, "reset");
+    CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &bad, dflt, 24, &n_dflt, NULL), DSV4_ERR_INVALID_ARG);
+    dsv4_engine_destroy(e);
+}
+
 int main(void)
 {
     test_seed();
@@ -405,6 +449,7 @@ int main(void)
     test_long_context_batches(c1);
     test_failed_forward(c1, ids);
     test_generate_prompt(c1, ids);
+    test_default_options(c1, ids);
     dsv4_ctx_destroy(c1);
     dsv4_ctx_destroy(c2);
     dsv4_ctx_destroy(cr);

@@ -745,6 +745,35 @@ static void test_hf_layout(void)
     rm_dir(dir);
 }
 
+/* Zero-initialized write options, or none, are the defaults: one file, the official layout; a
+ * negative shard count is still refused. */
+static void test_write_defaults(void)
+{
+    char dir[256];
+    dsv4_model_config c;
+    dsv4_config_tiny(&c);
+    const dsv4_write_options zero = {0};
+    for (int k = 0; k < 2; k++) {
+        path_of(dir, sizeof dir, "wdefault%d", k);
+        CHECK_STATUS(dsv4_checkpoint_write(dir, &c, k ? NULL : &zero), DSV4_OK);
+        char file[300];
+        snprintf(file, sizeof file, "%s/model.safetensors", dir);
+        CHECK(access(file, F_OK) == 0, "default write options: no single model.safetensors in %s", dir);
+        dsv4_model *m = NULL;
+        CHECK_STATUS(dsv4_model_open(dir, NULL, &m), DSV4_OK);
+        if (m) {
+            CHECK(dsv4_model_get_weights(m)->layout == DSV4_LAYOUT_OFFICIAL && dsv4_model_get_weights(m)->n_mtp == 0,
+                  "default write options: layout or MTP");
+            dsv4_model_close(m);
+        }
+        rm_dir(dir);
+    }
+    const dsv4_write_options neg = {.shards = -1};
+    path_of(dir, sizeof dir, "wneg");
+    CHECK_STATUS(dsv4_checkpoint_write(dir, &c, &neg), DSV4_ERR_INVALID_ARG);
+    rm_dir(dir);
+}
+
 /* The full V4-Flash tensor inventory, headers only (data are file holes): the counts and bytes
  * published for the real checkpoint (docs/model.md §9.2). */
 static void test_flash_inventory(void)
@@ -806,6 +835,7 @@ int main(void)
     test_make_tiny();
     test_hostile_dirs();
     test_hf_layout();
+    test_write_defaults();
     test_flash_inventory();
     char tiny[256];
     path_of(tiny, sizeof tiny, "tiny");

@@ -388,7 +388,16 @@ static void test_real_prompt(dsv4_tokenizer *tok)
         CHECK_STATUS(dsv4_prompt_encode(tok, msgs, 2, &opt, ids, 64, &n), DSV4_OK);
         CHECK(n >= 5 && ids[0] == 0 && ids[n - 2] == 128804 && ids[n - 1] == (mode ? 128821 : 128822), "prompt ids (mode %d)", mode);
     }
+    /* no options: chat mode, the same text and ids */
+    char dflt[256];
+    size_t dlen = 0, dn = 0;
+    int32_t ids[64], dids[64];
+    CHECK_STATUS(dsv4_prompt_render(msgs, 2, NULL, dflt, sizeof dflt, &dlen), DSV4_OK);
+    CHECK(dlen == strlen(chat) && !memcmp(dflt, chat, dlen), "prompt without options: %.*s", (int)dlen, dflt);
     dsv4_prompt_options opt = {DSV4_PROMPT_CHAT, 0};
+    CHECK_STATUS(dsv4_prompt_encode(tok, msgs, 2, &opt, ids, 64, &n), DSV4_OK);
+    CHECK_STATUS(dsv4_prompt_encode(tok, msgs, 2, NULL, dids, 64, &dn), DSV4_OK);
+    CHECK(dn == n && !memcmp(ids, dids, n * sizeof ids[0]), "prompt ids without options differ");
     CHECK_STATUS(dsv4_prompt_render(msgs, 2, &opt, out, 10, &len), DSV4_ERR_CAPACITY);
     msgs[1].role = (dsv4_chat_role)7;
     CHECK_STATUS(dsv4_prompt_render(msgs, 2, &opt, out, sizeof out, &len), DSV4_ERR_INVALID_ARG);

@@ -42,7 +42,7 @@ step() { # name command...: run, keep the log, print its tail
 }
 
 step build bash -c "cmake -S '$ROOT' -B '$BUILD' -DCMAKE_BUILD_TYPE=Release > /dev/null &&
-                    cmake --build '$BUILD' -j $JOBS --target dsv4 dsv4_cli test_cuda test_backend_ops"
+                    cmake --build '$BUILD' -j $JOBS --target dsv4 dsv4_cuda dsv4_cli test_cuda test_backend_ops"
 step test_cuda "$BUILD/test_cuda"
 # every op of every backend against cpu-ref (tests/c/test_backend_ops.c); cuda's NULL entries are reported skipped
 step backend_ops "$BUILD/test_backend_ops"
@@ -65,7 +65,7 @@ step memcheck env DSV4_CUDA_TEST_SMALL=1 compute-sanitizer --tool memcheck --err
 # warp after __syncwarp, were reported as hazards)
 step racecheck env DSV4_CUDA_TEST_SMALL=2 compute-sanitizer --tool racecheck --racecheck-report hazard \
     --error-exitcode 9 "$BUILD/test_cuda"
-step sass bash -c "cuobjdump --dump-sass '$BUILD/libdsv4.so' | grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|F2FP|F2F|HADD2)[.A-Z0-9_]*' | sort | uniq -c"
+step sass bash -c "cuobjdump --dump-sass '$BUILD/libdsv4-cuda.so' | grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|F2FP|F2F|HADD2)[.A-Z0-9_]*' | sort | uniq -c"
 # the default kernel of the quick bench's first shape (h 64: decode_ws_kernel<true>, ws2)
 NCU="ncu --clock-control none --kernel-name-base mangled --kernel-name regex:${NCU_KERNEL:-decode_ws_kernelILb1} --launch-skip 40 --launch-count 1"
 step ncu bash -c "$NCU --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \

@@ -604,3 +604,13 @@ def test_cli_run(models, tmp_path):
     r = subprocess.run([_cli(), "run", "--model", path, "--prompt-ids", "1,99", "--max-tokens", "3"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "prompt-ids" in r.stderr
+
+
+def test_generate_default_max_tokens(models, rng):
+    """max_tokens 0 (the zero default of dsv4_generate_options) generates until the sequence holds
+    max_context positions: the same tokens as asking for exactly that many."""
+    ids = rng.integers(0, 512, 5).astype(np.int32)
+    with dsv4.Engine(models["tiny"], max_context=20) as e:
+        a, _, _ = e.generate(ids, 0)
+        b, _, _ = e.generate(ids, 20 - 5 + 1)
+    assert len(a) == 16 and list(a) == list(b)

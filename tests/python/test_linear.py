@@ -22,7 +22,7 @@ import pytest
 
 import dsv4
 import oracles as O
-from dsv4.linear import linear_stage, linear_staged, workspace_size
+from dsv4.linear_ops import linear_stage, linear_staged, workspace_size
 
 FMTS = ["fp8_b128", "mxfp8", "fp4", "bf16", "f32"]
 QUANT = ["fp8_b128", "mxfp8", "fp4"]
