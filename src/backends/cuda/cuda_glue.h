@@ -25,5 +25,8 @@ dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex);
 int dsv4_cu_sm_count(const dsv4_exec *ex);
 
 extern const struct dsv4_attention_ops dsv4_cuda_attention_ops;
+extern const struct dsv4_linear_ops dsv4_cuda_linear_ops; /* linear_cuda.c */
+extern const struct dsv4_layer_ops dsv4_cuda_layer_ops;   /* layer_cuda.c */
+extern const struct dsv4_tensor_ops dsv4_cuda_tensor_ops; /* tensor_cuda.c */
 
 #endif
