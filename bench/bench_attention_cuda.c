@@ -116,28 +116,6 @@ static double time_us(bctx *b, const bshape *s, int two_pass)
     return bench_median(v, 5);
 }
 
-static double copy_bandwidth(dsv4_ctx *c)
-{
-    size_t bytes = (size_t)1 << 30;
-    void *a = dalloc(c, bytes), *d = dalloc(c, bytes);
-    dsv4_device_memset(c, a, 0x3C, bytes);
-    dsv4_device_timer *tm = NULL;
-    if (dsv4_device_timer_create(c, &tm)) die("timer");
-    double best = 0;
-    for (int r = 0; r < 6; r++) {
-        double ms = 0;
-        if (dsv4_device_timer_start(tm) || dsv4_device_copy(c, d, a, bytes) || dsv4_device_timer_stop(tm) ||
-            dsv4_device_timer_elapsed_ms(tm, &ms))
-            die("copy");
-        double gbs = 2.0 * (double)bytes / (ms * 1e-3) * 1e-9; /* read + write */
-        if (r && gbs > best) best = gbs;
-    }
-    dsv4_device_timer_destroy(tm);
-    dsv4_device_free(c, a);
-    dsv4_device_free(c, d);
-    return best;
-}
-
 static uint16_t bf16_bits(float x)
 {
     uint32_t u;
@@ -204,7 +182,7 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
     if (dsv4_ctx_create(&om, &mma_ctx)) die("ctx (mma-sync)");
     dsv4_device_info info;
     if (dsv4_device_info_get(b.ctx, &info)) die("info");
-    double copy = copy_bandwidth(b.ctx);
+    double copy = bench_device_copy_rate(b.ctx);
     printf("dsv4 bench attention-cuda — %s, %d SMs, L2 %.0f MB\n", info.name, info.multiprocessors,
            (double)info.l2_bytes / 1e6);
     printf("device copy (measured now, read + write): %.0f GB/s", copy);

@@ -13,11 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct lcase {
-    const char *name;
-    dsv4_linear_format fmt;
-    int64_t n, k, groups; /* n: outputs per group */
-} lcase;
+typedef bench_linear_case lcase;
 
 static const lcase cases[] = {
     {"wq_a 1024x4096", DSV4_LINEAR_FP8_B128, 1024, 4096, 1},
@@ -47,28 +43,6 @@ static void *dalloc(dsv4_ctx *c, size_t bytes)
     void *p = NULL;
     if (dsv4_device_alloc(c, bytes ? bytes : 1, &p)) die("device_alloc");
     return p;
-}
-
-static double copy_rate(dsv4_ctx *c)
-{
-    const size_t bytes = (size_t)1 << 30;
-    void *a = dalloc(c, bytes), *d = dalloc(c, bytes);
-    dsv4_device_memset(c, a, 0x3C, bytes);
-    dsv4_device_timer *tm = NULL;
-    if (dsv4_device_timer_create(c, &tm)) die("timer");
-    double best = 0;
-    for (int r = 0; r < 6; r++) {
-        double ms = 0;
-        if (dsv4_device_timer_start(tm) || dsv4_device_copy(c, d, a, bytes) || dsv4_device_timer_stop(tm) ||
-            dsv4_device_timer_elapsed_ms(tm, &ms))
-            die("copy");
-        const double gbs = 2.0 * (double)bytes / (ms * 1e-3) * 1e-9;
-        if (r && gbs > best) best = gbs;
-    }
-    dsv4_device_timer_destroy(tm);
-    dsv4_device_free(c, a);
-    dsv4_device_free(c, d);
-    return best;
 }
 
 static dsv4_tensor dview(void *p, dsv4_dtype dt, int nd, const int64_t *shape)
@@ -176,7 +150,7 @@ int dsv4_bench_linear_cuda(int argc, char **argv)
     if (dsv4_ctx_create(&o, &c)) die("ctx");
     dsv4_device_info info;
     if (dsv4_device_info_get(c, &info)) die("info");
-    const double copy = copy_rate(c);
+    const double copy = bench_device_copy_rate(c);
     printf("dsv4 bench linear-cuda — %s, %d SMs, L2 %.0f MB\n", info.name, info.multiprocessors,
            (double)info.l2_bytes / 1e6);
     printf("device copy (measured now, read + write): %.0f GB/s\n\n", copy);

@@ -15,7 +15,7 @@ BUILD=${BUILD:-$ROOT/build-gpu}
 LOGS=${LOGS:-$BUILD/gpu-logs}
 ALL=${OUT:+$OUT/gpu-tests.log}
 JOBS=${JOBS:-$(nproc)}
-STEPS=${STEPS:-"build test_cuda backend_ops matmul bench bench_linear pytest_device pytest_attention sass ncu memcheck racecheck"}
+STEPS=${STEPS:-"build test_cuda backend_ops matmul bench bench_linear pytest_device pytest_attention sass ncu memcheck racecheck memcheck_ops racecheck_ops"}
 mkdir -p "$LOGS"
 if ! nvidia-smi -L > /dev/null 2>&1; then
     echo "test-gpu: SKIP: no NVIDIA GPU visible (nvidia-smi -L failed)"
@@ -67,6 +67,9 @@ step memcheck env DSV4_CUDA_TEST_SMALL=1 compute-sanitizer --tool memcheck --err
 # warp after __syncwarp, were reported as hazards)
 step racecheck env DSV4_CUDA_TEST_SMALL=2 compute-sanitizer --tool racecheck --racecheck-report hazard \
     --error-exitcode 9 "$BUILD/test_cuda"
+# the op-by-op conformance test under the sanitizers: the linear, tensor and layer kernels
+step memcheck_ops compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/test_backend_ops"
+step racecheck_ops compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 "$BUILD/test_backend_ops"
 step sass bash -c "cuobjdump --dump-sass '$BUILD/libdsv4.so' | grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|F2FP|F2F|HADD2)[.A-Z0-9_]*' | sort | uniq -c"
 # the default kernel of the quick bench's first shape (h 64: decode_ws_kernel<true>, ws2)
 NCU="ncu --clock-control none --kernel-name-base mangled --kernel-name regex:${NCU_KERNEL:-decode_ws_kernelILb1} --launch-skip 40 --launch-count 1"

@@ -7,15 +7,6 @@
 #include "core/error.h"
 #include "core/ops_layer.h"
 
-#define CU_LAUNCH(ex, op, call)                   \
-    do {                                          \
-        dsv4_cu_guard g_;                         \
-        DSV4_TRY(dsv4_cu_enter((ex), (op), &g_)); \
-        int e_ = (call);                          \
-        dsv4_cu_leave(&g_);                       \
-        return dsv4_cu_status(e_, (op));          \
-    } while (0)
-
 static dsv4_status cu_rms(const dsv4_exec *ex, const dsv4_rms_args *a)
 {
     CU_LAUNCH(ex, "rms_norm",

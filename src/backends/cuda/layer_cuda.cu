@@ -59,15 +59,17 @@ extern "C" int dsv4_cu_rms_launch(const void *x, long long ldx, int x_bf16, cons
 
 /* layer_ref.c dsv4_swiglu1, then times the row's weight, rounded once. */
 __global__ void swiglu_kernel(const uint16_t *g, long long ldg, const uint16_t *u, long long ldu, const float *w,
-                              uint16_t *h, long long ldh, long long n, float limit)
+                              uint16_t *h, long long ldh, long long rows, long long n, float limit)
 {
-    const long long r = blockIdx.y, i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float gv = cu_bf16_f32(g[r * ldg + i]), uv = cu_bf16_f32(u[r * ldu + i]);
-    gv = gv > limit ? limit : gv;
-    uv = uv > limit ? limit : uv < -limit ? -limit : uv;
-    const float s = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
-    h[r * ldh + i] = (uint16_t)cu_f32_bf16(__fmul_rn(s, w ? w[r] : 1.0f));
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        float gv = cu_bf16_f32(g[r * ldg + i]), uv = cu_bf16_f32(u[r * ldu + i]);
+        gv = gv > limit ? limit : gv;
+        uv = uv > limit ? limit : uv < -limit ? -limit : uv;
+        const float s = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+        h[r * ldh + i] = (uint16_t)cu_f32_bf16(__fmul_rn(s, w ? w[r] : 1.0f));
+    }
 }
 
 extern "C" int dsv4_cu_swiglu_launch(const uint16_t *g, long long ldg, const uint16_t *u, long long ldu,
@@ -76,28 +78,30 @@ extern "C" int dsv4_cu_swiglu_launch(const uint16_t *g, long long ldg, const uin
 {
     if (rows == 0 || n == 0) return 0;
     const long long bx = (n + 255) / 256;
-    if (rows > 65535 || bx > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
-    swiglu_kernel<<<dim3((unsigned)bx, (unsigned)rows), 256, 0, (cudaStream_t)stream>>>(g, ldg, u, ldu, w, h, ldh, n,
-                                                                                        limit);
+    if (bx > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
+    swiglu_kernel<<<dim3((unsigned)bx, (unsigned)(rows < 65535 ? rows : 65535)), 256, 0, (cudaStream_t)stream>>>(
+        g, ldg, u, ldu, w, h, ldh, rows, n, limit);
     return (int)cudaGetLastError();
 }
 
 /* out[t][k][d] = bf16(post[t][k]·x[t][d] + Σ_j comb[t][j][k]·res[t][j][d]) in layer_ref.c's order. */
-__global__ void hc_post_kernel(long long D, int n, const uint16_t *x, long long ldx, const uint16_t *res,
+__global__ void hc_post_kernel(long long T, long long D, int n, const uint16_t *x, long long ldx, const uint16_t *res,
                                long long res_t, long long res_j, const float *post, long long post_t,
                                const float *comb, long long comb_t, long long comb_j, uint16_t *out, long long out_t,
                                long long out_j)
 {
-    const long long t = blockIdx.y, d = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long d = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
-    float rv[8];
-    const float xv = cu_bf16_f32(x[t * ldx + d]);
-    for (int j = 0; j < n; j++) rv[j] = cu_bf16_f32(res[t * res_t + j * res_j + d]);
-    const float *pt = post + t * post_t, *ct = comb + t * comb_t;
-    for (int k = 0; k < n; k++) {
-        float s = __fmul_rn(pt[k], xv);
-        for (int j = 0; j < n; j++) s = __fadd_rn(s, __fmul_rn(ct[j * comb_j + k], rv[j]));
-        out[t * out_t + k * out_j + d] = (uint16_t)cu_f32_bf16(s);
+    for (long long t = blockIdx.y; t < T; t += gridDim.y) {
+        float rv[8];
+        const float xv = cu_bf16_f32(x[t * ldx + d]);
+        for (int j = 0; j < n; j++) rv[j] = cu_bf16_f32(res[t * res_t + j * res_j + d]);
+        const float *pt = post + t * post_t, *ct = comb + t * comb_t;
+        for (int k = 0; k < n; k++) {
+            float s = __fmul_rn(pt[k], xv);
+            for (int j = 0; j < n; j++) s = __fadd_rn(s, __fmul_rn(ct[j * comb_j + k], rv[j]));
+            out[t * out_t + k * out_j + d] = (uint16_t)cu_f32_bf16(s);
+        }
     }
 }
 
@@ -107,9 +111,9 @@ extern "C" int dsv4_cu_hc_post_launch(long long T, long long D, int n, const uin
                                       uint16_t *out, long long out_t, long long out_j, void *stream)
 {
     if (T == 0 || D == 0) return 0;
-    if (n < 1 || n > 8 || T > 65535) return (int)cudaErrorInvalidValue;
-    hc_post_kernel<<<dim3((unsigned)((D + 127) / 128), (unsigned)T), 128, 0, (cudaStream_t)stream>>>(
-        D, n, x, ldx, res, res_t, res_j, post, post_t, comb, comb_t, comb_j, out, out_t, out_j);
+    if (n < 1 || n > 8) return (int)cudaErrorInvalidValue;
+    hc_post_kernel<<<dim3((unsigned)((D + 127) / 128), (unsigned)(T < 65535 ? T : 65535)), 128, 0,
+                     (cudaStream_t)stream>>>(T, D, n, x, ldx, res, res_t, res_j, post, post_t, comb, comb_t, comb_j, out, out_t, out_j);
     return (int)cudaGetLastError();
 }
 
@@ -147,23 +151,25 @@ DSV4_CU_INLINE float get_f32(const uint16_t *p, long long i)
     return __uint_as_float((uint32_t)p[2 * i] | ((uint32_t)p[2 * i + 1] << 16));
 }
 
-__global__ void __launch_bounds__(HC_THREADS) hc_dots_kernel(long long D, int n, int nmix, const float *fn,
+__global__ void __launch_bounds__(HC_THREADS) hc_dots_kernel(long long T, long long D, int n, int nmix, const float *fn,
                                                              long long ldfn, const uint16_t *x, long long x_t,
                                                              long long x_j, uint16_t *y, long long ldy, int S)
 {
     __shared__ float sh[HC_THREADS / 32];
-    const long long t = blockIdx.y, nd = (long long)n * D, len = (nd + S - 1) / S;
+    const long long nd = (long long)n * D, len = (nd + S - 1) / S;
     const long long e0 = blockIdx.x * len, e1 = e0 + len < nd ? e0 + len : nd;
-    const uint16_t *xt = x + t * x_t;
-    uint16_t *yt = y + t * ldy;
-    for (int i = 0; i <= nmix; i++) {
-        float s = 0.0f;
-        for (long long e = e0 + threadIdx.x; e < e1; e += HC_THREADS) {
-            const float v = cu_bf16_f32(xt[(e / D) * x_j + e % D]);
-            s = __fadd_rn(s, __fmul_rn(i < nmix ? fn[i * ldfn + e] : v, v));
+    for (long long t = blockIdx.y; t < T; t += gridDim.y) {
+        const uint16_t *xt = x + t * x_t;
+        uint16_t *yt = y + t * ldy;
+        for (int i = 0; i <= nmix; i++) {
+            float s = 0.0f;
+            for (long long e = e0 + threadIdx.x; e < e1; e += HC_THREADS) {
+                const float v = cu_bf16_f32(xt[(e / D) * x_j + e % D]);
+                s = __fadd_rn(s, __fmul_rn(i < nmix ? fn[i * ldfn + e] : v, v));
+            }
+            s = block_sum(s, sh);
+            if (threadIdx.x == 0) put_f32(yt, (long long)blockIdx.x * (nmix + 1) + i, s);
         }
-        s = block_sum(s, sh);
-        if (threadIdx.x == 0) put_f32(yt, (long long)blockIdx.x * (nmix + 1) + i, s);
     }
 }
 
@@ -239,9 +245,9 @@ extern "C" int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream)
 {
     if (a->T == 0) return 0;
     const int S = dsv4_cu_hc_slices(a->D, a->nmix);
-    if (S < 1 || a->n < 1 || a->n > HC_MAX_N || a->T > 65535) return (int)cudaErrorInvalidValue;
+    if (S < 1 || a->n < 1 || a->n > HC_MAX_N || a->T > 0x7FFFFFFFll) return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
-    hc_dots_kernel<<<dim3((unsigned)S, (unsigned)a->T), HC_THREADS, 0, s>>>(a->D, a->n, a->nmix, a->fn, a->ldfn, a->x,
+    hc_dots_kernel<<<dim3((unsigned)S, (unsigned)(a->T < 65535 ? a->T : 65535)), HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->nmix, a->fn, a->ldfn, a->x,
                                                                            a->x_t, a->x_j, a->y, a->ldy, S);
     hc_finish_kernel<<<(unsigned)a->T, HC_THREADS, 0, s>>>(a->D, a->n, a->nmix, a->scale, a->base, a->iters, a->eps,
                                                           a->norm_eps, a->x, a->x_t, a->x_j, a->y, a->ldy, S,

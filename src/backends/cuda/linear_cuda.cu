@@ -110,16 +110,6 @@ template <int FMT> struct fmt_traits {
     static constexpr bool Q = FMT <= FMT_FP4;
 };
 
-/* 16 weight bytes, streamed: not kept in L1 (the activations are). */
-DSV4_CU_INLINE uint4 ld_stream16(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 DSV4_CU_INLINE uint32_t ld_bytes4(const uint8_t *b)
 {
     return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
@@ -292,7 +282,7 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
             sdst[r] = 127;
             if (ok) {
                 const uint8_t *src = wr[r] + k0 * WB16 / 2;
-                dst[r] = aligned ? ld_stream16(src) : cu_ld16(src);
+                dst[r] = aligned ? cu_ldg16_stream(src) : cu_ld16(src); /* weights bypass L1, x stays */
                 if (T::Q) sdst[r] = __ldg(sr[r] + (k0 / (FMT == FMT_B128 ? 128 : 32)) * p.ss1);
             }
         }

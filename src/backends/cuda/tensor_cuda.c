@@ -47,12 +47,9 @@ static dsv4_status cu_embed(const dsv4_exec *ex, const dsv4_embed_args *a)
 
 static dsv4_status cu_add(const dsv4_exec *ex, const dsv4_add_args *a)
 {
-    dsv4_cu_guard g;
-    DSV4_TRY(dsv4_cu_enter(ex, "add_bf16", &g));
-    int e = dsv4_cu_add_bf16_launch(a->T, a->n, a->D, a->a, a->sa_t, a->sa_j, a->b, a->sb_t, a->y, a->sy_t, a->sy_j,
-                                    dsv4_cu_stream(ex));
-    dsv4_cu_leave(&g);
-    return dsv4_cu_status(e, "add_bf16");
+    CU_LAUNCH(ex, "add_bf16",
+              dsv4_cu_add_bf16_launch(a->T, a->n, a->D, a->a, a->sa_t, a->sa_j, a->b, a->sb_t, a->y, a->sy_t, a->sy_j,
+                                      dsv4_cu_stream(ex)));
 }
 
 static dsv4_status cu_copy(const dsv4_exec *ex, const dsv4_copy_rows_args *a)
