@@ -52,6 +52,8 @@ const char *bench_opt_str(int argc, char **argv, const char *name, const char *d
  * 5 timed device-to-device copies of 1 GiB after one untimed (bench_util.c). Exits on failure. */
 struct dsv4_ctx;
 double bench_device_copy_rate(struct dsv4_ctx *ctx);
+/* `bytes` (0 counts as 1) of the context's device memory; exits with the error on failure. */
+void *bench_device_alloc(struct dsv4_ctx *ctx, size_t bytes);
 /* One row of a linear benchmark's table: a weight of `groups` groups of n x k in format fmt
  * (a dsv4_linear_format). */
 typedef struct bench_linear_case {

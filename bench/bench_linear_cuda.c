@@ -38,13 +38,6 @@ static void die(const char *what)
     exit(1);
 }
 
-static void *dalloc(dsv4_ctx *c, size_t bytes)
-{
-    void *p = NULL;
-    if (dsv4_device_alloc(c, bytes ? bytes : 1, &p)) die("device_alloc");
-    return p;
-}
-
 static dsv4_tensor dview(void *p, dsv4_dtype dt, int nd, const int64_t *shape)
 {
     dsv4_tensor t;
@@ -89,8 +82,8 @@ static void wset_make(dsv4_ctx *c, const lcase *lc, wset *ws)
     }
     uint8_t *hs = bench_alloc(ws->sbytes + 1);
     for (size_t i = 0; i < ws->sbytes; i++) hs[i] = (uint8_t)(118 + i % 7);
-    ws->w = dalloc(c, ws->wbytes * (size_t)ws->copies);
-    ws->s = dalloc(c, ws->sbytes * (size_t)ws->copies + 1);
+    ws->w = bench_device_alloc(c, ws->wbytes * (size_t)ws->copies);
+    ws->s = bench_device_alloc(c, ws->sbytes * (size_t)ws->copies + 1);
     for (int i = 0; i < ws->copies; i++) {
         if (dsv4_device_upload(c, ws->w + ws->wbytes * (size_t)i, h, ws->wbytes)) die("upload");
         if (ws->sbytes && dsv4_device_upload(c, ws->s + ws->sbytes * (size_t)i, hs, ws->sbytes)) die("upload");
@@ -167,11 +160,11 @@ int dsv4_bench_linear_cuda(int argc, char **argv)
         float *fx = bench_alloc(nx * 4);
         bench_fill_random_f32(fx, nx, 3, 2.0f);
         if (dsv4_encode_array(NULL, DSV4_FMT_BF16, fx, (int64_t)nx, hx)) die("x");
-        void *x = dalloc(c, nx * 2), *y = dalloc(c, ny * 2);
+        void *x = bench_device_alloc(c, nx * 2), *y = bench_device_alloc(c, ny * 2);
         if (dsv4_device_upload(c, x, hx, nx * 2)) die("upload");
         size_t wsb = 0;
         if (dsv4_linear_workspace_size(c, lc->fmt, MMAX * lc->groups, lc->k, &wsb)) die("workspace");
-        void *work = dalloc(c, wsb + 1);
+        void *work = bench_device_alloc(c, wsb + 1);
         for (int mi = 0; mi < nm; mi++) {
             const double t = time_case(c, lc, &ws, ms[mi], x, y, work, wsb);
             const double bytes = (double)(ws.wbytes + ws.sbytes), flop = 2.0 * ms[mi] * lc->n * lc->groups * lc->k;

@@ -98,3 +98,13 @@ double bench_device_copy_rate(dsv4_ctx *c)
     dsv4_device_free(c, d);
     return best;
 }
+
+void *bench_device_alloc(dsv4_ctx *c, size_t bytes)
+{
+    void *p = NULL;
+    if (dsv4_device_alloc(c, bytes ? bytes : 1, &p)) {
+        fprintf(stderr, "bench: device_alloc of %zu bytes: %s\n", bytes, dsv4_last_error());
+        exit(1);
+    }
+    return p;
+}
