@@ -54,6 +54,19 @@ void bench_fill_random_u8(uint8_t *x, size_t n, uint64_t seed);
 int bench_opt_int(int argc, char **argv, const char *name, int dflt);
 int bench_opt_flag(int argc, char **argv, const char *name);
 const char *bench_opt_str(int argc, char **argv, const char *name, const char *dflt);
+/* The device copy rate of an accelerator context in GB/s, read + write bytes counted: the best of
+ * 5 timed device-to-device copies of 1 GiB after one untimed (bench_util.c). Exits on failure. */
+struct dsv4_ctx;
+double bench_device_copy_rate(struct dsv4_ctx *ctx);
+/* `bytes` (0 counts as 1) of the context's device memory; exits with the error on failure. */
+void *bench_device_alloc(struct dsv4_ctx *ctx, size_t bytes);
+/* One row of a linear benchmark's table: a weight of `groups` groups of n x k in format fmt
+ * (a dsv4_linear_format). */
+typedef struct bench_linear_case {
+    const char *name;
+    int fmt;
+    int64_t n, k, groups; /* n: outputs per group */
+} bench_linear_case;
 /* Median of n doubles (sorts in place). */
 double bench_median(double *v, int n);
 

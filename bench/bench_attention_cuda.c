@@ -45,13 +45,6 @@ static void die(const char *what)
     exit(1);
 }
 
-static void *dalloc(dsv4_ctx *c, size_t bytes)
-{
-    void *p = NULL;
-    if (dsv4_device_alloc(c, bytes, &p)) die("device_alloc");
-    return p;
-}
-
 static dsv4_tensor dview(void *p, dsv4_dtype dt, int nd, const int64_t *shape)
 {
     dsv4_tensor t;
@@ -114,28 +107,6 @@ static double time_us(bctx *b, const bshape *s, int two_pass)
     dsv4_device_timer_destroy(tm);
     dsv4_device_graph_destroy(g);
     return bench_median(v, 5);
-}
-
-static double copy_bandwidth(dsv4_ctx *c)
-{
-    size_t bytes = (size_t)1 << 30;
-    void *a = dalloc(c, bytes), *d = dalloc(c, bytes);
-    dsv4_device_memset(c, a, 0x3C, bytes);
-    dsv4_device_timer *tm = NULL;
-    if (dsv4_device_timer_create(c, &tm)) die("timer");
-    double best = 0;
-    for (int r = 0; r < 6; r++) {
-        double ms = 0;
-        if (dsv4_device_timer_start(tm) || dsv4_device_copy(c, d, a, bytes) || dsv4_device_timer_stop(tm) ||
-            dsv4_device_timer_elapsed_ms(tm, &ms))
-            die("copy");
-        double gbs = 2.0 * (double)bytes / (ms * 1e-3) * 1e-9; /* read + write */
-        if (r && gbs > best) best = gbs;
-    }
-    dsv4_device_timer_destroy(tm);
-    dsv4_device_free(c, a);
-    dsv4_device_free(c, d);
-    return best;
 }
 
 static uint16_t bf16_bits(float x)
@@ -204,7 +175,7 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
     if (dsv4_ctx_create(&om, &mma_ctx)) die("ctx (mma-sync)");
     dsv4_device_info info;
     if (dsv4_device_info_get(b.ctx, &info)) die("info");
-    double copy = copy_bandwidth(b.ctx);
+    double copy = bench_device_copy_rate(b.ctx);
     printf("dsv4 bench attention-cuda — %s, %d SMs, L2 %.0f MB\n", info.name, info.multiprocessors,
            (double)info.l2_bytes / 1e6);
     printf("device copy (measured now, read + write): %.0f GB/s", copy);
@@ -213,7 +184,7 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
 
     /* buffers, sized for the largest shape */
     int64_t pb = dsv4_kv_page_bytes(BS);
-    uint8_t *pool = dalloc(b.ctx, (size_t)NPAGES * pb);
+    uint8_t *pool = bench_device_alloc(b.ctx, (size_t)NPAGES * pb);
     fill_pool(b.ctx, pool, pb);
     if (dsv4_kv_cache_view(&b.cache, pool, NPAGES, BS, DSV4_DEVICE_CUDA, 0)) die("cache view");
     const int64_t slots = (int64_t)NPAGES * BS;
@@ -224,25 +195,25 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
         bench_fill_random_f32(fq, 512, i + 1, 0.5f);
         for (int k = 0; k < 512; k++) hq[i + k] = bf16_bits(fq[k]);
     }
-    b.q = dalloc(b.ctx, nq * 2);
+    b.q = bench_device_alloc(b.ctx, nq * 2);
     dsv4_device_upload(b.ctx, b.q, hq, nq * 2);
     float hs[HMAX];
     bench_fill_random_f32(hs, HMAX, 5, 1.0f);
-    b.sink = dalloc(b.ctx, sizeof hs);
+    b.sink = bench_device_alloc(b.ctx, sizeof hs);
     dsv4_device_upload(b.ctx, b.sink, hs, sizeof hs);
-    b.out = dalloc(b.ctx, nq * 2);
-    b.lse = dalloc(b.ctx, (size_t)TMAX * HMAX * 4);
+    b.out = bench_device_alloc(b.ctx, nq * 2);
+    b.lse = bench_device_alloc(b.ctx, (size_t)TMAX * HMAX * 4);
     size_t n0 = (size_t)NSETS * TMAX * WMAX, n1 = (size_t)NSETS * TMAX * KMAX, ng = n0 + n1;
     int32_t *i0 = malloc(n0 * 4), *i1 = malloc(n1 * 4), *gs = malloc(ng * 4), *pi = malloc((size_t)TMAX * (WMAX + KMAX) * 4);
     for (size_t i = 0; i < n0; i++) i0[i] = (int32_t)(rnd32() % slots);
     for (size_t i = 0; i < n1; i++) i1[i] = (int32_t)(rnd32() % slots);
-    b.idx0 = dalloc(b.ctx, n0 * 4);
-    b.idx1 = dalloc(b.ctx, n1 * 4);
+    b.idx0 = bench_device_alloc(b.ctx, n0 * 4);
+    b.idx1 = bench_device_alloc(b.ctx, n1 * 4);
     dsv4_device_upload(b.ctx, b.idx0, i0, n0 * 4);
     dsv4_device_upload(b.ctx, b.idx1, i1, n1 * 4);
-    b.gslots = dalloc(b.ctx, ng * 4);
-    b.pidx = dalloc(b.ctx, (size_t)TMAX * (WMAX + KMAX) * 4);
-    b.rows = dalloc(b.ctx, (size_t)TMAX * (WMAX + KMAX) * 1024);
+    b.gslots = bench_device_alloc(b.ctx, ng * 4);
+    b.pidx = bench_device_alloc(b.ctx, (size_t)TMAX * (WMAX + KMAX) * 4);
+    b.rows = bench_device_alloc(b.ctx, (size_t)TMAX * (WMAX + KMAX) * 1024);
 
     bshape model1[12], decode[8];
     int nm = 0, nd = 0;
@@ -266,7 +237,7 @@ int dsv4_bench_attention_cuda(int argc, char **argv)
         if (w > wsmax) wsmax = w;
     }
     b.ws_bytes = wsmax ? wsmax : 1;
-    b.ws = dalloc(b.ctx, b.ws_bytes);
+    b.ws = bench_device_alloc(b.ctx, b.ws_bytes);
 
     /* two-pass gather slots per set: token t's SWA indices then its compressed ones; the BF16
      * attention then reads rows t*(w+k) + j (built per shape below) */

@@ -45,11 +45,7 @@ static void blas_open(void)
     }
 }
 
-typedef struct lcase {
-    const char *name;
-    dsv4_linear_format fmt;
-    int64_t n, k, groups; /* n: outputs per group */
-} lcase;
+typedef bench_linear_case lcase;
 
 static const lcase cases[] = {
     {"wq_a 1024x4096", DSV4_LINEAR_FP8_B128, 1024, 4096, 1},

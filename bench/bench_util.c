@@ -1,4 +1,7 @@
 #include "bench.h"
+#include "dsv4.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -67,4 +70,41 @@ double bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double bench_device_copy_rate(dsv4_ctx *c)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *a = NULL, *d = NULL;
+    dsv4_device_timer *tm = NULL;
+    if (dsv4_device_alloc(c, bytes, &a) || dsv4_device_alloc(c, bytes, &d) || dsv4_device_memset(c, a, 0x3C, bytes) ||
+        dsv4_device_timer_create(c, &tm)) {
+        fprintf(stderr, "bench: device copy: %s\n", dsv4_last_error());
+        exit(1);
+    }
+    double best = 0;
+    for (int r = 0; r < 6; r++) {
+        double ms = 0;
+        if (dsv4_device_timer_start(tm) || dsv4_device_copy(c, d, a, bytes) || dsv4_device_timer_stop(tm) ||
+            dsv4_device_timer_elapsed_ms(tm, &ms)) {
+            fprintf(stderr, "bench: device copy: %s\n", dsv4_last_error());
+            exit(1);
+        }
+        const double gbs = 2.0 * (double)bytes / (ms * 1e-3) * 1e-9;
+        if (r && gbs > best) best = gbs;
+    }
+    dsv4_device_timer_destroy(tm);
+    dsv4_device_free(c, a);
+    dsv4_device_free(c, d);
+    return best;
+}
+
+void *bench_device_alloc(dsv4_ctx *c, size_t bytes)
+{
+    void *p = NULL;
+    if (dsv4_device_alloc(c, bytes ? bytes : 1, &p)) {
+        fprintf(stderr, "bench: device_alloc of %zu bytes: %s\n", bytes, dsv4_last_error());
+        exit(1);
+    }
+    return p;
 }

@@ -337,11 +337,11 @@ static void linear_formats(void)
     const int staging = HAS(linear, stage);
     if (!staging) missing("linear.stage", 0);
     for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++)
-        for (int mi = 0; mi < 2; mi++) {
-            const int64_t m = mi ? 6 : 1, n = 70, k = f == DSV4_LINEAR_MXFP8 ? 288 : 384;
+        for (int mi = 0; mi < 3; mi++) { /* M = 37: more rows than one device tile of 16 */
+            const int64_t m = mi == 2 ? 37 : mi ? 6 : 1, n = 70, k = f == DSV4_LINEAR_MXFP8 ? 288 : 384;
             const int x_bf16 = (f + mi) % 2;
             wcase w;
-            wcase_make(&w, (dsv4_linear_format)f, n, k, f % 2, mi);
+            wcase_make(&w, (dsv4_linear_format)f, n, k, f % 2, mi & 1);
             float *xf = f32_rand((size_t)(m * k), 2.0f, 0.0f), *bias = f32_rand((size_t)n, 1.0f, 0.0f);
             uint16_t *xb = malloc(2 * (size_t)(m * k));
             for (int64_t i = 0; i < m * k; i++) {

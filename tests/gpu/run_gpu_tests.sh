@@ -3,7 +3,7 @@
 # and the op-by-op conformance test_backend_ops), the Python tests on backend "cuda" (the
 # attention suite with DSV4_TEST_BACKENDS=cuda and the device tests), compute-sanitizer memcheck +
 # racecheck on small cases, the SASS instruction mix, Nsight Compute profiles of one decode
-# launch, and the benchmark next to a bf16 matmul.
+# launch, the attention benchmark next to a bf16 matmul and the linear benchmark (linear-cuda).
 # Without an NVIDIA GPU it says so and exits 0. Each step's log goes to $BUILD/gpu-logs (all of
 # them also to $OUT/gpu-tests.log when OUT is set); STEPS="build test_cuda ..." runs a subset,
 # STEP_TIMEOUT (seconds, default 300) bounds each step. The build needs what `make build` needs
@@ -15,7 +15,7 @@ BUILD=${BUILD:-$ROOT/build-gpu}
 LOGS=${LOGS:-$BUILD/gpu-logs}
 ALL=${OUT:+$OUT/gpu-tests.log}
 JOBS=${JOBS:-$(nproc)}
-STEPS=${STEPS:-"build test_cuda backend_ops matmul bench pytest_device pytest_attention sass ncu memcheck racecheck"}
+STEPS=${STEPS:-"build test_cuda backend_ops matmul bench bench_linear pytest_device pytest_attention sass ncu memcheck racecheck memcheck_ops racecheck_ops"}
 mkdir -p "$LOGS"
 if ! nvidia-smi -L > /dev/null 2>&1; then
     echo "test-gpu: SKIP: no NVIDIA GPU visible (nvidia-smi -L failed)"
@@ -57,6 +57,8 @@ e.record(); torch.cuda.synchronize()
 print('bf16 matmul 8192^3: %.0f TFLOP/s' % (10 * 2 * 8192**3 / (s.elapsed_time(e) * 1e-3) / 1e12))"
 PEAK=$(grep -oE '[0-9]+ TFLOP/s' "$LOGS/matmul.log" 2> /dev/null | grep -oE '[0-9]+' || echo 0)
 step bench "$BUILD/dsv4" bench attention-cuda --peak-tflops "${PEAK:-0}"
+# the linear family at V4-Flash shapes, every format, next to the device copy rate (bench/bench_linear_cuda.c)
+step bench_linear "$BUILD/dsv4" bench linear-cuda
 step pytest_device python3 -m pytest -q -rs "$ROOT/tests/python/test_device.py"
 step pytest_attention env DSV4_TEST_BACKENDS=cuda python3 -m pytest -q "$ROOT/tests/python/test_attention.py"
 step memcheck env DSV4_CUDA_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/test_cuda"
@@ -65,6 +67,9 @@ step memcheck env DSV4_CUDA_TEST_SMALL=1 compute-sanitizer --tool memcheck --err
 # warp after __syncwarp, were reported as hazards)
 step racecheck env DSV4_CUDA_TEST_SMALL=2 compute-sanitizer --tool racecheck --racecheck-report hazard \
     --error-exitcode 9 "$BUILD/test_cuda"
+# the op-by-op conformance test under the sanitizers: the linear, tensor and layer kernels
+step memcheck_ops compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/test_backend_ops"
+step racecheck_ops compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 "$BUILD/test_backend_ops"
 step sass bash -c "cuobjdump --dump-sass '$BUILD/libdsv4-cuda.so' | grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|F2FP|F2F|HADD2)[.A-Z0-9_]*' | sort | uniq -c"
 # the default kernel of the quick bench's first shape (h 64: decode_ws_kernel<true>, ws2)
 NCU="ncu --clock-control none --kernel-name-base mangled --kernel-name regex:${NCU_KERNEL:-decode_ws_kernelILb1} --launch-skip 40 --launch-count 1"

@@ -10,16 +10,6 @@
 #include <limits.h>
 #include <stdlib.h>
 
-/* Enter the device, run the launcher's result through the error conversion, leave. */
-#define CU_LAUNCH(ex, op, call)                        \
-    do {                                               \
-        dsv4_cu_guard g_;                              \
-        DSV4_TRY(dsv4_cu_enter((ex), (op), &g_));      \
-        int e_ = (call);                               \
-        dsv4_cu_leave(&g_);                            \
-        return dsv4_cu_status(e_, (op));               \
-    } while (0)
-
 static dsv4_status cu_rope_table(const dsv4_exec *ex, const double *freq, int64_t max_pos, float *table)
 {
     CU_LAUNCH(ex, "rope_table", dsv4_cu_rope_table_launch(freq, max_pos, table, dsv4_cu_stream(ex)));

@@ -284,4 +284,7 @@ const dsv4_backend dsv4_backend_cuda = {
     .configure = dsv4_cu_configure,
     .memory = &cuda_memory_ops,
     .attention = &dsv4_cuda_attention_ops,
+    .linear = &dsv4_cuda_linear_ops,
+    .layer = &dsv4_cuda_layer_ops,
+    .tensor = &dsv4_cuda_tensor_ops,
 };

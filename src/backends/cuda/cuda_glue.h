@@ -21,9 +21,23 @@ dsv4_status dsv4_cu_status(int err, const char *op);
 /* The backend's configure hook (cuda_options.c): dsv4_ctx_options.cuda_decode, or its environment
  * defaults, into ex->variant. */
 dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex);
+/* In a function returning dsv4_status: enter ex's device, run `call` (a launcher's cudaError_t as
+ * int), leave, and return it as a status naming `op`. */
+#define CU_LAUNCH(ex, op, call)                   \
+    do {                                          \
+        dsv4_cu_guard g_;                         \
+        DSV4_TRY(dsv4_cu_enter((ex), (op), &g_)); \
+        int e_ = (call);                          \
+        dsv4_cu_leave(&g_);                       \
+        return dsv4_cu_status(e_, (op));          \
+    } while (0)
+
 /* Multiprocessors of ex->device (132 on an H200; a guess when the query fails). */
 int dsv4_cu_sm_count(const dsv4_exec *ex);
 
 extern const struct dsv4_attention_ops dsv4_cuda_attention_ops;
+extern const struct dsv4_linear_ops dsv4_cuda_linear_ops; /* linear_cuda.c */
+extern const struct dsv4_layer_ops dsv4_cuda_layer_ops;   /* layer_cuda.c */
+extern const struct dsv4_tensor_ops dsv4_cuda_tensor_ops; /* tensor_cuda.c */
 
 #endif

@@ -1,0 +1,99 @@
+/* Launchers of the cuda backend's linear, layer and tensor families as the C glue sees them
+ * (linear_cuda.c, layer_cuda.c, tensor_cuda.c): plain C structs, a cudaError_t returned as int
+ * (0 = success), never a synchronization. Every pointer is device memory; strides are in elements
+ * of the pointed-to type unless named in bytes. */
+#ifndef DSV4_CUDA_OPS_H
+#define DSV4_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- linear (linear_cuda.cu) ------------------------------------------------------------------ */
+/* The staging of the quantized formats (in the caller's work space, from its first 64-byte
+ * boundary): this 64-byte description, then rows*k BF16 values, row r at 64 + r*k*2 bytes. A
+ * staged value is the dequantized activation e4m3(code)·2^(byte−127) of the act128 or mx32 rule,
+ * exact in BF16 (a 4-bit significand times a power of two of the rules' range). */
+#define DSV4_CU_STAGE_MAGIC 0x6164757334766473ull /* "sdv4suda" */
+typedef struct dsv4_cu_stage_head {
+    uint64_t magic;
+    long long rows, k;
+    int mx32; /* 1: the mx32 rule (MXFP8), 0: act128 (FP8_B128, FP4) */
+    int pad[9];
+} dsv4_cu_stage_head;
+
+/* Quantize rows (m, g) of x (F32 or BF16; row (m, g) at x + m*xs_m + g*xs_g) into the staging
+ * (staged row m*groups + g) and write its description. */
+int dsv4_cu_stage_launch(const void *x, int x_bf16, long long xs_m, long long xs_g, long long m, long long groups,
+                         long long k, int mx32, void *head, void *stream);
+
+typedef struct dsv4_cu_linear {
+    int fmt; /* dsv4_linear_format */
+    long long groups, m, n, k;
+    const void *x; /* quantized formats: the staged rows; BF16/F32: the caller's x */
+    int x_bf16;    /* BF16/F32 weights: x is BF16 (else F32) */
+    long long xs_m, xs_g;
+    const void *w;
+    long long ws_r_bytes;
+    const uint8_t *scale;
+    long long ss0, ss1;
+    const void *bias;
+    int bias_bf16;
+    long long bias_s;
+    void *y;
+    int y_bf16;
+    long long ys_m, ys_g;
+} dsv4_cu_linear;
+
+int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream);
+
+/* ---- tensor family (tensor_cuda.cu) ----------------------------------------------------------- */
+int dsv4_cu_embed_launch(const uint16_t *table, long long ldt, long long d, const int32_t *ids, long long ids_s,
+                         long long t, uint16_t *out, long long so_t, long long so_j, long long copies, void *stream);
+int dsv4_cu_add_bf16_launch(long long t, long long n, long long d, const uint16_t *a, long long sa_t, long long sa_j,
+                            const uint16_t *b, long long sb_t, uint16_t *y, long long sy_t, long long sy_j,
+                            void *stream);
+int dsv4_cu_copy_rows_launch(const void *src, long long lds, const int32_t *idx, long long idx_s, void *dst,
+                             long long ldd, long long n, long long row_bytes, void *stream);
+
+/* ---- layer family (layer_cuda.cu) ------------------------------------------------------------- */
+int dsv4_cu_rms_launch(const void *x, long long ldx, int x_bf16, const void *w, int w_bf16, void *y, long long ldy,
+                       int y_bf16, long long rows, long long d, float eps, void *stream);
+int dsv4_cu_swiglu_launch(const uint16_t *g, long long ldg, const uint16_t *u, long long ldu, const float *w,
+                          uint16_t *h, long long ldh, long long rows, long long n, float limit, void *stream);
+/* T tokens x n (1..8) streams of D: the hc_post of core/ops_layer.h. */
+int dsv4_cu_hc_post_launch(long long T, long long D, int n, const uint16_t *x, long long ldx, const uint16_t *res,
+                           long long res_t, long long res_j, const float *post, long long post_t, const float *comb,
+                           long long comb_t, long long comb_j, uint16_t *out, long long out_t, long long out_j,
+                           void *stream);
+/* hc_pre (nmix = (2+n)·n) or hc_head (nmix = n: post_out and comb_out unused) of core/ops_layer.h
+ * on the streams x [T, n, D]; y's rows serve as the scratch of the partial sums first. */
+typedef struct dsv4_cu_hc_pre {
+    long long T, D;
+    int n, nmix;
+    const float *fn;
+    long long ldfn;
+    const float *scale, *base;
+    int iters;
+    float eps, norm_eps;
+    const uint16_t *x;
+    long long x_t, x_j;
+    uint16_t *y;
+    long long ldy;
+    float *post_out;
+    long long post_t;
+    float *comb_out;
+    long long comb_t, comb_j;
+} dsv4_cu_hc_pre;
+
+/* Slices of the streams the dots are cut into (< 1: D too small for y to hold the partials). */
+int dsv4_cu_hc_slices(long long D, int nmix);
+int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,256 @@
+/* Layer kernels on the GPU (include/dsv4/layer.h): RMSNorm, SwiGLU with clamp and routing weight,
+ * and hc_post. RMSNorm reduces its sum of squares in a block-wide tree (another fp32 order than
+ * the CPU's: within one BF16 ulp of it, tests/c/test_backend_ops.c); the per-element arithmetic of
+ * all three is the CPU reference's, one rounding per operation (_rn intrinsics keep nvcc from
+ * contracting into FMAs), so hc_post is bit-identical to cpu-ref and SwiGLU differs only by the
+ * device's expf (within 2 ulp of glibc's). */
+#include "backends/cuda/cuda_device.cuh"
+#include "backends/cuda/cuda_ops.h"
+
+enum { RMS_THREADS = 256 };
+
+DSV4_CU_INLINE float ld_any(const void *p, int bf16, long long i)
+{
+    return bf16 ? cu_bf16_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+DSV4_CU_INLINE void st_any(void *p, int bf16, long long i, float v)
+{
+    if (bf16) ((uint16_t *)p)[i] = (uint16_t)cu_f32_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+/* One CTA per row. */
+__global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long long ldx, int x_bf16, const void *w,
+                                                          int w_bf16, void *y, long long ldy, int y_bf16, long long d,
+                                                          float eps)
+{
+    const long long r = blockIdx.x;
+    const char *xr = (const char *)x + r * ldx * (x_bf16 ? 2 : 4);
+    char *yr = (char *)y + r * ldy * (y_bf16 ? 2 : 4);
+    float s = 0.0f;
+    for (long long i = threadIdx.x; i < d; i += RMS_THREADS) {
+        const float v = ld_any(xr, x_bf16, i);
+        s = __fadd_rn(s, __fmul_rn(v, v));
+    }
+    __shared__ float part[RMS_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float tot = part[0];
+    for (int i = 1; i < RMS_THREADS / 32; i++) tot = __fadd_rn(tot, part[i]);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(tot, (float)d), eps)));
+    for (long long i = threadIdx.x; i < d; i += RMS_THREADS) {
+        const float v = __fmul_rn(ld_any(xr, x_bf16, i), inv);
+        st_any(yr, y_bf16, i, w ? __fmul_rn(v, ld_any(w, w_bf16, i)) : v);
+    }
+}
+
+extern "C" int dsv4_cu_rms_launch(const void *x, long long ldx, int x_bf16, const void *w, int w_bf16, void *y,
+                                  long long ldy, int y_bf16, long long rows, long long d, float eps, void *stream)
+{
+    if (rows == 0) return 0;
+    if (rows > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
+    rms_kernel<<<(unsigned)rows, RMS_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, x_bf16, w, w_bf16, y, ldy, y_bf16, d,
+                                                                         eps);
+    return (int)cudaGetLastError();
+}
+
+/* layer_ref.c dsv4_swiglu1, then times the row's weight, rounded once. */
+__global__ void swiglu_kernel(const uint16_t *g, long long ldg, const uint16_t *u, long long ldu, const float *w,
+                              uint16_t *h, long long ldh, long long rows, long long n, float limit)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        float gv = cu_bf16_f32(g[r * ldg + i]), uv = cu_bf16_f32(u[r * ldu + i]);
+        gv = gv > limit ? limit : gv;
+        uv = uv > limit ? limit : uv < -limit ? -limit : uv;
+        const float s = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+        h[r * ldh + i] = (uint16_t)cu_f32_bf16(__fmul_rn(s, w ? w[r] : 1.0f));
+    }
+}
+
+extern "C" int dsv4_cu_swiglu_launch(const uint16_t *g, long long ldg, const uint16_t *u, long long ldu,
+                                     const float *w, uint16_t *h, long long ldh, long long rows, long long n,
+                                     float limit, void *stream)
+{
+    if (rows == 0 || n == 0) return 0;
+    const long long bx = (n + 255) / 256;
+    if (bx > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
+    swiglu_kernel<<<dim3((unsigned)bx, (unsigned)(rows < 65535 ? rows : 65535)), 256, 0, (cudaStream_t)stream>>>(
+        g, ldg, u, ldu, w, h, ldh, rows, n, limit);
+    return (int)cudaGetLastError();
+}
+
+/* out[t][k][d] = bf16(post[t][k]·x[t][d] + Σ_j comb[t][j][k]·res[t][j][d]) in layer_ref.c's order. */
+__global__ void hc_post_kernel(long long T, long long D, int n, const uint16_t *x, long long ldx, const uint16_t *res,
+                               long long res_t, long long res_j, const float *post, long long post_t,
+                               const float *comb, long long comb_t, long long comb_j, uint16_t *out, long long out_t,
+                               long long out_j)
+{
+    const long long d = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    for (long long t = blockIdx.y; t < T; t += gridDim.y) {
+        float rv[8];
+        const float xv = cu_bf16_f32(x[t * ldx + d]);
+        for (int j = 0; j < n; j++) rv[j] = cu_bf16_f32(res[t * res_t + j * res_j + d]);
+        const float *pt = post + t * post_t, *ct = comb + t * comb_t;
+        for (int k = 0; k < n; k++) {
+            float s = __fmul_rn(pt[k], xv);
+            for (int j = 0; j < n; j++) s = __fadd_rn(s, __fmul_rn(ct[j * comb_j + k], rv[j]));
+            out[t * out_t + k * out_j + d] = (uint16_t)cu_f32_bf16(s);
+        }
+    }
+}
+
+extern "C" int dsv4_cu_hc_post_launch(long long T, long long D, int n, const uint16_t *x, long long ldx,
+                                      const uint16_t *res, long long res_t, long long res_j, const float *post,
+                                      long long post_t, const float *comb, long long comb_t, long long comb_j,
+                                      uint16_t *out, long long out_t, long long out_j, void *stream)
+{
+    if (T == 0 || D == 0) return 0;
+    if (n < 1 || n > 8) return (int)cudaErrorInvalidValue;
+    hc_post_kernel<<<dim3((unsigned)((D + 127) / 128), (unsigned)(T < 65535 ? T : 65535)), 128, 0,
+                     (cudaStream_t)stream>>>(T, D, n, x, ldx, res, res_t, res_j, post, post_t, comb, comb_t, comb_j, out, out_t, out_j);
+    return (int)cudaGetLastError();
+}
+
+/* ---- hc_pre / hc_head ------------------------------------------------------------------------
+ * Two launches. (1) grid (S, T): CTA s takes the s-th slice of token t's flattened streams and
+ * writes, for every row i of fn and then for the sum of squares, its partial sum into token t's
+ * row of y (as fp32 bit pairs: y is overwritten by (2) anyway, which is why the op needs
+ * 2·D >= 4·S·(nmix+1) bytes there). (2) one CTA per token: the partials summed in slice order,
+ * the split and Sinkhorn of layer_ref.c dsv4_hc_split in its operation order by one thread, then
+ * the weighted sum of the streams into y. S depends on n and D only, so the summation order does
+ * too. */
+enum { HC_THREADS = 256, HC_MAX_N = 8, HC_MAX_MIX = (2 + HC_MAX_N) * HC_MAX_N };
+
+DSV4_CU_INLINE float block_sum(float v, float *sh)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    __syncthreads(); /* sh is reused between calls */
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = sh[0];
+    for (int i = 1; i < HC_THREADS / 32; i++) t = __fadd_rn(t, sh[i]);
+    return t;
+}
+
+DSV4_CU_INLINE void put_f32(uint16_t *p, long long i, float v)
+{
+    const uint32_t b = __float_as_uint(v);
+    p[2 * i] = (uint16_t)(b & 0xFFFFu);
+    p[2 * i + 1] = (uint16_t)(b >> 16);
+}
+
+DSV4_CU_INLINE float get_f32(const uint16_t *p, long long i)
+{
+    return __uint_as_float((uint32_t)p[2 * i] | ((uint32_t)p[2 * i + 1] << 16));
+}
+
+__global__ void __launch_bounds__(HC_THREADS) hc_dots_kernel(long long T, long long D, int n, int nmix, const float *fn,
+                                                             long long ldfn, const uint16_t *x, long long x_t,
+                                                             long long x_j, uint16_t *y, long long ldy, int S)
+{
+    __shared__ float sh[HC_THREADS / 32];
+    const long long nd = (long long)n * D, len = (nd + S - 1) / S;
+    const long long e0 = blockIdx.x * len, e1 = e0 + len < nd ? e0 + len : nd;
+    for (long long t = blockIdx.y; t < T; t += gridDim.y) {
+        const uint16_t *xt = x + t * x_t;
+        uint16_t *yt = y + t * ldy;
+        for (int i = 0; i <= nmix; i++) {
+            float s = 0.0f;
+            for (long long e = e0 + threadIdx.x; e < e1; e += HC_THREADS) {
+                const float v = cu_bf16_f32(xt[(e / D) * x_j + e % D]);
+                s = __fadd_rn(s, __fmul_rn(i < nmix ? fn[i * ldfn + e] : v, v));
+            }
+            s = block_sum(s, sh);
+            if (threadIdx.x == 0) put_f32(yt, (long long)blockIdx.x * (nmix + 1) + i, s);
+        }
+    }
+}
+
+DSV4_CU_INLINE float sigmoid_rn(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z))); }
+
+__global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int n, int nmix, const float *scale,
+                                                               const float *base, int iters, float eps, float norm_eps,
+                                                               const uint16_t *x, long long x_t, long long x_j,
+                                                               uint16_t *y, long long ldy, int S, float *post_out,
+                                                               long long post_t, float *comb_out, long long comb_t,
+                                                               long long comb_j)
+{
+    __shared__ float mix[HC_MAX_MIX + 1], pre[HC_MAX_N];
+    const long long t = blockIdx.x;
+    uint16_t *yt = y + t * ldy;
+    for (int i = threadIdx.x; i <= nmix; i += HC_THREADS) {
+        float s = get_f32(yt, i);
+        for (int p = 1; p < S; p++) s = __fadd_rn(s, get_f32(yt, (long long)p * (nmix + 1) + i));
+        mix[i] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(mix[nmix], (float)((long long)n * D)), norm_eps)));
+        float m[HC_MAX_MIX], c[HC_MAX_N * HC_MAX_N];
+        for (int i = 0; i < nmix; i++) m[i] = __fmul_rn(mix[i], r);
+        for (int j = 0; j < n; j++) pre[j] = __fadd_rn(sigmoid_rn(__fadd_rn(__fmul_rn(m[j], scale[0]), base[j])), eps);
+        if (nmix != n) {
+            for (int j = 0; j < n; j++)
+                post_out[t * post_t + j] = __fmul_rn(2.0f, sigmoid_rn(__fadd_rn(__fmul_rn(m[n + j], scale[1]), base[n + j])));
+            for (int i = 0; i < n * n; i++) c[i] = __fadd_rn(__fmul_rn(m[2 * n + i], scale[2]), base[2 * n + i]);
+            for (int j = 0; j < n; j++) { /* row softmax, then + eps */
+                float *row = c + j * n, mx = row[0], s = 0.0f;
+                for (int k = 1; k < n; k++) mx = row[k] > mx ? row[k] : mx;
+                for (int k = 0; k < n; k++) s = __fadd_rn(s, row[k] = expf(__fsub_rn(row[k], mx)));
+                for (int k = 0; k < n; k++) row[k] = __fadd_rn(__fdiv_rn(row[k], s), eps);
+            }
+            for (int it = 0; it < iters; it++) {
+                if (it > 0)
+                    for (int j = 0; j < n; j++) {
+                        float s = 0.0f;
+                        for (int k = 0; k < n; k++) s = __fadd_rn(s, c[j * n + k]);
+                        for (int k = 0; k < n; k++) c[j * n + k] = __fdiv_rn(c[j * n + k], __fadd_rn(s, eps));
+                    }
+                for (int k = 0; k < n; k++) {
+                    float s = 0.0f;
+                    for (int j = 0; j < n; j++) s = __fadd_rn(s, c[j * n + k]);
+                    for (int j = 0; j < n; j++) c[j * n + k] = __fdiv_rn(c[j * n + k], __fadd_rn(s, eps));
+                }
+            }
+            for (int j = 0; j < n; j++)
+                for (int k = 0; k < n; k++) comb_out[t * comb_t + j * comb_j + k] = c[j * n + k];
+        }
+    }
+    __syncthreads(); /* the partials in y are read: y may be written */
+    const uint16_t *xt = x + t * x_t;
+    for (long long d = threadIdx.x; d < D; d += HC_THREADS) {
+        float s = __fmul_rn(pre[0], cu_bf16_f32(xt[d]));
+        for (int j = 1; j < n; j++) s = __fadd_rn(s, __fmul_rn(pre[j], cu_bf16_f32(xt[j * x_j + d])));
+        yt[d] = (uint16_t)cu_f32_bf16(s);
+    }
+}
+
+extern "C" int dsv4_cu_hc_slices(long long D, int nmix)
+{
+    long long s = 2 * D / (4 * (long long)(nmix + 1));
+    const long long work = (4 * D + HC_THREADS - 1) / HC_THREADS;
+    if (s > 64) s = 64;
+    if (s > work) s = work;
+    return (int)s;
+}
+
+extern "C" int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream)
+{
+    if (a->T == 0) return 0;
+    const int S = dsv4_cu_hc_slices(a->D, a->nmix);
+    if (S < 1 || a->n < 1 || a->n > HC_MAX_N || a->T > 0x7FFFFFFFll) return (int)cudaErrorInvalidValue;
+    cudaStream_t s = (cudaStream_t)stream;
+    hc_dots_kernel<<<dim3((unsigned)S, (unsigned)(a->T < 65535 ? a->T : 65535)), HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->nmix, a->fn, a->ldfn, a->x,
+                                                                           a->x_t, a->x_j, a->y, a->ldy, S);
+    hc_finish_kernel<<<(unsigned)a->T, HC_THREADS, 0, s>>>(a->D, a->n, a->nmix, a->scale, a->base, a->iters, a->eps,
+                                                          a->norm_eps, a->x, a->x_t, a->x_j, a->y, a->ldy, S,
+                                                          a->post_out, a->post_t, a->comb_out, a->comb_t, a->comb_j);
+    return (int)cudaGetLastError();
+}

@@ -1,0 +1,94 @@
+/* The linear family of the cuda backend (core/ops_linear.h): the work space layout, argument
+ * translation and the launches of linear_cuda.cu on the context's stream. A plain product
+ * allocates nothing, never synchronizes and reads no device data, so it can be captured in a CUDA
+ * graph. A staged product (dsv4_linear_staged) must check the staging's description before it
+ * writes y, and that description lives in device memory: it is read back first (64 bytes and a
+ * wait on the stream), so staged products cannot be captured; a device step runs
+ * dsv4_linear instead, which stages inside the same launch sequence. */
+#include "backends/cuda/cuda_glue.h"
+#include "backends/cuda/cuda_ops.h"
+#include "core/error.h"
+#include "core/ops_linear.h"
+
+#include <cuda_runtime_api.h>
+
+static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
+static int mx32(dsv4_linear_format fmt) { return fmt == DSV4_LINEAR_MXFP8; }
+
+/* 64 bytes to reach a 64-byte boundary, the description, the BF16 rows. */
+static size_t workspace_size(dsv4_linear_format fmt, int64_t rows, int64_t k)
+{
+    return quantized(fmt) ? 64 + sizeof(dsv4_cu_stage_head) + (size_t)(rows * k) * 2 : 0;
+}
+
+static dsv4_cu_stage_head *head_of(void *ws) { return (dsv4_cu_stage_head *)(((uintptr_t)ws + 63) & ~(uintptr_t)63); }
+
+static size_t elem_bytes(dsv4_linear_format fmt)
+{
+    return fmt == DSV4_LINEAR_F32 ? 4 : fmt == DSV4_LINEAR_BF16 ? 2 : 1;
+}
+
+/* The description the staged call checks, read from the device (docs above). */
+static dsv4_status check_staging(const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    const char *op = "linear_staged";
+    dsv4_cu_stage_head h;
+    cudaStream_t s = (cudaStream_t)dsv4_cu_stream(ex);
+    cudaError_t e = cudaMemcpyAsync(&h, head_of(a->workspace), sizeof h, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    DSV4_TRY(dsv4_cu_status((int)e, op));
+    if (h.magic != DSV4_CU_STAGE_MAGIC)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space holds no staging (dsv4_linear_stage)", op);
+    if (h.mx32 != mx32(a->fmt))
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: activations staged with %s cannot feed %s weights (%s)", op,
+                         h.mx32 ? "mx32" : "act128", dsv4_linear_fmt_str(a->fmt), mx32(a->fmt) ? "mx32" : "act128");
+    if (h.rows != a->m || h.k != a->k)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the staging holds %lld rows of K = %lld; x is [%lld, %lld]", op,
+                         h.rows, h.k, (long long)a->m, (long long)a->k);
+    return DSV4_OK;
+}
+
+static dsv4_status cu_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    const char *op = a->staged ? "linear_staged" : a->groups > 1 ? "grouped_linear" : "linear";
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, op, &g));
+    void *s = dsv4_cu_stream(ex);
+    dsv4_cu_linear l = {
+        .fmt = (int)a->fmt, .groups = a->groups, .m = a->m, .n = a->n, .k = a->k,
+        .x = a->x, .x_bf16 = a->x_bf16, .xs_m = a->xs_m, .xs_g = a->xs_g,
+        .w = a->w, .ws_r_bytes = a->ws_r * (int64_t)elem_bytes(a->fmt),
+        .scale = a->scale, .ss0 = a->ss0, .ss1 = a->ss1,
+        .bias = a->bias, .bias_bf16 = a->bias_bf16, .bias_s = a->bias_s,
+        .y = a->y, .y_bf16 = a->y_bf16, .ys_m = a->ys_m, .ys_g = a->ys_g,
+    };
+    dsv4_status st = DSV4_OK;
+    int e = 0;
+    if (quantized(a->fmt)) {
+        dsv4_cu_stage_head *h = head_of(a->workspace);
+        if (a->staged)
+            st = check_staging(ex, a);
+        else if (a->m)
+            e = dsv4_cu_stage_launch(a->x, a->x_bf16, a->xs_m, a->xs_g, a->m, a->groups, a->k, mx32(a->fmt), h, s);
+        l.x = h + 1;
+        l.x_bf16 = 1;
+        l.xs_m = a->groups * a->k;
+        l.xs_g = a->k;
+    }
+    if (st == DSV4_OK && e == 0) e = dsv4_cu_linear_launch(&l, s);
+    dsv4_cu_leave(&g);
+    DSV4_TRY(st);
+    return dsv4_cu_status(e, op);
+}
+
+static dsv4_status cu_stage(const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, "linear_stage", &g));
+    int e = dsv4_cu_stage_launch(a->x, a->x_bf16, a->xs_m, 0, a->m, 1, a->k, mx32(a->fmt), head_of(a->workspace),
+                                 dsv4_cu_stream(ex));
+    dsv4_cu_leave(&g);
+    return dsv4_cu_status(e, "linear_stage");
+}
+
+const struct dsv4_linear_ops dsv4_cuda_linear_ops = {workspace_size, cu_linear, cu_stage};

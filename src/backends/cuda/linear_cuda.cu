@@ -1,0 +1,381 @@
+/* Linear layers on the GPU (include/dsv4/linear.h, docs/kernels.md §5 and §12): the activation
+ * staging (act128 / mx32, bit for bit the rules of src/formats/codec.h) and one streaming product
+ * kernel for every weight format.
+ *
+ * The product reads each weight byte once, in 16-byte loads that bypass L1 (the activations,
+ * re-read by every CTA, stay there), decodes in registers and multiply-adds in fp32:
+ *   a CTA is 8 warps in 8/KW sets of KW: a set owns four weight rows (two for M > 2), its KW warps
+ *   split K (chunks of 32 lanes x 16 bytes, warp w of the set taking chunks w, w + KW, ...), KW as
+ *   small as still gives the grid two CTAs per SM (launch below); a lane keeps rows x 2 chunks of
+ *   16 bytes in flight (a ring of three chunks, two ahead of the one in use); a CTA handles MT <= 16 activation rows
+ *   (larger M: one CTA row per 16, the weights re-read from L2 — the simple path for big M).
+ * Numerics: a lane sums the 16 (FP4: 32) products of its piece of K in order, a piece lying in one
+ * scale block of both operands, and adds that partial times the weight scale into its accumulator;
+ * the staged activation already carries its own power-of-two scale, so every product and scaling
+ * is exact and only the fp32 summation order differs from include/dsv4/linear.h's formula. The
+ * lanes are reduced by a fixed butterfly and the K-splitting warps in warp order; the order depends
+ * on K and the format only (never on M, the other rows or the launch), so stage + staged == linear
+ * bit for bit, and a result lies within the accumulation-order bound of the CPU kernels
+ * (tests/c/test_linear_cases.h). */
+#include "backends/cuda/cuda_device.cuh"
+#include "backends/cuda/cuda_ops.h"
+
+enum { FMT_B128 = 0, FMT_MX = 1, FMT_FP4 = 2, FMT_BF16 = 3, FMT_F32 = 4 };
+enum { THREADS = 256, WARPS = 8, TARGET_CTAS = 264 };
+/* Weight rows a warp set owns: four for one or two activation rows (the activation words each
+ * lane loads and decodes serve four rows), two above (registers). */
+__host__ __device__ constexpr int rows_of(int mt) { return mt <= 2 ? 4 : 2; }
+
+/* ---- staging ----------------------------------------------------------------------------------- */
+DSV4_CU_INLINE float cu_e4m3_f32(uint32_t code)
+{
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
+    __half hh;
+    memcpy(&hh, &h, 2);
+    return __half2float(hh);
+}
+
+/* One warp per (row, group): codec.h dsv4_quantize_group with the act128 or mx32 parameters, each
+ * code then stored dequantized (e4m3(code)·scale, exact in BF16). */
+__global__ void __launch_bounds__(THREADS) stage_kernel(const void *x, int x_bf16, long long xs_m, long long xs_g,
+                                                        long long m, long long groups, long long k, int mx32,
+                                                        dsv4_cu_stage_head *head)
+{
+    const int G = mx32 ? 32 : 128, per = G / 32;
+    const long long ngr = (k + G - 1) / G;
+    const long long wid = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        head->magic = DSV4_CU_STAGE_MAGIC;
+        head->rows = m * groups;
+        head->k = k;
+        head->mx32 = mx32;
+    }
+    if (wid >= m * groups * ngr) return;
+    const long long row = wid / ngr, k0 = (wid % ngr) * G, len = k - k0 < G ? k - k0 : G;
+    const long long mi = row / groups, gi = row % groups;
+    const long long off = mi * xs_m + gi * xs_g;
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = 0.0f;
+        const long long kk = k0 + lane * per + i;
+        if (i < per && lane * per + i < len) {
+            v[i] = x_bf16 ? cu_bf16_f32(((const uint16_t *)x)[off + kk]) : ((const float *)x)[off + kk];
+            const float a = fabsf(v[i]);
+            if (a > amax) amax = a; /* NaN is skipped, as codec.h dsv4_absmax does */
+        }
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        const float b = __shfl_xor_sync(0xFFFFFFFFu, amax, o);
+        if (b > amax) amax = b;
+    }
+    const float floor_a = mx32 ? 1e-10f : 1e-4f;
+    if (!(amax >= floor_a)) amax = floor_a;
+    float q = __fdiv_rn(amax, 448.0f);
+    if (mx32 && q < 1e-10f) q = 1e-10f;
+    int e = cu_ceil_log2_bits(q);
+    e = e < -127 ? -127 : (e > 128 ? 128 : e);
+    const float inv = cu_pow2f(-e), sc = cu_e8m0_f32((uint32_t)(e + 127));
+    uint16_t *dst = (uint16_t *)((uint8_t *)head + sizeof(dsv4_cu_stage_head)) + row * k;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const long long kk = k0 + lane * per + i;
+        if (i < per && lane * per + i < len) {
+            const float d = __fmul_rn(cu_e4m3_f32(cu_f32_e4m3(__fmul_rn(v[i], inv))), sc);
+            dst[kk] = (uint16_t)cu_f32_bf16(d);
+        }
+    }
+}
+
+extern "C" int dsv4_cu_stage_launch(const void *x, int x_bf16, long long xs_m, long long xs_g, long long m,
+                                    long long groups, long long k, int mx32, void *head, void *stream)
+{
+    const long long G = mx32 ? 32 : 128, warps = m * groups * ((k + G - 1) / G);
+    const long long blocks = (warps + WARPS - 1) / WARPS;
+    if (blocks == 0) return 0;
+    if (blocks > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
+    stage_kernel<<<(unsigned)blocks, THREADS, 0, (cudaStream_t)stream>>>(x, x_bf16, xs_m, xs_g, m, groups, k, mx32,
+                                                                        (dsv4_cu_stage_head *)head);
+    return (int)cudaGetLastError();
+}
+
+/* ---- the product --------------------------------------------------------------------------------- */
+template <int FMT> struct fmt_traits {
+    /* weight values per 16-byte load and per 32-bit word of it */
+    static constexpr int VEC = FMT == FMT_FP4 ? 32 : FMT == FMT_BF16 ? 8 : FMT == FMT_F32 ? 4 : 16;
+    static constexpr int WPW = VEC / 4;
+    static constexpr bool Q = FMT <= FMT_FP4;
+};
+
+DSV4_CU_INLINE uint32_t ld_bytes4(const uint8_t *b)
+{
+    return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+}
+
+DSV4_CU_INLINE uint32_t word(uint4 v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
+
+/* NB (2..16) bytes at p as 32-bit words (the last one partial for NB = 2). */
+template <int NB> DSV4_CU_INLINE void ld_x(const uint8_t *p, bool aligned, uint32_t *w)
+{
+    if (aligned) {
+        if (NB == 16) {
+            const uint4 v = __ldg((const uint4 *)p);
+            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+        } else if (NB == 8) {
+            const uint2 v = __ldg((const uint2 *)p);
+            w[0] = v.x, w[1] = v.y;
+        } else if (NB == 4) {
+            w[0] = __ldg((const uint32_t *)p);
+        } else {
+            w[0] = __ldg((const uint16_t *)p);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < (NB + 3) / 4; i++)
+            w[i] = NB >= 4 ? ld_bytes4(p + 4 * i) : ((uint32_t)p[0] | ((uint32_t)p[1] << 8));
+    }
+}
+
+/* Word q of a weight load -> its WPW values in K order (FP4: times 2^-14, see below). */
+template <int FMT> DSV4_CU_INLINE void decode_word(uint32_t w, float *f)
+{
+    if (FMT == FMT_B128 || FMT == FMT_MX) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w >> (16 * h)) & 0xFFFFu), __NV_E4M3);
+            __half2 hh;
+            memcpy(&hh, &hr, 4);
+            const float2 v = __half22float2(hh);
+            f[2 * h] = v.x, f[2 * h + 1] = v.y;
+        }
+    } else if (FMT == FMT_FP4) {
+        /* An E2M1 nibble s|e1 e0|m placed as FP16 bits s<<15 | e1 e0 m<<9 is its value times 2^-14
+         * exactly (e = 0 lands on the FP16 subnormals), so four shifts and masks give two values. */
+        const uint32_t a = ((w & 0x00070007u) << 9) | ((w & 0x00080008u) << 12); /* k 0, 4 */
+        const uint32_t b = ((w & 0x00700070u) << 5) | ((w & 0x00800080u) << 8);  /* k 1, 5 */
+        const uint32_t c = ((w & 0x07000700u) << 1) | ((w & 0x08000800u) << 4);  /* k 2, 6 */
+        const uint32_t d = ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);         /* k 3, 7 */
+        const uint32_t hw[4] = {a, b, c, d};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 hh;
+            memcpy(&hh, &hw[i], 4);
+            const float2 v = __half22float2(hh);
+            f[i] = v.x, f[i + 4] = v.y;
+        }
+    } else if (FMT == FMT_BF16) {
+        f[0] = __uint_as_float(w << 16), f[1] = __uint_as_float(w & 0xFFFF0000u);
+    } else {
+        f[0] = __uint_as_float(w);
+    }
+}
+
+/* Activation values e0 .. e0+NV-1 (BF16 or F32) of the words w. */
+template <bool XF32, int NV> DSV4_CU_INLINE void decode_x(const uint32_t *w, int e0, float *f)
+{
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int e = e0 + i;
+        f[i] = XF32 ? __uint_as_float(w[e]) : ((e & 1) ? __uint_as_float(w[e / 2] & 0xFFFF0000u) : __uint_as_float(w[e / 2] << 16));
+    }
+}
+
+/* One chunk piece of a lane: NR = rows_of(MT) rows of VEC weights against MT activation rows. */
+template <int FMT, bool XF32, int MT>
+DSV4_CU_INLINE void chunk(const uint4 *w, const uint32_t *sb, const uint8_t *const *xr, long long k0, int aligned,
+                          float (*acc)[MT])
+{
+    typedef fmt_traits<FMT> T;
+    constexpr int VEC = T::VEC, WPW = T::WPW, XB = XF32 ? 4 : 2, XW = VEC * XB / 4; /* x words per piece */
+    constexpr int NR = rows_of(MT);
+    float part[NR][MT];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) part[r][i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        uint32_t xw[XW];
+        const uint8_t *xp = xr[i] + k0 * XB;
+#pragma unroll
+        for (int q = 0; q < XW; q += 4) {
+            if constexpr (XW >= 4) ld_x<16>(xp + 4 * q, aligned, xw + q);
+            else ld_x<XW * 4>(xp, aligned, xw);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float xf[WPW];
+            decode_x<XF32, WPW>(xw, q * WPW, xf);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                float wf[WPW];
+                decode_word<FMT>(word(w[r], q), wf);
+#pragma unroll
+                for (int j = 0; j < WPW; j++) {
+                    if (T::Q) part[r][i] = fmaf(xf[j], wf[j], part[r][i]);
+                    else acc[r][i] = fmaf(xf[j], wf[j], acc[r][i]);
+                }
+            }
+        }
+    }
+    if (T::Q) {
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const float sw = cu_e8m0_f32(sb[r]);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                const float pv = FMT == FMT_FP4 ? part[r][i] * 16384.0f : part[r][i]; /* exact */
+                acc[r][i] = fmaf(pv, sw, acc[r][i]);
+            }
+        }
+    }
+}
+
+template <int FMT, bool XF32, int MT>
+__global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned)
+{
+    typedef fmt_traits<FMT> T;
+    constexpr int VEC = T::VEC, CK = 32 * VEC, NR = rows_of(MT);
+    constexpr int XB = XF32 ? 4 : 2;                          /* activation bytes per value */
+    constexpr int WB16 = FMT == FMT_FP4 ? 1 : FMT == FMT_BF16 ? 4 : FMT == FMT_F32 ? 8 : 2; /* weight bytes per 2 values */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
+    const long long g = blockIdx.y, m0 = (long long)blockIdx.z * MT;
+    const int mv = (int)(p.m - m0 < MT ? p.m - m0 : MT);
+    const long long nbase = ((long long)blockIdx.x * rsets + rs) * NR;
+
+    const uint8_t *wr[NR];
+    const uint8_t *sr[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const long long nr = nbase + r < p.n ? nbase + r : p.n - 1; /* rows past n repeat the last */
+        const long long grow = g * p.n + nr;
+        wr[r] = (const uint8_t *)p.w + grow * p.ws_r_bytes;
+        sr[r] = T::Q ? p.scale + (FMT == FMT_B128 ? grow / 128 : grow) * p.ss0 : nullptr;
+    }
+    const uint8_t *xr[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        const long long mi = m0 + (i < mv ? i : mv - 1);
+        xr[i] = (const uint8_t *)p.x + (mi * p.xs_m + g * p.xs_g) * XB;
+    }
+
+    float acc[NR][MT];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) acc[r][i] = 0.0f;
+
+    const long long nchunks = (p.k + CK - 1) / CK;
+    /* three chunks in the ring: the one being used and the next two in flight */
+    uint4 wv[3][NR];
+    uint32_t sv[3][NR];
+    auto fetch = [&](long long c, uint4 *dst, uint32_t *sdst) {
+        const long long k0 = c * CK + lane * VEC;
+        const bool ok = c < nchunks && k0 < p.k;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            dst[r] = make_uint4(0, 0, 0, 0);
+            sdst[r] = 127;
+            if (ok) {
+                const uint8_t *src = wr[r] + k0 * WB16 / 2;
+                dst[r] = aligned ? cu_ldg16_stream(src) : cu_ld16(src); /* weights bypass L1, x stays */
+                if (T::Q) sdst[r] = __ldg(sr[r] + (k0 / (FMT == FMT_B128 ? 128 : 32)) * p.ss1);
+            }
+        }
+    };
+    fetch(kwi, wv[0], sv[0]);
+    fetch(kwi + kw, wv[1], sv[1]);
+    for (long long c = kwi; c < nchunks; c += 3 * kw) {
+#pragma unroll
+        for (int st = 0; st < 3; st++) {
+            const long long cc = c + st * kw;
+            if (cc >= nchunks) break;
+            fetch(cc + 2 * kw, wv[(st + 2) % 3], sv[(st + 2) % 3]);
+            const long long k0 = cc * CK + lane * VEC;
+            if (k0 < p.k) chunk<FMT, XF32, MT>(wv[st], sv[st], xr, k0, aligned, acc);
+        }
+    }
+
+    __shared__ float red[WARPS][NR * MT];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            float v = acc[r][i];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+            if (lane == 0) red[warp][r * MT + i] = v;
+        }
+    __syncthreads();
+    for (int t = threadIdx.x; t < rsets * NR * MT; t += THREADS) {
+        const int set = t / (NR * MT), e = t % (NR * MT), r = e / MT, i = e % MT;
+        const long long n = ((long long)blockIdx.x * rsets + set) * NR + r;
+        if (n >= p.n || i >= mv) continue;
+        float v = red[set * kw][e];
+        for (int j = 1; j < kw; j++) v += red[set * kw + j][e];
+        if (p.bias) {
+            const long long bi = n * p.bias_s;
+            v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
+        }
+        const long long yi = (m0 + i) * p.ys_m + g * p.ys_g + n;
+        if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
+        else ((float *)p.y)[yi] = v;
+    }
+}
+
+template <int FMT, bool XF32>
+static cudaError_t launch_mt(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned, cudaStream_t s)
+{
+    switch (mt) {
+    case 1: linear_kernel<FMT, XF32, 1><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
+    case 2: linear_kernel<FMT, XF32, 2><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
+    case 4: linear_kernel<FMT, XF32, 4><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
+    case 8: linear_kernel<FMT, XF32, 8><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
+    default: linear_kernel<FMT, XF32, 16><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
+    }
+    return cudaGetLastError();
+}
+
+static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream)
+{
+    if (a->m == 0) return 0;
+    const int vec = a->fmt == FMT_FP4 ? 32 : a->fmt == FMT_BF16 ? 8 : a->fmt == FMT_F32 ? 4 : 16;
+    const long long nchunks = (a->k + 32 * vec - 1) / (32 * vec);
+    /* K is split over more warps only while the grid would not give every SM of an H200 two CTAs:
+     * long runs along K keep a lane's loads in flight, the split covers small N. The choice depends
+     * on the shape alone (a constant, not the device's SM count), and with it the summation order. */
+    int kw = 1;
+    while (kw < WARPS && 2 * kw <= nchunks &&
+           (a->n + (WARPS / kw) * 4 - 1) / ((WARPS / kw) * 4) * a->groups < TARGET_CTAS)
+        kw <<= 1;
+    const int mt = a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
+    const long long rows_per_cta = (WARPS / kw) * rows_of(mt);
+    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = (a->m + mt - 1) / mt;
+    if (gx > 0x7FFFFFFFll || a->groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)gx, (unsigned)a->groups, (unsigned)gz);
+    const int xb = a->fmt <= FMT_FP4 || a->x_bf16 ? 2 : 4;
+    const int aligned = a16(a->w) && a->ws_r_bytes % 16 == 0 && a16(a->x) && (a->m == 1 || (a->xs_m * xb) % 16 == 0) &&
+                        (a->groups == 1 || (a->xs_g * xb) % 16 == 0);
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaError_t e;
+    switch (a->fmt) {
+    case FMT_B128: e = launch_mt<FMT_B128, false>(a, grid, mt, kw, aligned, s); break;
+    case FMT_MX: e = launch_mt<FMT_MX, false>(a, grid, mt, kw, aligned, s); break;
+    case FMT_FP4: e = launch_mt<FMT_FP4, false>(a, grid, mt, kw, aligned, s); break;
+    case FMT_BF16:
+        e = a->x_bf16 ? launch_mt<FMT_BF16, false>(a, grid, mt, kw, aligned, s)
+                      : launch_mt<FMT_BF16, true>(a, grid, mt, kw, aligned, s);
+        break;
+    default:
+        e = a->x_bf16 ? launch_mt<FMT_F32, false>(a, grid, mt, kw, aligned, s)
+                      : launch_mt<FMT_F32, true>(a, grid, mt, kw, aligned, s);
+        break;
+    }
+    return (int)e;
+}
