@@ -3,8 +3,9 @@
 # Debian packages through apt-get, test oracles through pip (PyPI). Safe to run repeatedly.
 set -euo pipefail
 
-DEB_PACKAGES=(cmake make gcc g++ python3 python3-pip libopenblas-dev pkg-config libpcre2-dev clang libclang-rt-dev)
-PY_PACKAGES=(numpy ml_dtypes pytest)
+DEB_PACKAGES=(cmake make gcc g++ python3 python3-pip libopenblas-dev pkg-config libpcre2-dev clang libclang-rt-dev
+             libmicrohttpd-dev libcjson-dev)
+PY_PACKAGES=(numpy ml_dtypes pytest openai)
 
 missing_deb=()
 for p in "${DEB_PACKAGES[@]}"; do

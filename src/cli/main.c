@@ -8,6 +8,7 @@
 int dsv4_cmd_inspect(int argc, char **argv);   /* inspect.c */
 int dsv4_cmd_make_tiny(int argc, char **argv); /* make_tiny.c */
 int dsv4_cmd_run(int argc, char **argv);       /* run.c */
+int dsv4_cmd_serve(int argc, char **argv);     /* serve.c */
 int dsv4_cmd_tokenize(int argc, char **argv);  /* tokenize.c */
 
 static int cmd_info(void)
@@ -35,6 +36,7 @@ static void usage(FILE *f)
                "  inspect DIR          a checkpoint: config, tensors by dtype, missing/unexpected\n"
                "  make-tiny --out DIR  write the built-in tiny model (--seed S)\n"
                "  run --model DIR ...  generate: --prompt-ids 1,2,3 --max-tokens N [--mtp K] (run -h)\n"
+               "  serve --model DIR    the OpenAI-compatible HTTP server (serve -h)\n"
                "  tokenize TEXT|-      text -> token ids with a tokenizer.json (--ids, --chat, --think, --decode; -h)\n"
                "  bench NAME [opts]    benchmarks (--threads N, --quick):\n");
     for (const dsv4_bench_entry *b = dsv4_benches; b->name; b++) fprintf(f, "      %-14s %s\n", b->name, b->help);
@@ -50,6 +52,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "inspect")) return dsv4_cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(argv[1], "make-tiny")) return dsv4_cmd_make_tiny(argc - 2, argv + 2);
     if (!strcmp(argv[1], "run")) return dsv4_cmd_run(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "serve")) return dsv4_cmd_serve(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize")) return dsv4_cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench")) {
         if (argc < 3) {
