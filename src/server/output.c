@@ -204,10 +204,14 @@ void srv_out_finish(srv_out *o, char **tool_calls)
     char *msg = o->tools.n ? parse_block(&o->tools) : NULL;
     if (msg) {
         *tool_calls = msg;
-    } else { /* malformed DSML: its text, without the markup, is content */
+    } else { /* malformed DSML: its text without the markup, trimmed, joins the content after a blank line */
         srv_buf clean = {0};
         if (srv_dsml_strip(o->tools.p, o->tools.n, &clean)) o->failed = 1;
-        put(o, SRV_OUT_CONTENT, clean.p, clean.n);
+        size_t a = 0, b = clean.n;
+        while (a < b && strchr(" \t\r\n", clean.p[a])) a++;
+        while (b > a && strchr(" \t\r\n", clean.p[b - 1])) b--;
+        if (b > a && o->out[SRV_OUT_CONTENT].n) put(o, SRV_OUT_CONTENT, "\n\n", 2);
+        if (b > a) put(o, SRV_OUT_CONTENT, clean.p + a, b - a);
         srv_buf_free(&clean);
     }
     o->in_tools = 0;

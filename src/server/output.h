@@ -38,7 +38,7 @@ void srv_out_feed(srv_out *o, const char *s, size_t n);
 /* End of the completion: flush what was held back. When a tool block was seen it is parsed:
  * *message receives the assistant message dsv4_completion_parse reads from it (JSON text,
  * malloc'd; its "tool_calls" are the calls), or the block ends as content with its markup
- * removed (the malformed-DSML rule) and *message stays NULL. */
+ * removed, trimmed, after a blank line (the malformed-DSML rule) and *message stays NULL. */
 void srv_out_finish(srv_out *o, char **message);
 
 /* The DSML block's text with every tag of the DSML markup removed (<｜DSML｜...> and
