@@ -279,13 +279,13 @@ typedef struct chat_in {
     srv_buf *texts; /* owned content of each message */
     dsv4_tool_call *calls;
     char **call_args;
-    size_t n_msgs, n_calls;
+    size_t n_msgs, n_texts, n_calls;
     char *tools_json;
 } chat_in;
 
 static void chat_in_free(chat_in *ci)
 {
-    for (size_t i = 0; ci->texts && i < ci->n_msgs + 1; i++) srv_buf_free(&ci->texts[i]);
+    for (size_t i = 0; ci->texts && i < ci->n_texts; i++) srv_buf_free(&ci->texts[i]);
     for (size_t i = 0; ci->call_args && i < ci->n_calls; i++) free(ci->call_args[i]);
     free(ci->texts);
     free(ci->msgs);
@@ -363,7 +363,8 @@ static int parse_chat(srv_server *S, const cJSON *root, req *r, bad *b)
     size_t n = (size_t)cJSON_GetArraySize(msgs), n_calls = 0;
     cJSON_ArrayForEach(m, msgs) n_calls += (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"));
     ci.msgs = calloc(n + 1, sizeof *ci.msgs);
-    ci.texts = calloc(n + 1, sizeof *ci.texts);
+    ci.texts = calloc(n, sizeof *ci.texts);
+    ci.n_texts = ci.texts ? n : 0;
     ci.calls = calloc(n_calls + 1, sizeof *ci.calls);
     ci.call_args = calloc(n_calls + 1, sizeof *ci.call_args);
     int rc = -1;
@@ -387,12 +388,12 @@ static int parse_chat(srv_server *S, const cJSON *root, req *r, bad *b)
         ci.tools_json = cJSON_PrintUnformatted(list);
         cJSON_Delete(list);
     }
-    size_t k = 0;
+    size_t k = 0, i = 0; /* k: the prompt's messages (one more with a system message for the tools), i: the request's */
     int first = 1;
     cJSON_ArrayForEach(m, msgs)
     {
         char where[64];
-        snprintf(where, sizeof where, "messages[%zu]", k);
+        snprintf(where, sizeof where, "messages[%zu]", i);
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
             BAD(b, "messages", "'%s' must be an object with a string 'role'", where);
@@ -408,16 +409,14 @@ static int parse_chat(srv_server *S, const cJSON *root, req *r, bad *b)
             BAD(b, "messages", "'%s.role' must be system, developer, user, assistant or tool", where);
             goto done;
         }
-        if (get_content(m, "messages", &ci.texts[k], b)) goto done;
-        x->content = ci.texts[k].p;
-        x->content_len = ci.texts[k].n;
+        if (get_content(m, "messages", &ci.texts[i], b)) goto done;
+        x->content = ci.texts[i].p;
+        x->content_len = ci.texts[i].n;
+        i++;
         if (first && use_tools && x->role != DSV4_ROLE_SYSTEM) { /* the tools go to a system message */
             memmove(&ci.msgs[1], &ci.msgs[0], sizeof *x);
             x = &ci.msgs[1];
             ci.msgs[0] = (dsv4_chat_message){.role = DSV4_ROLE_SYSTEM};
-            srv_buf tmp = ci.texts[k];
-            ci.texts[k] = ci.texts[n];
-            ci.texts[n] = tmp;
             k++;
         }
         if (first && use_tools) {
@@ -681,6 +680,13 @@ static void take_text(gen *g, int section, cJSON *obj, const char *key)
     t->n = 0;
 }
 
+/* dsv4's addition to a choice: the generated ids behind the text (without the EOS). */
+static void add_ids(cJSON *choice, const gen *g)
+{
+    cJSON *ids = cJSON_AddArrayToObject(choice, "token_ids");
+    for (int64_t i = 0; i < g->n_ids; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(g->ids[i]));
+}
+
 static cJSON *response_body(gen *g)
 {
     cJSON *root = cJSON_CreateObject(), *choices, *ch;
@@ -705,6 +711,7 @@ static cJSON *response_body(gen *g)
             take_text(g, SRV_OUT_REASONING, m, "reasoning_content");
         }
         if (g->message) cJSON_AddItemToObject(m, "tool_calls", tool_calls(g, 0));
+        add_ids(ch, g);
         if (g->lp) {
             cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
             cJSON_AddItemToObject(l, "content", g->lp);
@@ -718,8 +725,7 @@ static cJSON *response_body(gen *g)
         t->n = 0;
         if (g->r.logprobs) cJSON_AddItemToObject(ch, "logprobs", g->lp ? completion_logprobs(g) : cJSON_CreateObject());
         else cJSON_AddNullToObject(ch, "logprobs");
-        cJSON *ids = cJSON_AddArrayToObject(ch, "token_ids"); /* dsv4's addition: the ids behind the text */
-        for (int64_t i = 0; i < g->n_ids; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(g->ids[i]));
+        add_ids(ch, g);
     }
     cJSON_AddStringToObject(ch, "finish_reason", finish_reason(g));
     cJSON_AddItemToObject(root, "usage", usage(g));
@@ -920,7 +926,7 @@ static enum MHD_Result serve_generate(srv_server *S, conn_ctx *cc, struct MHD_Co
     snprintf(g->id, sizeof g->id, "%s-%016llx", g->r.chat ? "chatcmpl" : "cmpl", (unsigned long long)atomic_fetch_add(&S->counter, 1));
     g->created = time(NULL);
     srv_out_init(&g->out, g->r.chat && g->r.thinking, g->r.chat && g->r.has_tools, g->r.stop, g->r.n_stop);
-    dsv4_decode_stream_init(&g->ds, 0);
+    dsv4_decode_stream_init(&g->ds, DSV4_DECODE_SKIP_SPECIAL); /* </think> and the DSML tokens are not "special" */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     g->fd = ci ? ci->connect_fd : -1;
     if (g->r.stream) {
