@@ -8,6 +8,7 @@ int dsv4_bench_attention_cuda(int argc, char **argv);
 int dsv4_bench_linear(int argc, char **argv);
 int dsv4_bench_layer(int argc, char **argv);
 int dsv4_bench_run(int argc, char **argv);
+int dsv4_bench_serve(int argc, char **argv);
 int dsv4_bench_bandwidth(int argc, char **argv);
 
 const dsv4_bench_entry dsv4_benches[] = {
@@ -20,5 +21,6 @@ const dsv4_bench_entry dsv4_benches[] = {
     {"layer", "mHC, router and MoE (6 FP4 experts + FP8 shared) per token at V4-Flash sizes: GB/s vs read bandwidth; then the indexer bench", dsv4_bench_layer},
     {"model", "checkpoint loading: V4-Flash-shaped header parse + bind, in-place mmap vs a copying loader, mapped-weight GB/s", dsv4_bench_model},
     {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline", dsv4_bench_run},
+    {"serve", "dsv4 serve under load (loopback, concurrency 1..64): aggregate tok/s, TTFT, inter-token p50/p99 vs the batched engine alone", dsv4_bench_serve},
     {0, 0, 0},
 };

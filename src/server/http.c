@@ -125,7 +125,7 @@ static cJSON *add_text(cJSON *obj, const char *key, const char *s, size_t n)
 
 /* ---- request fields -------------------------------------------------------------------------------- */
 typedef struct req {
-    int chat, stream, include_usage, thinking, has_tools, logprobs, top_logprobs;
+    int chat, stream, include_usage, thinking, has_tools, logprobs, top_logprobs, ignore_eos;
     int64_t max_tokens;
     dsv4_sampling sampling;
     const char *stop[MAX_STOP];
@@ -229,6 +229,7 @@ static int parse_common(srv_server *S, const cJSON *root, req *r, bad *b)
     for (const char *const *k = (const char *const[]){"presence_penalty", "frequency_penalty", NULL}; *k; k++)
         if ((rc = get_num(root, *k, 0.0, 0.0, &d, b)) < 0) return BAD(b, *k, "'%s': only 0 is supported", *k);
     if (get_bool(root, "stream", &r->stream, b) < 0) return -1;
+    if (get_bool(root, "ignore_eos", &r->ignore_eos, b) < 0) return -1;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so)) return BAD(b, "stream_options", "'stream_options' must be an object");
@@ -520,7 +521,7 @@ typedef struct gen {
     srv_out out;
     dsv4_decode_stream ds;
     int32_t *ids;
-    int64_t n_ids;
+    int64_t n_ids, n_sent; /* taken from the engine; sent in stream chunks */
     cJSON *lp;   /* logprob entries not yet sent (stream) or all of them */
     srv_finish fin;
     int done, stop_hit, sent_head, sent_tail, cancelled;
@@ -772,9 +773,11 @@ static void sse_fill(gen *g)
         sse_event(g, c);
         g->sent_head = 1;
     }
-    int have = g->out.out[0].n || g->out.out[1].n || g->lp;
+    int have = g->out.out[0].n || g->out.out[1].n || g->lp || g->n_ids > g->n_sent;
     if (have) {
-        cJSON *c = chunk_base(g, &ch);
+        cJSON *c = chunk_base(g, &ch), *ids = cJSON_CreateArray();
+        for (; g->n_sent < g->n_ids; g->n_sent++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(g->ids[g->n_sent]));
+        cJSON_AddItemToObject(ch, "token_ids", ids); /* as in the whole response: the ids of this chunk */
         if (g->r.chat) {
             cJSON *d = cJSON_AddObjectToObject(ch, "delta");
             take_text(g, SRV_OUT_REASONING, d, "reasoning_content");
@@ -915,7 +918,7 @@ static enum MHD_Result serve_generate(srv_server *S, conn_ctx *cc, struct MHD_Co
     g->r.forced = NULL;
     j->max_tokens = g->r.max_tokens;
     j->sampling = g->r.sampling;
-    j->stop_at_eos = 1;
+    j->stop_at_eos = !g->r.ignore_eos;
     j->top_logprobs = g->r.logprobs ? g->r.top_logprobs : -1;
     if (atomic_load(&S->stopping) || srv_submit(S->sched, j)) {
         srv_job_release(j);
