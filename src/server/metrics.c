@@ -85,6 +85,9 @@ char *srv_metrics_render(srv_metrics *m, int queue_depth, int active, int max_se
     addf(&b, "# HELP dsv4_prompt_tokens_cached_total Prompt tokens taken from a cached prefix.\n"
              "# TYPE dsv4_prompt_tokens_cached_total counter\ndsv4_prompt_tokens_cached_total %llu\n",
          (unsigned long long)m->cached_tokens);
+    addf(&b, "# HELP dsv4_prefix_recomputed_tokens_total Tokens a reused prefix's truncation ran again.\n"
+             "# TYPE dsv4_prefix_recomputed_tokens_total counter\ndsv4_prefix_recomputed_tokens_total %llu\n",
+         (unsigned long long)m->recomputed_tokens);
     addf(&b, "# HELP dsv4_generation_tokens_total Tokens generated.\n# TYPE dsv4_generation_tokens_total counter\n"
              "dsv4_generation_tokens_total %llu\n", (unsigned long long)m->generation_tokens);
     addf(&b, "# HELP dsv4_requests_cancelled_total Requests cancelled (disconnect, stop string, shutdown).\n"

@@ -24,6 +24,7 @@ struct srv_sched {
     srv_metrics *m;
     int vocab, max_seqs, max_batch, prefill_chunk, mtp, max_queue, prefix_min, prefix_cache;
     int64_t max_context;
+    int64_t restart_m, restart_v; /* truncation's restart rule: lcm of the ratios, the CSA window */
     const dsv4_model_config *cfg;
 
     pthread_t th;
@@ -114,12 +115,23 @@ static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int
     return i;
 }
 
-/* The slot a job starts in: the cached sequence sharing the longest prefix (at least prefix_min
- * tokens), else an empty slot, else the least recently used cached one. -1: none free. */
+/* Prompt tokens a cached sequence of `len` tokens saves when the job keeps its first `keep`
+ * (docs/server.md §3): all of them when it continues as it is; after a cut, truncation recomputes
+ * from the restart point (the last multiple of M = lcm of the compression ratios at or before the
+ * cut, less V, the overlapping CSA window), so only the tokens before it are saved. */
+static int64_t saving(const srv_sched *s, int64_t len, int64_t keep)
+{
+    if (keep == len) return keep;
+    int64_t restart = keep / s->restart_m * s->restart_m - s->restart_v;
+    return restart > 0 ? restart : 0;
+}
+
+/* The slot a job starts in: the cached sequence saving the most prompt tokens (at least
+ * prefix_min), else an empty slot, else the least recently used cached one. */
 static int pick_slot(srv_sched *s, const srv_job *j, int64_t *keep)
 {
     int best = -1, empty = -1, lru = -1;
-    int64_t best_len = 0;
+    int64_t best_save = 0, best_keep = 0;
     for (int i = 0; i < s->max_seqs; i++) {
         srv_slot *sl = &s->slots[i];
         if (sl->state == SLOT_FREE && empty < 0) empty = i;
@@ -127,11 +139,12 @@ static int pick_slot(srv_sched *s, const srv_job *j, int64_t *keep)
         if (lru < 0 || sl->used < s->slots[lru].used) lru = i;
         int64_t l = common_prefix(sl->tokens, sl->len, j->prompt, j->n_prompt);
         if (l > j->n_prompt - 1) l = j->n_prompt - 1; /* the last prompt token runs to give logits */
-        if (l >= s->prefix_min && l > best_len) best = i, best_len = l;
+        int64_t sv = saving(s, sl->len, l);
+        if (sv >= s->prefix_min && sv > best_save) best = i, best_save = sv, best_keep = l;
     }
     *keep = 0;
     if (best >= 0) {
-        *keep = best_len;
+        *keep = best_keep;
         return best;
     }
     return empty >= 0 ? empty : lru;
@@ -194,16 +207,17 @@ static void admit(srv_sched *s)
             finish_job(s, j, SRV_FIN_CANCEL, NULL);
             continue;
         }
-        int64_t keep = 0;
+        int64_t keep = 0, recomputed = 0;
         int slot = pick_slot(s, j, &keep);
         srv_slot *sl = &s->slots[slot];
         dsv4_status st = DSV4_OK;
-        if (keep > 0 && keep < sl->len) st = dsv4_engine_seq_truncate(s->e, sl->seq, keep, NULL);
+        if (keep > 0 && keep < sl->len) st = dsv4_engine_seq_truncate(s->e, sl->seq, keep, &recomputed);
         else if (keep == 0 && sl->state != SLOT_FREE) st = dsv4_engine_seq_reset(s->e, sl->seq);
         if (st != DSV4_OK) { /* the truncation failed the sequence: start from nothing */
-            keep = 0;
+            keep = recomputed = 0;
             st = dsv4_engine_seq_reset(s->e, sl->seq);
         }
+        if (recomputed > keep) recomputed = keep;
         sl->state = SLOT_ACTIVE;
         sl->used = ++s->clock;
         j->slot = slot;
@@ -211,7 +225,7 @@ static void admit(srv_sched *s)
         j->state = JOB_PREFILL;
         dsv4_rng_seed(j->sampling.seed, j->rng);
         pthread_mutex_lock(&j->mu);
-        j->cached_tokens = keep;
+        j->cached_tokens = keep - recomputed;
         pthread_mutex_unlock(&j->mu);
         s->active[s->n_active++] = j;
         pthread_mutex_lock(&s->mu);
@@ -219,7 +233,8 @@ static void admit(srv_sched *s)
         pthread_mutex_unlock(&s->mu);
         pthread_mutex_lock(&s->m->mu);
         s->m->prompt_tokens += (uint64_t)j->n_prompt;
-        s->m->cached_tokens += (uint64_t)keep;
+        s->m->cached_tokens += (uint64_t)(keep - recomputed);
+        s->m->recomputed_tokens += (uint64_t)recomputed;
         pthread_mutex_unlock(&s->m->mu);
         if (st != DSV4_OK) {
             retire(s, s->n_active - 1, SRV_FIN_ERROR, dsv4_last_error());
@@ -437,6 +452,18 @@ dsv4_status srv_sched_start(const srv_options *o, dsv4_engine *e, srv_metrics *m
     s->max_queue = o->max_queue;
     s->prefix_min = o->prefix_min > 0 ? o->prefix_min : 1;
     s->prefix_cache = o->prefix_cache;
+    s->restart_m = 1;
+    for (int64_t b = 0; b < s->cfg->n_layers + s->cfg->n_mtp_layers && b < DSV4_MAX_LAYERS; b++) {
+        int64_t r = s->cfg->compress_ratio[b], x = s->restart_m, y = r;
+        if (r <= 0) continue;
+        while (y) { /* gcd */
+            int64_t t = x % y;
+            x = y;
+            y = t;
+        }
+        s->restart_m = s->restart_m / x * r;
+        if (s->cfg->attn_kind[b] == DSV4_ATTN_CSA && r > s->restart_v) s->restart_v = r;
+    }
     s->slots = calloc((size_t)s->max_seqs, sizeof *s->slots);
     s->active = calloc((size_t)s->max_seqs, sizeof *s->active);
     s->logits = malloc((size_t)s->max_seqs * (size_t)s->vocab * sizeof *s->logits);

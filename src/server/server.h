@@ -138,7 +138,7 @@ typedef struct srv_hist {
 typedef struct srv_metrics {
     pthread_mutex_t mu;
     uint64_t requests[3][6]; /* endpoint (chat, completions, other) x status class (2xx..., 400, 413, 503, other 4xx, 5xx) */
-    uint64_t prompt_tokens, generation_tokens, cached_tokens, cancelled;
+    uint64_t prompt_tokens, generation_tokens, cached_tokens, recomputed_tokens, cancelled;
     uint64_t mtp_drafted, mtp_accepted;
     uint64_t steps;
     srv_hist ttft, itl, e2e;
