@@ -804,6 +804,17 @@ static void sse_fill(gen *g)
         sse_event(g, c);
     }
     if (!g->done || g->sent_tail) return;
+    if (g->fin == SRV_FIN_ERROR) { /* the status line went out long ago: an error event ends the stream */
+        cJSON *c = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(c, "error");
+        char msg[320];
+        snprintf(msg, sizeof msg, "generation failed: %s", g->error);
+        add_text(err, "message", msg, strlen(msg));
+        cJSON_AddStringToObject(err, "type", "server_error");
+        sse_event(g, c);
+        srv_buf_add(&g->sse, "data: [DONE]\n\n", 14);
+        g->sent_tail = 1;
+        return;
+    }
     if (g->message) { /* the calls, each complete, as one delta */
         cJSON *c = chunk_base(g, &ch), *d = cJSON_AddObjectToObject(ch, "delta");
         cJSON_AddItemToObject(d, "tool_calls", tool_calls(g, 1));
