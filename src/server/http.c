@@ -674,11 +674,29 @@ static cJSON *completion_logprobs(const gen *g)
     return o;
 }
 
-static void take_text(gen *g, int section, cJSON *obj, const char *key)
+/* The text split out since the last call, under key (left out when empty unless `always`). */
+static void take_text(gen *g, int section, cJSON *obj, const char *key, int always)
 {
     srv_buf *t = &g->out.out[section];
-    if (t->n) add_text(obj, key, t->p, t->n);
+    if (t->n || always) add_text(obj, key, t->p ? t->p : "", t->n);
     t->n = 0;
+}
+
+/* The logprobs gathered since the last call: the chat shape {"content": [...]} or the legacy one of
+ * completions; null when there are none. */
+static void take_logprobs(gen *g, cJSON *choice)
+{
+    if (!g->lp) {
+        cJSON_AddNullToObject(choice, "logprobs");
+        return;
+    }
+    if (g->r.chat) {
+        cJSON_AddItemToObject(cJSON_AddObjectToObject(choice, "logprobs"), "content", g->lp);
+    } else {
+        cJSON_AddItemToObject(choice, "logprobs", completion_logprobs(g));
+        cJSON_Delete(g->lp);
+    }
+    g->lp = NULL;
 }
 
 /* dsv4's addition to a choice: the generated ids behind the text (without the EOS). */
@@ -701,33 +719,15 @@ static cJSON *response_body(gen *g)
     if (g->r.chat) {
         cJSON *m = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        if (g->out.out[SRV_OUT_CONTENT].n || !g->message) {
-            if (!g->out.out[SRV_OUT_CONTENT].n) cJSON_AddStringToObject(m, "content", "");
-            take_text(g, SRV_OUT_CONTENT, m, "content");
-        } else {
-            cJSON_AddNullToObject(m, "content");
-        }
-        if (g->r.thinking) {
-            if (!g->out.out[SRV_OUT_REASONING].n) cJSON_AddStringToObject(m, "reasoning_content", "");
-            take_text(g, SRV_OUT_REASONING, m, "reasoning_content");
-        }
+        if (g->out.out[SRV_OUT_CONTENT].n || !g->message) take_text(g, SRV_OUT_CONTENT, m, "content", 1);
+        else cJSON_AddNullToObject(m, "content");
+        if (g->r.thinking) take_text(g, SRV_OUT_REASONING, m, "reasoning_content", 1);
         if (g->message) cJSON_AddItemToObject(m, "tool_calls", tool_calls(g, 0));
-        add_ids(ch, g);
-        if (g->lp) {
-            cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
-            cJSON_AddItemToObject(l, "content", g->lp);
-            g->lp = NULL;
-        } else {
-            cJSON_AddNullToObject(ch, "logprobs");
-        }
     } else {
-        srv_buf *t = &g->out.out[SRV_OUT_CONTENT];
-        add_text(ch, "text", t->p ? t->p : "", t->n);
-        t->n = 0;
-        if (g->r.logprobs) cJSON_AddItemToObject(ch, "logprobs", g->lp ? completion_logprobs(g) : cJSON_CreateObject());
-        else cJSON_AddNullToObject(ch, "logprobs");
-        add_ids(ch, g);
+        take_text(g, SRV_OUT_CONTENT, ch, "text", 1);
     }
+    add_ids(ch, g);
+    take_logprobs(g, ch);
     cJSON_AddStringToObject(ch, "finish_reason", finish_reason(g));
     cJSON_AddItemToObject(root, "usage", usage(g));
     return root;
@@ -780,26 +780,12 @@ static void sse_fill(gen *g)
         cJSON_AddItemToObject(ch, "token_ids", ids); /* as in the whole response: the ids of this chunk */
         if (g->r.chat) {
             cJSON *d = cJSON_AddObjectToObject(ch, "delta");
-            take_text(g, SRV_OUT_REASONING, d, "reasoning_content");
-            take_text(g, SRV_OUT_CONTENT, d, "content");
-            if (g->lp) {
-                cJSON_AddItemToObject(cJSON_AddObjectToObject(ch, "logprobs"), "content", g->lp);
-                g->lp = NULL;
-            } else {
-                cJSON_AddNullToObject(ch, "logprobs");
-            }
+            take_text(g, SRV_OUT_REASONING, d, "reasoning_content", 0);
+            take_text(g, SRV_OUT_CONTENT, d, "content", 0);
         } else {
-            srv_buf *t = &g->out.out[SRV_OUT_CONTENT];
-            add_text(ch, "text", t->p ? t->p : "", t->n);
-            t->n = 0;
-            if (g->lp) {
-                cJSON_AddItemToObject(ch, "logprobs", completion_logprobs(g));
-                cJSON_Delete(g->lp);
-                g->lp = NULL;
-            } else {
-                cJSON_AddNullToObject(ch, "logprobs");
-            }
+            take_text(g, SRV_OUT_CONTENT, ch, "text", 1);
         }
+        take_logprobs(g, ch);
         cJSON_AddNullToObject(ch, "finish_reason");
         sse_event(g, c);
     }

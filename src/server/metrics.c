@@ -80,38 +80,31 @@ char *srv_metrics_render(srv_metrics *m, int queue_depth, int active, int max_se
         for (int s = 0; s < 6; s++)
             addf(&b, "dsv4_requests_total{endpoint=\"%s\",status=\"%s\"} %llu\n", endpoint_name[e], status_name[s],
                  (unsigned long long)m->requests[e][s]);
-    addf(&b, "# HELP dsv4_prompt_tokens_total Prompt tokens of admitted requests.\n# TYPE dsv4_prompt_tokens_total counter\n"
-             "dsv4_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
-    addf(&b, "# HELP dsv4_prompt_tokens_cached_total Prompt tokens taken from a cached prefix.\n"
-             "# TYPE dsv4_prompt_tokens_cached_total counter\ndsv4_prompt_tokens_cached_total %llu\n",
-         (unsigned long long)m->cached_tokens);
-    addf(&b, "# HELP dsv4_prefix_recomputed_tokens_total Tokens a reused prefix's truncation ran again.\n"
-             "# TYPE dsv4_prefix_recomputed_tokens_total counter\ndsv4_prefix_recomputed_tokens_total %llu\n",
-         (unsigned long long)m->recomputed_tokens);
-    addf(&b, "# HELP dsv4_generation_tokens_total Tokens generated.\n# TYPE dsv4_generation_tokens_total counter\n"
-             "dsv4_generation_tokens_total %llu\n", (unsigned long long)m->generation_tokens);
-    addf(&b, "# HELP dsv4_requests_cancelled_total Requests cancelled (disconnect, stop string, shutdown).\n"
-             "# TYPE dsv4_requests_cancelled_total counter\ndsv4_requests_cancelled_total %llu\n",
-         (unsigned long long)m->cancelled);
-    addf(&b, "# HELP dsv4_engine_steps_total Engine steps run.\n# TYPE dsv4_engine_steps_total counter\n"
-             "dsv4_engine_steps_total %llu\n", (unsigned long long)m->steps);
-    addf(&b, "# HELP dsv4_mtp_drafted_total MTP draft tokens proposed.\n# TYPE dsv4_mtp_drafted_total counter\n"
-             "dsv4_mtp_drafted_total %llu\n# HELP dsv4_mtp_accepted_total MTP draft tokens accepted.\n"
-             "# TYPE dsv4_mtp_accepted_total counter\ndsv4_mtp_accepted_total %llu\n",
-         (unsigned long long)m->mtp_drafted, (unsigned long long)m->mtp_accepted);
-    addf(&b, "# HELP dsv4_mtp_acceptance_ratio Accepted over drafted MTP tokens.\n# TYPE dsv4_mtp_acceptance_ratio gauge\n"
-             "dsv4_mtp_acceptance_ratio %.6f\n", m->mtp_drafted ? (double)m->mtp_accepted / (double)m->mtp_drafted : 0.0);
     double now = srv_now();
     int w = m->tok_window_t[0] < m->tok_window_t[1] ? 0 : 1; /* the older window */
     double span = now - m->tok_window_t[w];
-    addf(&b, "# HELP dsv4_generation_tokens_per_second Generated tokens per second (last 10-20 s).\n"
-             "# TYPE dsv4_generation_tokens_per_second gauge\ndsv4_generation_tokens_per_second %.3f\n",
-         span > 0 ? (double)m->tok_window_n[w] / span : 0.0);
-    addf(&b, "# HELP dsv4_queue_depth Requests waiting for a slot.\n# TYPE dsv4_queue_depth gauge\ndsv4_queue_depth %d\n",
-         queue_depth);
-    addf(&b, "# HELP dsv4_active_sequences Sequences being prefilled or decoded.\n# TYPE dsv4_active_sequences gauge\n"
-             "dsv4_active_sequences %d\n# HELP dsv4_max_sequences Slots.\n# TYPE dsv4_max_sequences gauge\n"
-             "dsv4_max_sequences %d\n", active, max_seqs);
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } one[] = {
+        {"dsv4_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)m->prompt_tokens},
+        {"dsv4_prompt_tokens_cached_total", "counter", "Prompt tokens taken from a cached prefix.", (double)m->cached_tokens},
+        {"dsv4_prefix_recomputed_tokens_total", "counter", "Tokens a reused prefix's truncation ran again.", (double)m->recomputed_tokens},
+        {"dsv4_generation_tokens_total", "counter", "Tokens generated.", (double)m->generation_tokens},
+        {"dsv4_requests_cancelled_total", "counter", "Requests cancelled (disconnect, stop string, shutdown).", (double)m->cancelled},
+        {"dsv4_engine_steps_total", "counter", "Engine steps run.", (double)m->steps},
+        {"dsv4_mtp_drafted_total", "counter", "MTP draft tokens proposed.", (double)m->mtp_drafted},
+        {"dsv4_mtp_accepted_total", "counter", "MTP draft tokens accepted.", (double)m->mtp_accepted},
+        {"dsv4_mtp_acceptance_ratio", "gauge", "Accepted over drafted MTP tokens.",
+         m->mtp_drafted ? (double)m->mtp_accepted / (double)m->mtp_drafted : 0.0},
+        {"dsv4_generation_tokens_per_second", "gauge", "Generated tokens per second (last 10-20 s).",
+         span > 0 ? (double)m->tok_window_n[w] / span : 0.0},
+        {"dsv4_queue_depth", "gauge", "Requests waiting for a slot.", queue_depth},
+        {"dsv4_active_sequences", "gauge", "Sequences being prefilled or decoded.", active},
+        {"dsv4_max_sequences", "gauge", "Slots.", max_seqs},
+    };
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++)
+        addf(&b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", one[i].name, one[i].help, one[i].name, one[i].type, one[i].name, one[i].v);
     hist(&b, "dsv4_time_to_first_token_seconds", "From submission to the first token.", &m->ttft);
     hist(&b, "dsv4_inter_token_seconds", "Between consecutive tokens of one request.", &m->itl);
     hist(&b, "dsv4_request_seconds", "From submission to the last token.", &m->e2e);
