@@ -901,7 +901,8 @@ static enum MHD_Result serve_generate(srv_server *S, conn_ctx *cc, struct MHD_Co
         return send_error(S, cc, c, 400, "logprobs", NULL, "logprobs are not served with MTP decoding (serve --mtp 0)");
     }
     srv_job *j = srv_job_new(RING_CAP);
-    g->ids = malloc((size_t)g->r.max_tokens * sizeof *g->ids);
+    /* no more tokens than the context holds, whatever max_tokens says */
+    g->ids = malloc((size_t)(g->r.max_tokens < S->max_context ? g->r.max_tokens : S->max_context) * sizeof *g->ids);
     if (!j || !g->ids) {
         srv_job_release(j);
         gen_free(g);
