@@ -1079,6 +1079,11 @@ int srv_run(const srv_options *o)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* every thread started from here leaves them to sigwait */
     signal(SIGPIPE, SIG_IGN);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
+    if (inet_pton(AF_INET, o->host, &addr.sin_addr) != 1) {
+        fprintf(stderr, "dsv4 serve: --host %s is not an IPv4 address\n", o->host);
+        goto done;
+    }
     if (o->backend || o->threads) {
         dsv4_ctx_options co = {.backend = o->backend, .threads = o->threads};
         if (dsv4_ctx_create(&co, &ctx) != DSV4_OK) {
@@ -1119,11 +1124,6 @@ int srv_run(const srv_options *o)
     }
     if (srv_sched_start(&S->o, S->e, &S->m, &S->sched) != DSV4_OK) {
         fprintf(stderr, "dsv4 serve: cannot start the engine thread\n");
-        goto done;
-    }
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
-    if (inet_pton(AF_INET, o->host, &addr.sin_addr) != 1) {
-        fprintf(stderr, "dsv4 serve: --host %s is not an IPv4 address\n", o->host);
         goto done;
     }
     S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
