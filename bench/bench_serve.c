@@ -9,7 +9,8 @@
  *   - the server: `dsv4 serve` as a child process on 127.0.0.1 (same engine options, no prefix
  *     cache), C client threads each sending one streaming /v1/completions request with the same
  *     prompt ids over a raw socket at the same moment, and reading the SSE chunks as they come:
- *     aggregate tokens/s = C·T / (first send .. last token), TTFT per request, inter-token gaps.
+ *     aggregate tokens/s = C·T / (first send .. last token), TTFT per request, the gaps between a
+ *     request's SSE events (one per engine step, unless the reader fell behind and took several).
  * The engine alone runs before the server starts, so the two never share the cores.
  *   --quick: the tiny model only; --tokens T (16; 4 on the V4-Flash shapes); --threads N. */
 #define _GNU_SOURCE /* memmem */
@@ -195,10 +196,10 @@ static void *client_main(void *arg)
             size_t n = (size_t)(ev - bodybuf);
             int t = event_tokens(bodybuf, n);
             if (t < 0) done = 1;
-            for (int i = 0; i < t; i++) {
+            if (t > 0) { /* one gap per event: an event carries several tokens when the reader lagged */
                 if (!c->tokens) c->t_first = now;
-                else if (c->n_gaps < (int)(sizeof c->gaps / sizeof c->gaps[0])) c->gaps[c->n_gaps++] = i ? 0.0 : now - c->t_last;
-                c->tokens++;
+                else if (c->n_gaps < (int)(sizeof c->gaps / sizeof c->gaps[0])) c->gaps[c->n_gaps++] = now - c->t_last;
+                c->tokens += t;
                 c->t_last = now;
             }
             memmove(bodybuf, ev + 2, blen - n - 2);
