@@ -4,8 +4,9 @@
  * For each checkpoint (the built-in tiny model with token ids, and the V4-Flash-shaped one of
  * `dsv4 bench run`) and each concurrency C in 1, 4, 16, 64:
  *   - engine alone: C sequences, each with its own 8-token prompt, prefilled in one
- *     dsv4_engine_forward_batch call, then greedy dsv4_engine_step calls over all C until each has
- *     T tokens: aggregate tokens/s = C·T / wall time, TTFT = the prefill's time;
+ *     dsv4_engine_forward_batch call, then one dsv4_engine_forward_batch call of C decode rows per
+ *     step, each row sampled greedily with dsv4_engine_sample (the calls the server makes without
+ *     MTP), until each has T tokens: aggregate tokens/s = C·T / wall time, TTFT = the prefill's time;
  *   - the server: `dsv4 serve` as a child process on 127.0.0.1 (same engine options, no prefix
  *     cache), C client threads each sending one streaming /v1/completions request with the same
  *     prompt ids over a raw socket at the same moment, and reading the SSE chunks as they come:
@@ -63,9 +64,8 @@ static int engine_alone(dsv4_engine *e, int C, int T, result *r)
 {
     const dsv4_model_config *cfg = dsv4_engine_config(e);
     int seqs[MAX_C];
-    int32_t prompts[MAX_C][PROMPT], next[MAX_C], out[MAX_C];
+    int32_t prompts[MAX_C][PROMPT], next[MAX_C];
     dsv4_batch_entry ent[MAX_C];
-    dsv4_step_request req[MAX_C];
     uint64_t rng[MAX_C][4];
     float *logits = malloc((size_t)C * (size_t)cfg->vocab_size * sizeof *logits);
     if (!logits) return 1;
@@ -81,12 +81,11 @@ static int engine_alone(dsv4_engine *e, int C, int T, result *r)
     for (int i = 0; i < C && !rc; i++)
         rc = dsv4_engine_sample(e, logits + (size_t)i * (size_t)cfg->vocab_size, &greedy, rng[i], &next[i]) != DSV4_OK;
     double ttft = bench_now() - t0;
-    for (int t = 1; t < T && !rc; t++) {
-        for (int i = 0; i < C; i++)
-            req[i] = (dsv4_step_request){.seq = seqs[i], .tokens = &next[i], .n_tokens = 1, .sample = 1,
-                                         .sampling = greedy, .rng = rng[i], .out = &out[i]};
-        rc = dsv4_engine_step(e, req, C) != DSV4_OK;
-        for (int i = 0; i < C; i++) next[i] = out[i];
+    for (int t = 1; t < T && !rc; t++) { /* the calls the server makes without MTP */
+        for (int i = 0; i < C; i++) ent[i] = (dsv4_batch_entry){seqs[i], &next[i], 1, 1, 0};
+        rc = dsv4_engine_forward_batch(e, ent, C, logits, NULL) != DSV4_OK;
+        for (int i = 0; i < C && !rc; i++)
+            rc = dsv4_engine_sample(e, logits + (size_t)i * (size_t)cfg->vocab_size, &greedy, rng[i], &next[i]) != DSV4_OK;
     }
     double dt = bench_now() - t0;
     if (rc) fprintf(stderr, "bench serve: engine: %s\n", dsv4_last_error());
