@@ -317,6 +317,7 @@ static void fail_all(srv_sched *s, srv_job **jobs, int n, const char *why)
 {
     char msg[256];
     snprintf(msg, sizeof msg, "%s", why);
+    fprintf(stderr, "dsv4 serve: an engine step failed (%d requests end with an error): %s\n", n, msg);
     for (int i = 0; i < n; i++)
         for (int a = 0; a < s->n_active; a++)
             if (s->active[a] == jobs[i]) {
