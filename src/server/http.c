@@ -513,6 +513,7 @@ static int parse_completion(srv_server *S, const cJSON *root, req *r, bad *b)
 typedef struct gen {
     srv_server *S;
     srv_job *j;
+    struct MHD_Connection *conn;
     req r;
     cJSON *root; /* the request (its stop strings are used until the end) */
     int fd;      /* the client's socket: a hang-up cancels */
@@ -840,9 +841,19 @@ static void gen_free(gen *g)
     free(g);
 }
 
+/* libmicrohttpd closes a connection idle for --timeout seconds, counting the time spent in our
+ * callbacks: while the engine works on a request (a long prefill, a long non-streamed answer) the
+ * timeout is off; it is back on (from now) whenever control returns to libmicrohttpd, so a client
+ * that stops reading is still dropped. */
+static void engine_wait(gen *g, int waiting)
+{
+    MHD_set_connection_option(g->conn, MHD_CONNECTION_OPTION_TIMEOUT, waiting ? 0u : (unsigned)g->S->o.timeout_s);
+}
+
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     gen *g = cls;
+    engine_wait(g, 1);
     while (g->sse_off == g->sse.n) {
         g->sse.n = g->sse_off = 0;
         if (g->sent_tail) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -857,6 +868,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
     if (n > max) n = max;
     memcpy(buf, g->sse.p + g->sse_off, n);
     g->sse_off += n;
+    engine_wait(g, 0);
     return (ssize_t)n;
 }
 
@@ -924,6 +936,8 @@ static enum MHD_Result serve_generate(srv_server *S, conn_ctx *cc, struct MHD_Co
         return send_error(S, cc, c, 503, NULL, NULL, "the server is %s; retry later", atomic_load(&S->stopping) ? "shutting down" : "at capacity");
     }
     g->j = j;
+    g->conn = c;
+    engine_wait(g, 1);
     snprintf(g->id, sizeof g->id, "%s-%016llx", g->r.chat ? "chatcmpl" : "cmpl", (unsigned long long)atomic_fetch_add(&S->counter, 1));
     g->created = time(NULL);
     srv_out_init(&g->out, g->r.chat && g->r.thinking, g->r.chat && g->r.has_tools, g->r.stop, g->r.n_stop);
@@ -950,6 +964,7 @@ static enum MHD_Result serve_generate(srv_server *S, conn_ctx *cc, struct MHD_Co
         }
         gen_pull(g, 200);
     }
+    engine_wait(g, 0);
     if (g->fin == SRV_FIN_ERROR) {
         enum MHD_Result res = send_error(S, cc, c, 500, NULL, NULL, "generation failed: %s", g->error);
         gen_free(g);

@@ -428,9 +428,12 @@ def test_hostile_http(srv):
 
 def test_mtp_busy_then_drain(model, tmp_path):
     """With MTP drafts (--mtp 2): greedy tokens equal `dsv4 run`'s without MTP, and drafts are
-    counted. One slot and no queue: a second request gets 503 with Retry-After; a disconnect frees
-    the slot; SIGTERM lets the stream in flight finish, then the server exits 0."""
-    s = Server(model, tmp_path, "--max-seqs", "1", "--max-queue", "0", "--max-context", "512", "--mtp", "2")
+    counted. One slot, one queue place, a 1 s idle timeout: a stream that waits in the queue longer
+    than the timeout is not cut (the timeout counts the client's silence, not the engine's); a third
+    request gets 503 with Retry-After; a disconnect frees the slot; SIGTERM lets the stream in flight
+    finish, then the server exits 0."""
+    s = Server(model, tmp_path, "--max-seqs", "1", "--max-queue", "1", "--max-context", "512", "--mtp", "2",
+               "--timeout", "1")
     try:
         r = s.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
         assert ids_of(r.choices[0]) == [t for t in run_ids(model, PROMPT, 12) if t != EOS]
@@ -438,10 +441,20 @@ def test_mtp_busy_then_drain(model, tmp_path):
         assert int(drafted.split()[1]) > 0
         code, _, err = s.post("/v1/completions", {"prompt": PROMPT, "logprobs": 1})
         assert code == 400 and err["error"]["param"] == "logprobs"
-        first = s.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=300, temperature=0, stream=True)
+
+        long = dict(model="tiny", prompt=PROMPT, max_tokens=300, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        first = s.client.completions.create(**long)
         next(iter(first))
+        t0 = time.monotonic()
+        queued = s.client.completions.create(**{**long, "max_tokens": 4})  # headers now, tokens after `first`
         code, headers, err = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
         assert code == 503 and headers.get("Retry-After") and err["error"]["type"] == "server_busy"
+        assert sum(len(ids_of(c.choices[0])) for c in first if c.choices) == 299
+        got = [t for c in queued if c.choices for t in ids_of(c.choices[0])]
+        assert len(got) == 4 and time.monotonic() - t0 > 1.5, "the queued stream did not outwait the timeout"
+
+        first = s.client.completions.create(**long)
+        next(iter(first))
         first.close()  # hang up: the slot frees at the engine's next step
         s.idle()
         assert s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1})[0] == 200
