@@ -904,8 +904,9 @@ static enum MHD_Result serve_generate(srv_server *S, conn_ctx *cc, struct MHD_Co
     }
     if (g->r.n_ids >= S->max_context) {
         int64_t n = g->r.n_ids;
+        const char *param = g->r.chat ? "messages" : "prompt";
         gen_free(g);
-        return send_error(S, cc, c, 400, g->r.chat ? "messages" : "prompt", "context_length_exceeded",
+        return send_error(S, cc, c, 400, param, "context_length_exceeded",
                           "the prompt has %lld tokens; this server's context is %lld", (long long)n, (long long)S->max_context);
     }
     if (g->r.logprobs && S->o.mtp) {

@@ -433,7 +433,7 @@ def test_mtp_busy_then_drain(model, tmp_path):
     request gets 503 with Retry-After; a disconnect frees the slot; SIGTERM lets the stream in flight
     finish, then the server exits 0."""
     s = Server(model, tmp_path, "--max-seqs", "1", "--max-queue", "1", "--max-context", "512", "--mtp", "2",
-               "--timeout", "1")
+               "--timeout", "1", "--drain", "300")
     try:
         r = s.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
         assert ids_of(r.choices[0]) == [t for t in run_ids(model, PROMPT, 12) if t != EOS]
