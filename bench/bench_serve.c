@@ -136,7 +136,7 @@ static void *client_main(void *arg)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)c->port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {300, 0};
+    struct timeval tv = {1800, 0}; /* a loaded machine's V4-Flash prefill of 64 prompts takes minutes */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
         c->failed = 1;
@@ -307,16 +307,28 @@ static int bench_one(const char *name, const char *dir, int T, int reps, int thr
     if (rc) fprintf(stderr, "bench serve: the server did not start\n");
     /* both map in the weights the timed runs read; the idle server then sleeps */
     if (!rc) rc = engine_alone(e, 4, 2, &warm) || server_load(port, 4, 2, vocab, &warm);
+    if (!rc) {
+        printf("\n%s: %d-token prompts, %d tokens each, greedy, max_seqs %d, max_batch %d, best of %d\n", name, PROMPT, T,
+               MAX_SEQS, MAX_BATCH, reps);
+        printf("   C | engine tok/s | server tok/s | server/engine (median) | TTFT p50 (ms) engine, server p50 / p99 | "
+               "inter-token p50 / p99 (ms)\n");
+    }
     /* each concurrency on the engine and right after on the server, so that the pair sees the same
-     * machine; the best of the repetitions, and the median of the pairs' ratios */
-    for (int k = 0; k < reps && !rc; k++)
-        for (int i = 0; i < 4 && !rc; i++) {
+     * machine; the best of the repetitions, and the median of the pairs' ratios; a row as soon as it is known */
+    for (int i = 0; i < 4 && !rc; i++) {
+        for (int k = 0; k < reps && !rc; k++) {
             result re, rs;
             rc = engine_alone(e, concurrency[i], T, &re) || server_load(port, concurrency[i], T, vocab, &rs);
             keep_best(&eng[i], &re, k == 0);
             keep_best(&srv[i], &rs, k == 0);
             ratio[i][k] = rs.tok_s / re.tok_s;
         }
+        if (rc) break;
+        printf("  %2d | %12.1f | %12.1f | %22.2f | %8.1f, %8.1f / %8.1f | %8.1f / %8.1f\n", concurrency[i], eng[i].tok_s,
+               srv[i].tok_s, bench_median(ratio[i], reps), 1e3 * eng[i].ttft_p50, 1e3 * srv[i].ttft_p50, 1e3 * srv[i].ttft_p99,
+               1e3 * srv[i].itl_p50, 1e3 * srv[i].itl_p99);
+        fflush(stdout);
+    }
     if (pid > 0) {
         kill(pid, SIGTERM);
         int st;
@@ -325,16 +337,7 @@ static int bench_one(const char *name, const char *dir, int T, int reps, int thr
     remove(port_file);
     dsv4_engine_destroy(e);
     dsv4_ctx_destroy(ctx);
-    if (rc) return rc;
-    printf("\n%s: %d-token prompts, %d tokens each, greedy, max_seqs %d, max_batch %d, best of %d\n", name, PROMPT, T, MAX_SEQS,
-           MAX_BATCH, reps);
-    printf("   C | engine tok/s | server tok/s | server/engine (median) | TTFT p50 (ms) engine, server p50 / p99 | inter-token p50 / p99 (ms)\n");
-    for (int i = 0; i < 4; i++)
-        printf("  %2d | %12.1f | %12.1f | %22.2f | %8.1f, %8.1f / %8.1f | %8.1f / %8.1f\n", concurrency[i], eng[i].tok_s,
-               srv[i].tok_s, bench_median(ratio[i], reps), 1e3 * eng[i].ttft_p50, 1e3 * srv[i].ttft_p50, 1e3 * srv[i].ttft_p99,
-               1e3 * srv[i].itl_p50, 1e3 * srv[i].itl_p99);
-    fflush(stdout);
-    return 0;
+    return rc;
 }
 
 int dsv4_bench_serve(int argc, char **argv)
