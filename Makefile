@@ -61,6 +61,7 @@ bench: build
 	./$(BUILD)/dsv4 bench model
 	./$(BUILD)/dsv4 bench memory
 	./$(BUILD)/dsv4 bench run
+	./$(BUILD)/dsv4 bench serve
 	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests/python python3 bench/bench_tokenizer.py
 
 clean:

@@ -70,4 +70,10 @@ typedef struct bench_linear_case {
 /* Median of n doubles (sorts in place). */
 double bench_median(double *v, int n);
 
+/* ---- checkpoints (bench_run.c) ---- */
+/* Write the synthetic checkpoint with V4-Flash layer shapes (3 blocks + MTP, file holes but the
+ * routing) into dir; 1 on success. */
+int bench_flash_like(const char *dir);
+void bench_rm_tree(const char *dir); /* remove a temporary checkpoint folder */
+
 #endif

@@ -9,6 +9,7 @@ int dsv4_bench_linear(int argc, char **argv);
 int dsv4_bench_linear_cuda(int argc, char **argv);
 int dsv4_bench_layer(int argc, char **argv);
 int dsv4_bench_run(int argc, char **argv);
+int dsv4_bench_serve(int argc, char **argv);
 int dsv4_bench_bandwidth(int argc, char **argv);
 int dsv4_bench_memory(int argc, char **argv);
 int dsv4_bench_startup(int argc, char **argv);
@@ -24,6 +25,7 @@ const dsv4_bench_entry dsv4_benches[] = {
     {"layer", "mHC, router and MoE (6 FP4 experts + FP8 shared) per token at V4-Flash sizes: GB/s vs read bandwidth; then the indexer bench", "threads quick only no-indexer", dsv4_bench_layer},
     {"model", "checkpoint loading: V4-Flash-shaped header parse + bind, in-place mmap vs a copying loader, mapped-weight GB/s", "threads quick dir", dsv4_bench_model},
     {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline", "threads quick model max-batch steps", dsv4_bench_run},
+    {"serve", "dsv4 serve under load (loopback, concurrency 1..64): aggregate tok/s, TTFT, inter-token p50/p99 vs the batched engine alone", "threads quick model tokens reps keep", dsv4_bench_serve},
     {"memory", "what V4-Flash (--pro: V4-Pro) needs: mapped checkpoint, bytes read per decoded token, the engine's plan at 4k/64k/1M positions (minutes)", "dir model pro", dsv4_bench_memory},
     {"startup", "first use of the backend registry (loading the backend modules) and each backend's availability check", "", dsv4_bench_startup},
     {0, 0, 0, 0},
@@ -42,5 +44,8 @@ const cli_opt bench_options[] = {
     {"steps", 0, CLI_INT, NULL, 0, 1 << 20, "N", "decode steps timed (default: 24 on the tiny model, else 8)"},
     {"peak-tflops", 0, CLI_F64, NULL, 0, 1e6, "X", "the GPU's peak to compare with (default: none)"},
     {"compare", 0, CLI_STR, NULL, 0, 0, "LIST", "kernels to compare with (default ws1,v1)"},
+    {"tokens", 0, CLI_INT, NULL, 1, 1 << 20, "N", "tokens generated per request (default 32)"},
+    {"reps", 0, CLI_INT, NULL, 1, 100, "N", "repetitions of each row (default 3)"},
+    {"keep", 0, CLI_FLAG, NULL, 0, 0, NULL, "keep the temporary checkpoint"},
     {NULL, 0, CLI_FLAG, NULL, 0, 0, NULL, NULL},
 };

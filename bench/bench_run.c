@@ -36,7 +36,7 @@ enum { ROUTE_IDS = 4096, MAX_B = 32, PROMPT = 8 };
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) { return remove(path); }
 
 /* the temporary checkpoint directories, depth first */
-static void rm_tree(const char *dir) { nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS); }
+void bench_rm_tree(const char *dir) { nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS); }
 
 typedef struct cost {
     double bytes, params; /* weights read per token; their element count (FLOPs / 2) */
@@ -439,7 +439,7 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
     return rc ? rc : batched(dir, &mc, ro, bw_gbs);
 }
 
-/* What routing reads gets random values in the checkpoint of flash_like (its data are file
+/* What routing reads gets random values in the checkpoint of bench_flash_like (its data are file
  * holes): the embedding rows of ids [0, pool), every ffn_norm (1.0), every gate (uniform in
  * [-1, 1)), and the rows [0, pool) of every hash table (k distinct experts). A token's hidden state
  * then is its embedding row (the zero attention and experts add nothing), so each learned layer
@@ -520,7 +520,7 @@ static int route_like(const char *dir, int pool, int64_t n_experts)
     return ok;
 }
 
-static int flash_like(const char *dir)
+int bench_flash_like(const char *dir)
 {
     dsv4_model_config c;
     dsv4_config_default(&c);
@@ -568,13 +568,13 @@ int dsv4_bench_run(int argc, char **argv)
     ro.steps = steps > 0 ? steps : 24;
     if (mkdtemp(tiny) && dsv4_make_tiny(tiny, 1) == DSV4_OK) rc = bench_model("tiny (make-tiny)", tiny, &ro, 128, 64, bw, peak);
     else fprintf(stderr, "bench run: make-tiny: %s\n", dsv4_last_error());
-    rm_tree(tiny);
+    bench_rm_tree(tiny);
     if (rc || quick) return rc;
     ro.pool = ROUTE_IDS;
     ro.steps = steps > 0 ? steps : 8; /* two CSA compressions (ratio 4) per sequence */
-    if (mkdtemp(flash) && flash_like(flash))
+    if (mkdtemp(flash) && bench_flash_like(flash))
         rc = bench_model("V4-Flash shapes, 3 blocks (SWA, CSA, HCA) + MTP, zero weights but the routing", flash, &ro, 32, 8, bw,
                          peak);
-    rm_tree(flash);
+    bench_rm_tree(flash);
     return rc;
 }

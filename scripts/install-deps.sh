@@ -3,9 +3,11 @@
 # Debian packages through apt-get, test oracles through pip (PyPI). Safe to run repeatedly.
 set -euo pipefail
 
-DEB_PACKAGES=(cmake make gcc g++ python3 python3-pip libopenblas-dev pkg-config libpcre2-dev libcjson-dev libedit-dev clang libclang-rt-dev)
-# PyPI name:import name; scikit-build-core is the build backend of `pip install .` (pyproject.toml)
-PY_PACKAGES=(numpy ml_dtypes pytest scikit-build-core:scikit_build_core)
+DEB_PACKAGES=(cmake make gcc g++ python3 python3-pip libopenblas-dev pkg-config libpcre2-dev libcjson-dev libedit-dev
+              libmicrohttpd-dev clang libclang-rt-dev)
+# PyPI name:import name; scikit-build-core is the build backend of `pip install .` (pyproject.toml),
+# openai the client the server's tests talk to it with
+PY_PACKAGES=(numpy ml_dtypes pytest scikit-build-core:scikit_build_core openai)
 
 missing_deb=()
 for p in "${DEB_PACKAGES[@]}"; do

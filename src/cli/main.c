@@ -10,6 +10,7 @@ int dsv4_cmd_chat(int argc, char **argv);      /* chat.c */
 int dsv4_cmd_inspect(int argc, char **argv);   /* inspect.c */
 int dsv4_cmd_make_tiny(int argc, char **argv); /* make_tiny.c */
 int dsv4_cmd_run(int argc, char **argv);       /* run.c */
+int dsv4_cmd_serve(int argc, char **argv);     /* serve.c */
 int dsv4_cmd_tokenize(int argc, char **argv);  /* tokenize.c */
 static int cmd_info(int argc, char **argv);
 
@@ -20,6 +21,7 @@ static const struct command {
     {"info", "backends, CPU features, threads", cmd_info},
     {"run", "generate from a checkpoint: text or token ids in, text out (run --help)", dsv4_cmd_run},
     {"chat", "an interactive conversation with a checkpoint", dsv4_cmd_chat},
+    {"serve", "the OpenAI-compatible HTTP server (serve --help)", dsv4_cmd_serve},
     {"tokenize", "text -> token ids with a tokenizer.json, and back (--decode)", dsv4_cmd_tokenize},
     {"inspect", "a checkpoint: config, tensors by dtype, missing/unexpected", dsv4_cmd_inspect},
     {"make-tiny", "write the built-in tiny model (random weights, DeepSeek-V4's tokenizer)", dsv4_cmd_make_tiny},
