@@ -114,7 +114,7 @@ def run_ids(model, ids, n, temperature=0.0, top_p=1.0, seed=0, mtp=0):
     """`dsv4 run`'s tokens for the same prompt and sampling."""
     r = subprocess.run([str(EXE), "run", "--model", str(model), "--prompt-ids", ",".join(map(str, ids)), "--max-tokens",
                         str(n), "--temperature", str(temperature), "--top-p", str(top_p), "--seed", str(seed),
-                        "--mtp", str(mtp), "--max-context", "512", "--stop-at-eos", "--output", "json"],
+                        "--mtp", str(mtp), "--max-context", "512", "--output", "json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["generated_ids"]
