@@ -1,4 +1,4 @@
-/* The context's worker pool (core/pool.h; the wait policy: docs/kernels.md §8).
+/* The context's worker pool (core/pool.h; the wait policy: docs/kernels.md §11.1).
  *
  * One loop runs at a time. The caller publishes it (function, sizes), then one 64-bit ticket:
  * the loop's generation in the high half, the chunks not yet claimed in the low half. A thread

@@ -1,4 +1,4 @@
-/* The context's fixed pool of CPU worker threads (docs/kernels.md §8).
+/* The context's fixed pool of CPU worker threads (docs/kernels.md §11.1).
  *
  * A context with T threads owns T - 1 workers, created with it and joined when it is destroyed;
  * the thread that calls an op is the T-th and works too. A parallel loop over [0, n) is cut into
