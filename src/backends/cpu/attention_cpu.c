@@ -1,4 +1,4 @@
-/* The attention family of the cpu backend: OpenMP drivers around the per-ISA kernels.
+/* The attention family of the cpu backend: drivers on the context's pool around the per-ISA kernels.
  *
  * Sparse decode: the work of each query is cut into head tiles (<= DSV4_ATTN_TILE heads) and
  * splits of its prefix list (a fixed number of positions each); every (query, tile, split) unit
@@ -111,7 +111,8 @@ static void inv_rope_rows(void *v, int64_t lo, int64_t hi)
     const rows_job *j = v;
     for (int64_t r = lo; r < hi; r++) {
         int64_t i = r / j->h, k = r % j->h;
-        if (in_table(j->positions[i], j->max_pos)) j->rk->inv_rope_row(j->x + i * j->st + k * j->sh, j->rope + j->positions[i] * 64);
+        if (in_table(j->positions[i], j->max_pos))
+            j->rk->inv_rope_row(j->x + i * j->st + k * j->sh, j->rope + j->positions[i] * 64);
     }
 }
 

@@ -77,16 +77,11 @@ static void store_row(const dsv4_cmp_call *c, int64_t q, int64_t dst, int width)
         memmove(g, w.g, (size_t)width * sizeof(float));
 }
 
-typedef struct {
-    const dsv4_ix_kernels *kn;
-    const dsv4_cmp_call *c;
-} cmp_job;
-
 /* Entries first + lo .. first + hi - 1, each pooled whole. */
 static void cmp_entries(void *v, int64_t lo, int64_t hi)
 {
-    const dsv4_ix_kernels *kn = ((const cmp_job *)v)->kn;
-    const dsv4_cmp_call *c = ((const cmp_job *)v)->c;
+    const dsv4_ix_kernels *kn = ((const dsv4_ix_job *)v)->kn;
+    const dsv4_cmp_call *c = ((const dsv4_ix_job *)v)->call;
     const int r = c->ratio, d = c->dim;
     const int64_t first = c->start_pos / r;
     for (int64_t i = lo; i < hi; i++) {
@@ -113,7 +108,7 @@ dsv4_status dsv4_cmp_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const d
 {
     const int r = c->ratio, d = c->dim, coff = c->overlap ? 2 : 1;
     const int64_t p0 = c->start_pos, p1 = p0 + c->n_tokens, m = p1 / r - p0 / r;
-    cmp_job job = {kn, c};
+    dsv4_ix_job job = {kn, c};
     dsv4_par_for(ex, m, 4, cmp_entries, &job);
     /* State: with overlap, rows 0..r-1 take the last emitted block (read before the current rows
      * change); rows (overlap ? r : 0) + q mod r take the latest token of each residue. */

@@ -38,15 +38,10 @@ static int64_t position(const void *p, int i64, int64_t ld, int64_t t)
     return i64 ? ((const int64_t *)p)[t * ld] : ((const int32_t *)p)[t * ld];
 }
 
-typedef struct {
-    const dsv4_ix_kernels *kn;
-    const dsv4_ixq_call *c;
-} ixq_job;
-
 static void ixq_rows(void *v, int64_t lo, int64_t hi)
 {
-    const dsv4_ix_kernels *kn = ((const ixq_job *)v)->kn;
-    const dsv4_ixq_call *c = ((const ixq_job *)v)->c;
+    const dsv4_ix_kernels *kn = ((const dsv4_ix_job *)v)->kn;
+    const dsv4_ixq_call *c = ((const dsv4_ix_job *)v)->call;
     const int d = c->dim;
     for (int64_t r = lo; r < hi; r++) {
         int64_t t = r / c->heads, h = r % c->heads;
@@ -65,7 +60,7 @@ static void ixq_rows(void *v, int64_t lo, int64_t hi)
 dsv4_status dsv4_ixq_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_ixq_call *c)
 {
     const int64_t rows = c->tokens * c->heads;
-    ixq_job job = {kn, c};
+    dsv4_ix_job job = {kn, c};
     dsv4_par_for(ex, rows, rows * c->dim > 65536 ? DSV4_PAR_AUTO : rows, ixq_rows, &job);
     return DSV4_OK;
 }

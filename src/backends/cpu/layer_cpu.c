@@ -245,7 +245,7 @@ static dsv4_status route_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec 
         for (int t = 0; t < nt; t++) xs[t] = row_at(a->x, a->x_bf16, t0 + t, a->ldx);
         gate_job j = {kn, a, xs, nt, score};
         dsv4_par_for(ex, nchunk, grain_for(nchunk, nt * E * a->D, ROW_PAR_MIN), gate_chunks, &j);
-        for (int t = 0; t < nt; t++) { /* E * topk compares per token: not worth a second region */
+        for (int t = 0; t < nt; t++) { /* E * topk compares per token: not worth a second loop */
             int32_t *ids = a->ids + (t0 + t) * a->ldids;
             float *w = a->weights + (t0 + t) * a->ldweights;
             dsv4_route_select(score[t], a->bias, E, a->topk, ids);
