@@ -15,10 +15,12 @@
 /* CPU instruction-set levels (core/cpu.c); cumulative. */
 typedef enum dsv4_isa { DSV4_ISA_SCALAR = 0, DSV4_ISA_AVX2 = 1, DSV4_ISA_AVX512 = 2 } dsv4_isa;
 
-/* How one call may run: CPU threads, device ordinal and stream (accelerators), and the kernel
- * choices fixed when the context was created (never re-read on a call). */
+/* How one call may run: CPU threads (and the context's pool of them, core/pool.h), device ordinal
+ * and stream (accelerators), and the kernel choices fixed when the context was created (never
+ * re-read on a call). */
 typedef struct dsv4_exec {
     int threads;
+    struct dsv4_pool *pool; /* threads - 1 workers (CPU backends; NULL: loops run on the caller) */
     int device;
     void *stream;
     dsv4_isa isa; /* level of the cpu backend's kernels: the best present, capped by the context */

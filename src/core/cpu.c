@@ -1,12 +1,14 @@
 /* CPU facts: instruction sets (run-time detection) and the default thread count. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "core/backend.h"
 #include "core/error.h"
 
-#include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int has_avx2, has_avx512, has_bf16, has_vnni;
 static char features[256];
@@ -103,5 +105,9 @@ int dsv4_default_threads(void)
         int n = atoi(s);
         if (n > 0) return n;
     }
-    return omp_get_num_procs();
+    /* the cores this process may run on (a taskset or a container's cpuset counts) */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }

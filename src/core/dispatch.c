@@ -2,6 +2,7 @@
  * (generated dsv4_backend_list.inc); this file never names one. */
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/pool.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -109,6 +110,7 @@ static dsv4_status ctx_init(dsv4_ctx *c, const dsv4_ctx_options *o)
     if (threads < 0) return dsv4_fail(DSV4_ERR_INVALID_ARG, "context: threads must be >= 0 (got %d)", threads);
     c->backend = b;
     c->exec.threads = threads > 0 ? threads : dsv4_default_threads();
+    c->exec.pool = NULL;
     c->exec.device = o ? o->device : 0;
     c->exec.stream = NULL;
     c->exec.variant = 0;
@@ -117,6 +119,8 @@ static dsv4_status ctx_init(dsv4_ctx *c, const dsv4_ctx_options *o)
         static const dsv4_ctx_options none = {0};
         DSV4_TRY(b->configure(o ? o : &none, &c->exec));
     }
+    /* last: nothing after it fails, so a failed init leaves no threads behind */
+    if (b->device == DSV4_DEVICE_CPU) DSV4_TRY(dsv4_pool_create(c->exec.threads, &c->exec.pool));
     return DSV4_OK;
 }
 
@@ -126,13 +130,21 @@ dsv4_status dsv4_ctx_create(const dsv4_ctx_options *options, dsv4_ctx **out)
     dsv4_ctx tmp;
     DSV4_TRY(ctx_init(&tmp, options));
     dsv4_ctx *c = malloc(sizeof *c);
-    if (!c) return dsv4_fail(DSV4_ERR_NO_MEMORY, "ctx_create: out of memory");
+    if (!c) {
+        dsv4_pool_destroy(tmp.exec.pool);
+        return dsv4_fail(DSV4_ERR_NO_MEMORY, "ctx_create: out of memory");
+    }
     *c = tmp;
     *out = c;
     return DSV4_OK;
 }
 
-void dsv4_ctx_destroy(dsv4_ctx *ctx) { free(ctx); }
+void dsv4_ctx_destroy(dsv4_ctx *ctx)
+{
+    if (!ctx) return;
+    dsv4_pool_destroy(ctx->exec.pool);
+    free(ctx);
+}
 
 static dsv4_ctx default_ctx;
 static dsv4_status default_status;

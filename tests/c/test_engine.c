@@ -19,21 +19,6 @@
 
 static char dir[64];
 
-static void rm_dir(const char *d)
-{
-    DIR *h = opendir(d);
-    if (!h) return;
-    struct dirent *e;
-    while ((e = readdir(h))) {
-        if (e->d_name[0] == '.') continue;
-        char p[320];
-        snprintf(p, sizeof p, "%s/%s", d, e->d_name);
-        unlink(p);
-    }
-    closedir(h);
-    rmdir(d);
-}
-
 static dsv4_engine *open_engine_opt(dsv4_ctx *ctx, dsv4_engine_options o)
 {
     dsv4_engine *e = NULL;
@@ -453,6 +438,6 @@ int main(void)
     dsv4_ctx_destroy(c1);
     dsv4_ctx_destroy(c2);
     dsv4_ctx_destroy(cr);
-    rm_dir(dir);
+    test_rm_dir(dir);
     TEST_DONE();
 }

@@ -3,12 +3,14 @@
 #ifndef DSV4_TEST_UTIL_H
 #define DSV4_TEST_UTIL_H
 
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dsv4.h"
 
@@ -34,6 +36,22 @@ static int test_failures, test_checks;
               dsv4_last_error(), (int)(want));                                                \
         if ((want) != DSV4_OK) CHECK(dsv4_last_error()[0] != 0, "%s: empty error message", #expr); \
     } while (0)
+
+/* Remove a flat folder of files (a checkpoint a test wrote) and the folder. */
+static inline void test_rm_dir(const char *d)
+{
+    DIR *h = opendir(d);
+    if (!h) return;
+    struct dirent *e;
+    while ((e = readdir(h))) {
+        if (e->d_name[0] == '.') continue;
+        char p[320];
+        snprintf(p, sizeof p, "%s/%s", d, e->d_name);
+        unlink(p);
+    }
+    closedir(h);
+    rmdir(d);
+}
 
 #define TEST_DONE()                                                                    \
     do {                                                                               \

@@ -1,4 +1,4 @@
-/* The attention family of the cpu backend: OpenMP drivers around the per-ISA kernels.
+/* The attention family of the cpu backend: drivers on the context's pool around the per-ISA kernels.
  *
  * Sparse decode: the work of each query is cut into head tiles (<= DSV4_ATTN_TILE heads) and
  * splits of its prefix list (a fixed number of positions each); every (query, tile, split) unit
@@ -8,6 +8,7 @@
  * depend only on (T, H, width), never on the thread count, so results are bit-identical for any
  * number of threads. */
 #include "backends/cpu/cpu_attention_unit.h"
+#include "core/pool.h"
 
 #include <string.h>
 
@@ -33,19 +34,48 @@ static int in_table(int64_t pos, int64_t max_pos) { return pos >= 0 && pos < max
  * slot written twice ends with the last write, as in a sequential loop, whatever the threads. */
 #define CLASSES 16
 
+/* The rows of one call of the attention helpers below (the members each one reads). */
+typedef struct {
+    const dsv4_cpu_attn_row_kernels *rk;
+    const dsv4_kv_geom *g;
+    const uint16_t *kv;
+    uint16_t *x; /* q or o */
+    const int64_t *slots, *positions;
+    const int32_t *slots32;
+    const float *rope;
+    int64_t n, h, ld, st, sh, max_pos;
+    float eps;
+} rows_job;
+
+static void insert_classes(void *v, int64_t c0, int64_t c1)
+{
+    const rows_job *j = v;
+    for (int64_t c = c0; c < c1; c++)
+        for (int64_t i = 0; i < j->n; i++) {
+            int64_t slot = j->slots[i];
+            if (!dsv4_kv_valid(j->g, slot) || slot % CLASSES != c) continue;
+            if (j->positions && !in_table(j->positions[i], j->max_pos)) continue;
+            j->rk->kv_write(j->g, slot, j->kv + i * j->ld, j->positions ? j->rope + j->positions[i] * 64 : NULL);
+        }
+}
+
 static dsv4_status cpu_kv_insert(const dsv4_exec *ex, const uint16_t *kv, int64_t ld_kv, int64_t n, const int64_t *slots,
                                  const int64_t *positions, const float *rope, int64_t max_pos, const dsv4_kv_geom *g)
 {
-    const dsv4_cpu_attn_row_kernels *rk = rows(ex);
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (n >= 4 * CLASSES)
-    for (int c = 0; c < CLASSES; c++)
-        for (int64_t i = 0; i < n; i++) {
-            int64_t slot = slots[i];
-            if (!dsv4_kv_valid(g, slot) || slot % CLASSES != c) continue;
-            if (positions && !in_table(positions[i], max_pos)) continue;
-            rk->kv_write(g, slot, kv + i * ld_kv, positions ? rope + positions[i] * 64 : NULL);
-        }
+    rows_job j = {.rk = rows(ex), .g = g, .kv = kv, .slots = slots, .positions = positions, .rope = rope, .n = n,
+                  .ld = ld_kv, .max_pos = max_pos};
+    dsv4_par_for(ex, CLASSES, n >= 4 * CLASSES ? 1 : CLASSES, insert_classes, &j);
     return DSV4_OK;
+}
+
+static void qnorm_rows(void *v, int64_t lo, int64_t hi)
+{
+    const rows_job *j = v;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t i = r / j->h, k = r % j->h;
+        if (in_table(j->positions[i], j->max_pos))
+            j->rk->qnorm_rope_row(j->x + i * j->st + k * j->sh, j->rope + j->positions[i] * 64, j->eps);
+    }
 }
 
 static dsv4_status cpu_qnorm_rope_kv_insert(const dsv4_exec *ex, uint16_t *q, int64_t q_st, int64_t q_sh, int64_t n,
@@ -53,36 +83,45 @@ static dsv4_status cpu_qnorm_rope_kv_insert(const dsv4_exec *ex, uint16_t *q, in
                                             const int64_t *slots, const int64_t *positions, const float *rope,
                                             int64_t max_pos, float eps, const dsv4_kv_geom *g)
 {
-    const dsv4_cpu_attn_row_kernels *rk = rows(ex);
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (n * h >= 64)
-    for (int64_t r = 0; r < n * h; r++) {
-        int64_t i = r / h, j = r % h;
-        if (in_table(positions[i], max_pos)) rk->qnorm_rope_row(q + i * q_st + j * q_sh, rope + positions[i] * 64, eps);
-    }
+    rows_job j = {.rk = rows(ex), .x = q, .positions = positions, .rope = rope, .h = h, .st = q_st, .sh = q_sh,
+                  .max_pos = max_pos, .eps = eps};
+    dsv4_par_for(ex, n * h, n * h >= 64 ? DSV4_PAR_AUTO : n * h, qnorm_rows, &j);
     return cpu_kv_insert(ex, kv, ld_kv, n_ins, slots, positions, rope, max_pos, g);
+}
+
+static void gather_rows(void *v, int64_t lo, int64_t hi)
+{
+    const rows_job *j = v;
+    for (int64_t i = lo; i < hi; i++) {
+        if (dsv4_kv_valid(j->g, j->slots32[i])) j->rk->gather_row(j->g, j->slots32[i], j->x + i * j->ld);
+        else memset(j->x + i * j->ld, 0, DSV4_KV_DIM * sizeof *j->x);
+    }
 }
 
 static dsv4_status cpu_dequant_gather(const dsv4_exec *ex, const dsv4_kv_geom *g, const int32_t *slots, int64_t s,
                                       uint16_t *out, int64_t ld_out)
 {
-    const dsv4_cpu_attn_row_kernels *rk = rows(ex);
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (s >= 64)
-    for (int64_t i = 0; i < s; i++) {
-        if (dsv4_kv_valid(g, slots[i])) rk->gather_row(g, slots[i], out + i * ld_out);
-        else memset(out + i * ld_out, 0, DSV4_KV_DIM * sizeof *out);
-    }
+    rows_job j = {.rk = rows(ex), .g = g, .x = out, .slots32 = slots, .ld = ld_out};
+    dsv4_par_for(ex, s, s >= 64 ? DSV4_PAR_AUTO : s, gather_rows, &j);
     return DSV4_OK;
+}
+
+static void inv_rope_rows(void *v, int64_t lo, int64_t hi)
+{
+    const rows_job *j = v;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t i = r / j->h, k = r % j->h;
+        if (in_table(j->positions[i], j->max_pos))
+            j->rk->inv_rope_row(j->x + i * j->st + k * j->sh, j->rope + j->positions[i] * 64);
+    }
 }
 
 static dsv4_status cpu_inv_rope(const dsv4_exec *ex, uint16_t *o, int64_t st, int64_t sh, int64_t t, int64_t h,
                                 const int64_t *positions, const float *rope, int64_t max_pos)
 {
-    const dsv4_cpu_attn_row_kernels *rk = rows(ex);
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (t * h >= 256)
-    for (int64_t r = 0; r < t * h; r++) {
-        int64_t i = r / h, j = r % h;
-        if (in_table(positions[i], max_pos)) rk->inv_rope_row(o + i * st + j * sh, rope + positions[i] * 64);
-    }
+    rows_job j = {.rk = rows(ex), .x = o, .positions = positions, .rope = rope, .h = h, .st = st, .sh = sh,
+                  .max_pos = max_pos};
+    dsv4_par_for(ex, t * h, t * h >= 256 ? DSV4_PAR_AUTO : t * h, inv_rope_rows, &j);
     return DSV4_OK;
 }
 
@@ -158,45 +197,70 @@ static void merge_head(const dsv4_attn_args *a, const attn_plan *P, int64_t t, i
     dsv4_attn_finish(a, t, h, o, mx, l, count);
 }
 
+/* One block of queries t0 .. t0 + nt - 1 of decode_run. */
+typedef struct {
+    const dsv4_attn_args *a;
+    const dsv4_attn_scope *sc;
+    int n_scopes, bf16_rows;
+    dsv4_attn_unit_fn fn;
+    const attn_plan *P;
+    int64_t t0, per_t;
+} decode_job;
+
+/* Work units [lo, hi): (query, head tile, split) each, computed whole. */
+static void decode_units(void *v, int64_t lo, int64_t hi)
+{
+    const decode_job *j = v;
+    const dsv4_attn_args *a = j->a;
+    const attn_plan *P = j->P;
+    float *ws = a->workspace;
+    for (int64_t w = lo; w < hi; w++) {
+        int64_t tb = w / j->per_t, t = j->t0 + tb, tile = w % j->per_t / P->max_splits, sp = w % P->max_splits;
+        dsv4_attn_unit u = {a, j->sc, j->n_scopes, j->bf16_rows, t, tile * P->tile, 0, {0, 0}, 0, 0};
+        u.nh = a->h - u.h0 < P->tile ? a->h - u.h0 : P->tile;
+        query_lengths(j->sc, j->n_scopes, t, u.len);
+        int64_t n = u.len[0] + u.len[1], nsp = splits_of(P, n);
+        if (sp >= nsp) continue;
+        u.p0 = sp * P->split;
+        u.p1 = n - u.p0 < P->split ? n : u.p0 + P->split;
+        if (nsp > 1) {
+            j->fn(&u, ws + ((tb * P->max_splits + sp) * a->h + u.h0) * DSV4_ATTN_PART);
+            continue;
+        }
+        _Alignas(64) float part[DSV4_ATTN_TILE * DSV4_ATTN_PART];
+        j->fn(&u, part);
+        for (int64_t k = 0; k < u.nh; k++) {
+            const float *pt = part + k * DSV4_ATTN_PART;
+            dsv4_attn_finish(a, t, u.h0 + k, pt, pt[512], pt[513], (int64_t)pt[514]);
+        }
+    }
+}
+
+/* Rows [lo, hi) of (query of the block, head): the merge of its splits. */
+static void merge_rows(void *v, int64_t lo, int64_t hi)
+{
+    const decode_job *j = v;
+    const dsv4_attn_args *a = j->a;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t tb = r / a->h, len[2];
+        query_lengths(j->sc, j->n_scopes, j->t0 + tb, len);
+        int64_t nsp = splits_of(j->P, len[0] + len[1]);
+        if (nsp > 1) merge_head(a, j->P, j->t0 + tb, tb, r % a->h, nsp);
+    }
+}
+
 static void decode_run(const dsv4_exec *ex, const dsv4_attn_args *a, const dsv4_attn_scope *sc, int n_scopes,
                        int bf16_rows, dsv4_attn_unit_fn fn)
 {
     int64_t width = 0;
     for (int s = 0; s < n_scopes; s++) width += sc[s].width;
     const attn_plan P = plan_for(a->t, a->h, width);
-    const int64_t per_t = P.n_tiles * P.max_splits;
-    float *ws = a->workspace;
-    for (int64_t t0 = 0; t0 < a->t; t0 += P.block) {
-        const int64_t nt = a->t - t0 < P.block ? a->t - t0 : P.block, units = nt * per_t;
-#pragma omp parallel for num_threads(ex->threads) schedule(dynamic) if (units > 1)
-        for (int64_t w = 0; w < units; w++) {
-            int64_t tb = w / per_t, t = t0 + tb, tile = w % per_t / P.max_splits, sp = w % P.max_splits;
-            dsv4_attn_unit u = {a, sc, n_scopes, bf16_rows, t, tile * P.tile, 0, {0, 0}, 0, 0};
-            u.nh = a->h - u.h0 < P.tile ? a->h - u.h0 : P.tile;
-            query_lengths(sc, n_scopes, t, u.len);
-            int64_t n = u.len[0] + u.len[1], nsp = splits_of(&P, n);
-            if (sp >= nsp) continue;
-            u.p0 = sp * P.split;
-            u.p1 = n - u.p0 < P.split ? n : u.p0 + P.split;
-            if (nsp > 1) {
-                fn(&u, ws + ((tb * P.max_splits + sp) * a->h + u.h0) * DSV4_ATTN_PART);
-                continue;
-            }
-            _Alignas(64) float part[DSV4_ATTN_TILE * DSV4_ATTN_PART];
-            fn(&u, part);
-            for (int64_t j = 0; j < u.nh; j++) {
-                const float *pt = part + j * DSV4_ATTN_PART;
-                dsv4_attn_finish(a, t, u.h0 + j, pt, pt[512], pt[513], (int64_t)pt[514]);
-            }
-        }
+    decode_job j = {a, sc, n_scopes, bf16_rows, fn, &P, 0, P.n_tiles * P.max_splits};
+    for (j.t0 = 0; j.t0 < a->t; j.t0 += P.block) {
+        const int64_t nt = a->t - j.t0 < P.block ? a->t - j.t0 : P.block, units = nt * j.per_t;
+        dsv4_par_for(ex, units, 1, decode_units, &j); /* one unit a chunk: units differ in length */
         if (P.max_splits == 1) continue;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (nt * a->h > 16)
-        for (int64_t r = 0; r < nt * a->h; r++) {
-            int64_t tb = r / a->h, len[2];
-            query_lengths(sc, n_scopes, t0 + tb, len);
-            int64_t nsp = splits_of(&P, len[0] + len[1]);
-            if (nsp > 1) merge_head(a, &P, t0 + tb, tb, r % a->h, nsp);
-        }
+        dsv4_par_for(ex, nt * a->h, nt * a->h > 16 ? DSV4_PAR_AUTO : nt * a->h, merge_rows, &j);
     }
 }
 

@@ -4,6 +4,7 @@
  * vectorize them. Work over independent (token, head) rows may run on several threads; every
  * row is computed by one thread in a fixed order, so results never depend on the thread count. */
 #include "backends/cpu/cpu_attention.h"
+#include "core/pool.h"
 
 #include <math.h>
 #include <string.h>
@@ -87,15 +88,26 @@ void dsv4_ref_kv_read_bf16(const dsv4_kv_geom *g, int64_t slot, uint16_t *out)
 }
 
 /* ---- the cpu-ref table -------------------------------------------------------------------- */
+typedef struct {
+    const double *freq;
+    float *table;
+} rope_job;
+
+static void rope_rows(void *v, int64_t lo, int64_t hi)
+{
+    const rope_job *j = v;
+    for (int64_t p = lo; p < hi; p++)
+        for (int i = 0; i < 32; i++) {
+            double th = (double)p * j->freq[i];
+            j->table[p * 64 + i] = (float)cos(th);
+            j->table[p * 64 + 32 + i] = (float)sin(th);
+        }
+}
+
 static dsv4_status ref_rope_table(const dsv4_exec *ex, const double *freq, int64_t max_pos, float *table)
 {
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (max_pos > 1024)
-    for (int64_t p = 0; p < max_pos; p++)
-        for (int i = 0; i < 32; i++) {
-            double th = (double)p * freq[i];
-            table[p * 64 + i] = (float)cos(th);
-            table[p * 64 + 32 + i] = (float)sin(th);
-        }
+    rope_job j = {freq, table};
+    dsv4_par_for(ex, max_pos, max_pos > 1024 ? DSV4_PAR_AUTO : max_pos, rope_rows, &j);
     return DSV4_OK;
 }
 
@@ -112,17 +124,32 @@ static dsv4_status ref_kv_insert(const dsv4_exec *ex, const uint16_t *kv, int64_
     return DSV4_OK;
 }
 
+typedef struct {
+    uint16_t *q;
+    int64_t q_st, q_sh, h;
+    const int64_t *positions;
+    const float *rope;
+    int64_t max_pos;
+    float eps;
+} qnorm_job;
+
+static void qnorm_rows(void *v, int64_t lo, int64_t hi)
+{
+    const qnorm_job *q = v;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t i = r / q->h, j = r % q->h;
+        if (q->positions[i] >= 0 && q->positions[i] < q->max_pos)
+            dsv4_ref_qnorm_rope_row(q->q + i * q->q_st + j * q->q_sh, q->rope + q->positions[i] * 64, q->eps);
+    }
+}
+
 static dsv4_status ref_qnorm_rope_kv_insert(const dsv4_exec *ex, uint16_t *q, int64_t q_st, int64_t q_sh, int64_t n,
                                             int64_t h, const uint16_t *kv, int64_t ld_kv, int64_t n_ins,
                                             const int64_t *slots, const int64_t *positions, const float *rope,
                                             int64_t max_pos, float eps, const dsv4_kv_geom *g)
 {
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (n * h > 64)
-    for (int64_t r = 0; r < n * h; r++) {
-        int64_t i = r / h, j = r % h;
-        if (positions[i] >= 0 && positions[i] < max_pos)
-            dsv4_ref_qnorm_rope_row(q + i * q_st + j * q_sh, rope + positions[i] * 64, eps);
-    }
+    qnorm_job j = {q, q_st, q_sh, h, positions, rope, max_pos, eps};
+    dsv4_par_for(ex, n * h, n * h > 64 ? DSV4_PAR_AUTO : n * h, qnorm_rows, &j);
     return ref_kv_insert(ex, kv, ld_kv, n_ins, slots, positions, rope, max_pos, g);
 }
 
@@ -188,11 +215,23 @@ void dsv4_attn_finish(const dsv4_attn_args *a, int64_t t, int64_t h, const float
     if (a->lse) a->lse[t * a->lse_st + h * a->lse_sh] = lse;
 }
 
+typedef struct {
+    const dsv4_attn_args *a;
+    const dsv4_attn_scope *sc;
+    int n_scopes, bf16_rows;
+} decode_job;
+
+static void decode_rows(void *v, int64_t lo, int64_t hi)
+{
+    const decode_job *j = v;
+    for (int64_t r = lo; r < hi; r++) ref_attend(j->a, j->sc, j->n_scopes, j->bf16_rows, r / j->a->h, r % j->a->h);
+}
+
 static void ref_decode(const dsv4_exec *ex, const dsv4_attn_args *a, const dsv4_attn_scope *sc, int n_scopes,
                        int bf16_rows)
 {
-#pragma omp parallel for num_threads(ex->threads) schedule(dynamic) if (a->t * a->h > 1)
-    for (int64_t r = 0; r < a->t * a->h; r++) ref_attend(a, sc, n_scopes, bf16_rows, r / a->h, r % a->h);
+    decode_job j = {a, sc, n_scopes, bf16_rows};
+    dsv4_par_for(ex, a->t * a->h, 1, decode_rows, &j); /* one (query, head) a chunk */
 }
 
 static dsv4_status ref_sparse_mla_decode(const dsv4_exec *ex, const dsv4_attn_args *a, const dsv4_attn_scope *scopes,

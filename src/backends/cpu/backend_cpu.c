@@ -1,4 +1,4 @@
-/* The two CPU backends: "cpu" (vectorized kernels chosen by CPU features, OpenMP threads) and
+/* The two CPU backends: "cpu" (vectorized kernels chosen by CPU features, on the context's threads) and
  * "cpu-ref" (the scalar reference kernels every faster version is tested against).
  * Each op family adds its table here. */
 #include "backends/cpu/cpu_attention.h"

@@ -4,6 +4,7 @@
  * (the current block at P0, and with overlap the block before it), then leaves the state that
  * P1-P0 single-token steps leave. Entries are independent: they run in parallel. */
 #include "backends/cpu/indexer_cpu.h"
+#include "core/pool.h"
 
 #include <string.h>
 
@@ -76,12 +77,14 @@ static void store_row(const dsv4_cmp_call *c, int64_t q, int64_t dst, int width)
         memmove(g, w.g, (size_t)width * sizeof(float));
 }
 
-dsv4_status dsv4_cmp_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_cmp_call *c)
+/* Entries first + lo .. first + hi - 1, each pooled whole. */
+static void cmp_entries(void *v, int64_t lo, int64_t hi)
 {
-    const int r = c->ratio, d = c->dim, coff = c->overlap ? 2 : 1;
-    const int64_t p0 = c->start_pos, p1 = p0 + c->n_tokens, first = p0 / r, m = p1 / r - first;
-#pragma omp parallel for num_threads(ex->threads) schedule(dynamic, 4) if (m > 1)
-    for (int64_t i = 0; i < m; i++) {
+    const dsv4_ix_kernels *kn = ((const dsv4_ix_job *)v)->kn;
+    const dsv4_cmp_call *c = ((const dsv4_ix_job *)v)->call;
+    const int r = c->ratio, d = c->dim;
+    const int64_t first = c->start_pos / r;
+    for (int64_t i = lo; i < hi; i++) {
         const int64_t entry = first + i, start = entry * r;
         const float *a[2 * DSV4_CMP_MAX_RATIO], *g[2 * DSV4_CMP_MAX_RATIO], *ape[2 * DSV4_CMP_MAX_RATIO];
         float x[DSV4_CMP_MAX_DIM];
@@ -99,6 +102,14 @@ dsv4_status dsv4_cmp_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const d
         kn->pool(n, a, g, ape, d, x);
         finish_entry(kn, c, entry, i, x);
     }
+}
+
+dsv4_status dsv4_cmp_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_cmp_call *c)
+{
+    const int r = c->ratio, d = c->dim, coff = c->overlap ? 2 : 1;
+    const int64_t p0 = c->start_pos, p1 = p0 + c->n_tokens, m = p1 / r - p0 / r;
+    dsv4_ix_job job = {kn, c};
+    dsv4_par_for(ex, m, 4, cmp_entries, &job);
     /* State: with overlap, rows 0..r-1 take the last emitted block (read before the current rows
      * change); rows (overlap ? r : 0) + q mod r take the latest token of each residue. */
     const int width = coff * d;

@@ -1,6 +1,7 @@
 /* Code shared by both cpu backends' indexer families: RoPE, the Hadamard + FP4 tail, the
  * query path driver, and the query preparation of the vector scoring kernels. */
 #include "backends/cpu/indexer_cpu.h"
+#include "core/pool.h"
 
 #include <string.h>
 
@@ -37,12 +38,12 @@ static int64_t position(const void *p, int i64, int64_t ld, int64_t t)
     return i64 ? ((const int64_t *)p)[t * ld] : ((const int32_t *)p)[t * ld];
 }
 
-dsv4_status dsv4_ixq_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_ixq_call *c)
+static void ixq_rows(void *v, int64_t lo, int64_t hi)
 {
+    const dsv4_ix_kernels *kn = ((const dsv4_ix_job *)v)->kn;
+    const dsv4_ixq_call *c = ((const dsv4_ix_job *)v)->call;
     const int d = c->dim;
-    const int64_t rows = c->tokens * c->heads;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (rows * d > 65536)
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = lo; r < hi; r++) {
         int64_t t = r / c->heads, h = r % c->heads;
         float x[DSV4_IX_MAX_DIM];
         const uint16_t *q = c->q + t * c->ld_q_t + h * c->ld_q_h;
@@ -54,6 +55,13 @@ dsv4_status dsv4_ixq_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const d
         else
             dsv4_ix_hadamard_fp4(kn, x, d, NULL, NULL, (uint16_t *)c->out + t * c->ld_out_t + h * c->ld_out_h);
     }
+}
+
+dsv4_status dsv4_ixq_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_ixq_call *c)
+{
+    const int64_t rows = c->tokens * c->heads;
+    dsv4_ix_job job = {kn, c};
+    dsv4_par_for(ex, rows, rows * c->dim > 65536 ? DSV4_PAR_AUTO : rows, ixq_rows, &job);
     return DSV4_OK;
 }
 

@@ -5,8 +5,8 @@
  * keeps a shared, oversubscribed machine from stalling on one descheduled thread). */
 #include "backends/cpu/indexer_cpu.h"
 #include "core/error.h"
+#include "core/pool.h"
 
-#include <omp.h>
 #include <string.h>
 
 #define IX_CHUNK 2048 /* candidates per parallel work item */
@@ -28,29 +28,43 @@ static int64_t position(const dsv4_ix_operands *o, int64_t t)
 
 static int64_t n_candidates(const dsv4_ix_operands *o, int64_t t) { return (position(o, t) + 1) / o->ratio; }
 
+typedef struct {
+    const dsv4_ix_kernels *kn;
+    const dsv4_ix_operands *o;
+    float *scores;
+    int64_t ld, chunks;
+} scores_job;
+
+/* Items it = token * chunks + chunk; a thread keeps the prepared query of its last token. */
+static void score_items(void *v, dsv4_par_loop *l, int worker)
+{
+    const scores_job *j = v;
+    const dsv4_ix_operands *o = j->o;
+    const int64_t N = o->n_cache;
+    dsv4_ix_qprep qp;
+    int64_t prepped = -1, lo, hi;
+    while (dsv4_par_next(l, &lo, &hi))
+        for (int64_t it = lo; it < hi; it++) {
+            const int64_t t = it / j->chunks, c0 = (it % j->chunks) * IX_CHUNK, c1 = c0 + IX_CHUNK < N ? c0 + IX_CHUNK : N;
+            const int64_t nt = n_candidates(o, t), end = c1 < nt ? c1 : nt;
+            float *row = j->scores + t * j->ld;
+            if (c0 < end) {
+                if (j->kn->needs_qprep && prepped != t) {
+                    dsv4_ix_qprep_build(&qp, o, t);
+                    prepped = t;
+                }
+                j->kn->score_run(o, t, &qp, c0, end - c0, row + c0);
+            }
+            for (int64_t c = c0 > nt ? c0 : nt; c < c1; c++) row[c] = -INFINITY;
+        }
+}
+
 static dsv4_status scores_with(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_ix_operands *o, float *scores,
                                int64_t ld)
 {
     const int64_t T = o->tokens, N = o->n_cache, chunks = (N + IX_CHUNK - 1) / IX_CHUNK;
-#pragma omp parallel num_threads(ex->threads) if (T * N > IX_CHUNK)
-    {
-        dsv4_ix_qprep qp;
-        int64_t prepped = -1;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < T * chunks; it++) {
-            const int64_t t = it / chunks, c0 = (it % chunks) * IX_CHUNK, c1 = c0 + IX_CHUNK < N ? c0 + IX_CHUNK : N;
-            const int64_t nt = n_candidates(o, t), end = c1 < nt ? c1 : nt;
-            float *row = scores + t * ld;
-            if (c0 < end) {
-                if (kn->needs_qprep && prepped != t) {
-                    dsv4_ix_qprep_build(&qp, o, t);
-                    prepped = t;
-                }
-                kn->score_run(o, t, &qp, c0, end - c0, row + c0);
-            }
-            for (int64_t c = c0 > nt ? c0 : nt; c < c1; c++) row[c] = -INFINITY;
-        }
-    }
+    scores_job j = {kn, o, scores, ld, chunks};
+    dsv4_par_team(ex, T * chunks, T * N > IX_CHUNK ? 1 : T * chunks, score_items, &j);
     return DSV4_OK;
 }
 
@@ -101,48 +115,69 @@ static uint64_t *ws_keys(const dsv4_topk_out *out, int64_t **counts, int p)
     return (uint64_t *)(base + (size_t)p * sizeof(int64_t));
 }
 
+/* One selection on the pool: worker w streams into keys + w * 2k (P regions, P = the threads). */
+typedef struct {
+    const score_src *s;
+    const dsv4_topk_out *out;
+    uint64_t *keys;
+    int64_t *counts;
+    int64_t k, t, nt;
+} select_job;
+
+/* Whole tokens [lo, hi), each through this thread's buffer. */
+static void select_tokens(void *v, dsv4_par_loop *l, int worker)
+{
+    const select_job *j = v;
+    uint64_t *mine = j->keys + (size_t)worker * 2 * j->k;
+    dsv4_ix_qprep qp;
+    dsv4_ix_stream st;
+    int64_t lo, hi;
+    while (dsv4_par_next(l, &lo, &hi))
+        for (int64_t t = lo; t < hi; t++) {
+            dsv4_ix_stream_init(&st, mine, j->k);
+            src_prep(j->s, &qp, t);
+            stream_range(j->s, &qp, t, 0, src_count(j->s, t), &st);
+            dsv4_ix_emit(mine, dsv4_ix_stream_finish(&st), j->out, t);
+        }
+}
+
+/* Candidate chunks of token j->t, streamed into this thread's buffer; its count left in counts. */
+static void select_chunks(void *v, dsv4_par_loop *l, int worker)
+{
+    const select_job *j = v;
+    dsv4_ix_qprep qp;
+    dsv4_ix_stream st;
+    dsv4_ix_stream_init(&st, j->keys + (size_t)worker * 2 * j->k, j->k);
+    src_prep(j->s, &qp, j->t);
+    int64_t lo, hi;
+    while (dsv4_par_next(l, &lo, &hi))
+        for (int64_t ch = lo; ch < hi; ch++)
+            stream_range(j->s, &qp, j->t, ch * IX_CHUNK, (ch + 1) * IX_CHUNK < j->nt ? (ch + 1) * IX_CHUNK : j->nt, &st);
+    j->counts[worker] = dsv4_ix_stream_finish(&st);
+}
+
 static dsv4_status select_fast(const score_src *s, const dsv4_exec *ex, int64_t T, const dsv4_topk_out *out)
 {
     const int p = ex->threads > 0 ? ex->threads : 1;
-    const int64_t k = out->topk;
-    int64_t *counts;
-    uint64_t *keys = ws_keys(out, &counts, p);
+    select_job j = {s, out, NULL, NULL, out->topk, 0, 0};
+    j.keys = ws_keys(out, &j.counts, p);
+    const int64_t k = j.k;
     if (T >= p) { /* whole tokens per thread */
-#pragma omp parallel num_threads(p)
-        {
-            dsv4_ix_qprep qp;
-            dsv4_ix_stream st;
-            uint64_t *mine = keys + (size_t)omp_get_thread_num() * 2 * k;
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < T; t++) {
-                dsv4_ix_stream_init(&st, mine, k);
-                src_prep(s, &qp, t);
-                stream_range(s, &qp, t, 0, src_count(s, t), &st);
-                dsv4_ix_emit(mine, dsv4_ix_stream_finish(&st), out, t);
-            }
-        }
+        dsv4_par_team(ex, T, 1, select_tokens, &j);
         return DSV4_OK;
     }
     for (int64_t t = 0; t < T; t++) { /* one token at a time, its candidates split in chunks */
         const int64_t nt = src_count(s, t), chunks = (nt + IX_CHUNK - 1) / IX_CHUNK;
-        memset(counts, 0, (size_t)p * sizeof(int64_t));
-#pragma omp parallel num_threads(p) if (chunks > 1)
-        {
-            dsv4_ix_qprep qp;
-            dsv4_ix_stream st;
-            const int me = omp_get_thread_num();
-            dsv4_ix_stream_init(&st, keys + (size_t)me * 2 * k, k);
-            src_prep(s, &qp, t);
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t ch = 0; ch < chunks; ch++)
-                stream_range(s, &qp, t, ch * IX_CHUNK, (ch + 1) * IX_CHUNK < nt ? (ch + 1) * IX_CHUNK : nt, &st);
-            counts[me] = dsv4_ix_stream_finish(&st);
-        }
+        memset(j.counts, 0, (size_t)p * sizeof(int64_t));
+        j.t = t;
+        j.nt = nt;
+        dsv4_par_team(ex, chunks, 1, select_chunks, &j); /* a thread without chunks leaves its count 0 */
+        uint64_t *keys = j.keys;
         int64_t total = 0;
         for (int i = 0; i < p; i++) {
-            if (counts[i] && total != (int64_t)i * 2 * k)
-                memmove(keys + total, keys + (size_t)i * 2 * k, (size_t)counts[i] * sizeof(uint64_t));
-            total += counts[i];
+            if (j.counts[i] && total != (int64_t)i * 2 * k)
+                memmove(keys + total, keys + (size_t)i * 2 * k, (size_t)j.counts[i] * sizeof(uint64_t));
+            total += j.counts[i];
         }
         dsv4_ix_emit(keys, dsv4_ix_keep_best(keys, total, k), out, t);
     }
@@ -150,22 +185,29 @@ static dsv4_status select_fast(const score_src *s, const dsv4_exec *ex, int64_t 
 }
 
 /* Reference selection: every token's candidates through a min-heap of k keys, in order. */
+static void select_ref_tokens(void *v, dsv4_par_loop *l, int worker)
+{
+    const select_job *j = v;
+    const score_src *s = j->s;
+    uint64_t *heap = j->keys + (size_t)worker * 2 * j->k;
+    int64_t lo, hi;
+    while (dsv4_par_next(l, &lo, &hi))
+        for (int64_t t = lo; t < hi; t++) {
+            int64_t size = 0, nt = src_count(s, t);
+            for (int64_t c = 0; c < nt; c++) {
+                float v = s->o ? dsv4_ix_ref_score(s->o, t, c) : s->scores[t * s->ld + c];
+                dsv4_ix_heap_push(heap, &size, j->k, dsv4_ix_key(v, c));
+            }
+            dsv4_ix_emit(heap, size, j->out, t);
+        }
+}
+
 static dsv4_status select_ref(const score_src *s, const dsv4_exec *ex, int64_t T, const dsv4_topk_out *out)
 {
     const int p = ex->threads > 0 ? ex->threads : 1;
-    const int64_t k = out->topk;
-    int64_t *counts;
-    uint64_t *keys = ws_keys(out, &counts, p);
-#pragma omp parallel for num_threads(p) schedule(dynamic, 1)
-    for (int64_t t = 0; t < T; t++) {
-        uint64_t *heap = keys + (size_t)omp_get_thread_num() * 2 * k;
-        int64_t size = 0, nt = src_count(s, t);
-        for (int64_t c = 0; c < nt; c++) {
-            float v = s->o ? dsv4_ix_ref_score(s->o, t, c) : s->scores[t * s->ld + c];
-            dsv4_ix_heap_push(heap, &size, k, dsv4_ix_key(v, c));
-        }
-        dsv4_ix_emit(heap, size, out, t);
-    }
+    select_job j = {s, out, NULL, NULL, out->topk, 0, 0};
+    j.keys = ws_keys(out, &j.counts, p);
+    dsv4_par_team(ex, T, 1, select_ref_tokens, &j);
     return DSV4_OK;
 }
 

@@ -105,6 +105,11 @@ extern const struct dsv4_indexer_ops dsv4_cpu_indexer_ops;
 extern const struct dsv4_indexer_ops dsv4_cpu_ref_indexer_ops;
 
 /* Compressor driver (compressor_cpu.c) and the query path driver, shared by both tables. */
+/* A driver's loop on the context's pool (core/pool.h): the kernels and the call. */
+typedef struct dsv4_ix_job {
+    const dsv4_ix_kernels *kn;
+    const void *call; /* dsv4_cmp_call or dsv4_ixq_call */
+} dsv4_ix_job;
 dsv4_status dsv4_cmp_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_cmp_call *c);
 dsv4_status dsv4_ixq_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_ixq_call *c);
 

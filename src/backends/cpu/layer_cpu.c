@@ -4,6 +4,7 @@
 #include "backends/cpu/cpu_layer.h"
 #include "backends/cpu/cpu_linear.h"
 #include "core/error.h"
+#include "core/pool.h"
 
 #include <math.h>
 #include <string.h>
@@ -29,18 +30,34 @@ const dsv4_cpu_layer_kernels *dsv4_cpu_layer_kernels_best(const dsv4_exec *ex)
 static size_t esize(int bf16) { return bf16 ? 2 : 4; }
 
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
-static dsv4_status rms_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_rms_args *a)
+/* One call of a row loop below on the pool: its kernels and arguments. */
+typedef struct {
+    const dsv4_cpu_layer_kernels *kn;
+    const void *a; /* the call's argument struct */
+} layer_job;
+
+/* A row loop runs on several threads once it touches more than `min` values. */
+static int64_t grain_for(int64_t items, int64_t values, int64_t min) { return values > min ? DSV4_PAR_AUTO : items; }
+
+static void rms_rows(void *v, int64_t lo, int64_t hi)
 {
+    const dsv4_cpu_layer_kernels *kn = ((const layer_job *)v)->kn;
+    const dsv4_rms_args *a = ((const layer_job *)v)->a;
     const char *x = a->x;
     char *y = a->y;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->rows * a->d > ROW_PAR_MIN)
-    for (int64_t r = 0; r < a->rows; r++) {
+    for (int64_t r = lo; r < hi; r++) {
         const char *xr = x + (size_t)(r * a->ldx) * esize(a->x_bf16);
         float ms = kn->sumsq(xr, a->x_bf16, a->d) / (float)a->d;
         float inv = 1.0f / sqrtf(ms + a->eps);
         kn->scale_row(xr, a->x_bf16, a->d, inv, a->w, a->w_bf16, y + (size_t)(r * a->ldy) * esize(a->y_bf16),
                       a->y_bf16);
     }
+}
+
+static dsv4_status rms_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_rms_args *a)
+{
+    layer_job j = {kn, a};
+    dsv4_par_for(ex, a->rows, grain_for(a->rows, a->rows * a->d, ROW_PAR_MIN), rms_rows, &j);
     return DSV4_OK;
 }
 
@@ -53,16 +70,36 @@ static void post_chunk(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, 
                 a->comb + t * a->comb_t, a->comb_j, a->out.data + t * a->out.st, a->out.sj, d0, d1);
 }
 
-/* Dots of the pre part (hc_pre or hc_head) over tokens [t0, t0+nt) of `src`, by the team of an
- * enclosing parallel region: item i < nmix is row i of fn against every token, item nmix the
- * sums of squares. mix is the caller's scratch. */
-static void pre_dots(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, const dsv4_hc_streams *src, int64_t t0,
-                     int nt, float (*mix)[HC_MAX_MIX + 1])
+/* One token block of hc_run. */
+typedef struct {
+    const dsv4_cpu_layer_kernels *kn;
+    const dsv4_hc_args *a;
+    const dsv4_hc_streams *src;
+    int64_t t0, nch;
+    int nt;
+    float (*mix)[HC_MAX_MIX + 1];
+    float (*pre)[DSV4_HC_MAX];
+} hc_job;
+
+/* Items [lo, hi) of `it` = token * nch + d-chunk of hc_post, from token t0 on. */
+static void post_items(void *v, int64_t lo, int64_t hi)
 {
-    const int n = a->n, nmix = a->nmix;
+    const hc_job *j = v;
+    for (int64_t it = lo; it < hi; it++) post_chunk(j->kn, j->a, j->t0 + it / j->nch, it % j->nch);
+}
+
+/* Dots of the pre part (hc_pre or hc_head) over tokens [t0, t0+nt) of `src`, items [lo, hi):
+ * item i < nmix is row i of fn against every token, item nmix the sums of squares, into mix. */
+static void pre_dots(void *v, int64_t lo, int64_t hi)
+{
+    const hc_job *j = v;
+    const dsv4_cpu_layer_kernels *kn = j->kn;
+    const dsv4_hc_args *a = j->a;
+    const dsv4_hc_streams *src = j->src;
+    const int64_t t0 = j->t0;
+    const int n = a->n, nmix = a->nmix, nt = j->nt;
     const int64_t D = a->D;
-#pragma omp for schedule(static)
-    for (int i = 0; i <= nmix; i++) {
+    for (int64_t i = lo; i < hi; i++) {
         float acc[HC_TB] = {0};
         for (int j = 0; j < n; j++) {
             const void *xs[HC_TB];
@@ -74,7 +111,20 @@ static void pre_dots(const dsv4_cpu_layer_kernels *kn, const dsv4_hc_args *a, co
                 for (int t = 0; t < nt; t++) part[t] = kn->sumsq(xs[t], 1, D);
             for (int t = 0; t < nt; t++) acc[t] += part[t];
         }
-        for (int t = 0; t < nt; t++) mix[t][i] = acc[t];
+        for (int t = 0; t < nt; t++) j->mix[t][i] = acc[t];
+    }
+}
+
+/* Items [lo, hi) (token * nch + d-chunk) of the weighted sum of the block. */
+static void wsum_items(void *v, int64_t lo, int64_t hi)
+{
+    const hc_job *j = v;
+    const dsv4_hc_args *a = j->a;
+    const int64_t D = a->D;
+    for (int64_t it = lo; it < hi; it++) {
+        int64_t t = it / j->nch, d0 = (it % j->nch) * HC_DCHUNK, d1 = d0 + HC_DCHUNK < D ? d0 + HC_DCHUNK : D;
+        j->kn->hc_wsum(j->src->data + (j->t0 + t) * j->src->st, j->src->sj, a->n, j->pre[t], a->y + (j->t0 + t) * a->ldy,
+                       d0, d1);
     }
 }
 
@@ -93,36 +143,31 @@ static void pre_split(const dsv4_hc_args *a, int64_t tt, const float *mix, float
     }
 }
 
-/* Token blocks of HC_TB: one parallel region for the (post and) dots, whose join is the only
- * synchronization; the split (a few hundred flops per token) runs on the calling thread, and the
- * weighted sum in a second region only when it is large enough to pay for one. */
+/* Token blocks of HC_TB: the (post and) dots on the pool, the split (a few hundred flops per
+ * token) on the calling thread, and the weighted sum on the pool only when it is large enough to
+ * pay for waking the workers. */
 static dsv4_status hc_run(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_hc_args *a, int do_post,
                           int do_pre)
 {
     const int64_t D = a->D, nch = (D + HC_DCHUNK - 1) / HC_DCHUNK;
+    hc_job j = {kn, a, do_post ? &a->out : &a->in, 0, nch, 0, NULL, NULL};
     if (!do_pre) {
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * D * a->n > ROW_PAR_MIN)
-        for (int64_t it = 0; it < a->T * nch; it++) post_chunk(kn, a, it / nch, it % nch);
+        dsv4_par_for(ex, a->T * nch, grain_for(a->T * nch, a->T * D * a->n, ROW_PAR_MIN), post_items, &j);
         return DSV4_OK;
     }
-    const dsv4_hc_streams *src = do_post ? &a->out : &a->in;
     for (int64_t t0 = 0; t0 < a->T; t0 += HC_TB) {
         int nt = a->T - t0 < HC_TB ? (int)(a->T - t0) : HC_TB;
         float mix[HC_TB][HC_MAX_MIX + 1], pre[HC_TB][DSV4_HC_MAX];
-#pragma omp parallel num_threads(ex->threads) if (nt * a->n * D * (a->nmix + 1) > ROW_PAR_MIN)
-        {
-            if (do_post) {
-#pragma omp for schedule(static)
-                for (int64_t it = 0; it < nt * nch; it++) post_chunk(kn, a, t0 + it / nch, it % nch);
-            }
-            pre_dots(kn, a, src, t0, nt, mix);
-        }
+        j.t0 = t0;
+        j.nt = nt;
+        j.mix = mix;
+        j.pre = pre;
+        const int par = nt * a->n * D * (a->nmix + 1) > ROW_PAR_MIN;
+        /* the dots of hc_pre read the streams hc_post writes: the first loop ends before the second */
+        if (do_post) dsv4_par_for(ex, nt * nch, par ? DSV4_PAR_AUTO : nt * nch, post_items, &j);
+        dsv4_par_for(ex, a->nmix + 1, par ? DSV4_PAR_AUTO : a->nmix + 1, pre_dots, &j);
         for (int t = 0; t < nt; t++) pre_split(a, t0 + t, mix[t], pre[t]);
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (nt * a->n * D > 4 * ROW_PAR_MIN)
-        for (int64_t it = 0; it < nt * nch; it++) {
-            int64_t t = it / nch, d0 = (it % nch) * HC_DCHUNK, d1 = d0 + HC_DCHUNK < D ? d0 + HC_DCHUNK : D;
-            kn->hc_wsum(src->data + (t0 + t) * src->st, src->sj, a->n, pre[t], a->y + (t0 + t) * a->ldy, d0, d1);
-        }
+        dsv4_par_for(ex, nt * nch, grain_for(nt * nch, nt * a->n * D, 4 * ROW_PAR_MIN), wsum_items, &j);
     }
     return DSV4_OK;
 }
@@ -139,11 +184,12 @@ static const void *row_at(const void *p, int bf16, int64_t i, int64_t ld)
 }
 
 /* Hash layers: experts from the table, weights from the dots of the chosen experts only. */
-static void route_hash(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_route_args *a)
+static void hash_pairs(void *v, int64_t lo, int64_t hi)
 {
+    const dsv4_cpu_layer_kernels *kn = ((const layer_job *)v)->kn;
+    const dsv4_route_args *a = ((const layer_job *)v)->a;
     const int k = a->topk;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * k * a->D > ROW_PAR_MIN)
-    for (int64_t p = 0; p < a->T * k; p++) {
+    for (int64_t p = lo; p < hi; p++) {
         int64_t t = p / k, s = p % k, tok = load_index(a->token_ids, a->tok_i64, t * a->tok_stride);
         int32_t e = (int32_t)load_index(a->tid2eid, a->tid_i64, tok * a->ldtid + s);
         const void *xt = row_at(a->x, a->x_bf16, t, a->ldx);
@@ -152,7 +198,36 @@ static void route_hash(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, co
         a->ids[t * a->ldids + s] = e;
         a->weights[t * a->ldweights + s] = dsv4_router_score(logit);
     }
+}
+
+static void route_hash(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_route_args *a)
+{
+    const int k = a->topk;
+    layer_job j = {kn, a};
+    dsv4_par_for(ex, a->T * k, grain_for(a->T * k, a->T * k * a->D, ROW_PAR_MIN), hash_pairs, &j);
     for (int64_t t = 0; t < a->T; t++) dsv4_route_normalize(a->weights + t * a->ldweights, k, a->route_scale);
+}
+
+/* The gate of one token block of route_with. */
+typedef struct {
+    const dsv4_cpu_layer_kernels *kn;
+    const dsv4_route_args *a;
+    const void *const *xs;
+    int nt;
+    float (*score)[DSV4_ROUTE_MAX_EXPERTS];
+} gate_job;
+
+/* Expert chunks [lo, hi) of RT_ECHUNK experts: their scores for every token of the block. */
+static void gate_chunks(void *v, int64_t lo, int64_t hi)
+{
+    const gate_job *j = v;
+    const dsv4_route_args *a = j->a;
+    for (int64_t c = lo; c < hi; c++)
+        for (int64_t e = c * RT_ECHUNK; e < a->E && e < (c + 1) * RT_ECHUNK; e++) {
+            float logit[RT_TB];
+            j->kn->dots(row_at(a->w, a->w_bf16, e, a->ldw), a->w_bf16, j->xs, a->x_bf16, j->nt, a->D, logit);
+            for (int t = 0; t < j->nt; t++) j->score[t][e] = dsv4_router_score(logit[t]);
+        }
 }
 
 static dsv4_status route_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_route_args *a)
@@ -168,14 +243,9 @@ static dsv4_status route_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec 
         float score[RT_TB][DSV4_ROUTE_MAX_EXPERTS];
         const void *xs[RT_TB];
         for (int t = 0; t < nt; t++) xs[t] = row_at(a->x, a->x_bf16, t0 + t, a->ldx);
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (nt * E * a->D > ROW_PAR_MIN)
-        for (int c = 0; c < nchunk; c++)
-            for (int e = c * RT_ECHUNK; e < E && e < (c + 1) * RT_ECHUNK; e++) {
-                float logit[RT_TB];
-                kn->dots(row_at(a->w, a->w_bf16, e, a->ldw), a->w_bf16, xs, a->x_bf16, nt, a->D, logit);
-                for (int t = 0; t < nt; t++) score[t][e] = dsv4_router_score(logit[t]);
-            }
-        for (int t = 0; t < nt; t++) { /* E * topk compares per token: not worth a second region */
+        gate_job j = {kn, a, xs, nt, score};
+        dsv4_par_for(ex, nchunk, grain_for(nchunk, nt * E * a->D, ROW_PAR_MIN), gate_chunks, &j);
+        for (int t = 0; t < nt; t++) { /* E * topk compares per token: not worth a second loop */
             int32_t *ids = a->ids + (t0 + t) * a->ldids;
             float *w = a->weights + (t0 + t) * a->ldweights;
             dsv4_route_select(score[t], a->bias, E, a->topk, ids);
@@ -187,11 +257,18 @@ static dsv4_status route_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec 
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------- */
+static void swiglu_rows(void *v, int64_t lo, int64_t hi)
+{
+    const dsv4_cpu_layer_kernels *kn = ((const layer_job *)v)->kn;
+    const dsv4_swiglu_args *a = ((const layer_job *)v)->a;
+    for (int64_t r = lo; r < hi; r++)
+        kn->swiglu_row(a->g + r * a->ldg, a->u + r * a->ldu, a->n, a->limit, a->w ? a->w[r] : 1.0f, a->h + r * a->ldh);
+}
+
 static dsv4_status swiglu_with(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_swiglu_args *a)
 {
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->rows * a->n > ROW_PAR_MIN)
-    for (int64_t r = 0; r < a->rows; r++)
-        kn->swiglu_row(a->g + r * a->ldg, a->u + r * a->ldu, a->n, a->limit, a->w ? a->w[r] : 1.0f, a->h + r * a->ldh);
+    layer_job j = {kn, a};
+    dsv4_par_for(ex, a->rows, grain_for(a->rows, a->rows * a->n, ROW_PAR_MIN), swiglu_rows, &j);
     return DSV4_OK;
 }
 
@@ -227,19 +304,25 @@ static dsv4_status moe_group(const dsv4_moe_args *a)
 }
 
 /* xg[i] = x[order[i] / k] for the R sorted rows. */
-static void moe_gather(const dsv4_exec *ex, const dsv4_moe_args *a)
+static void gather_rows(void *v, int64_t lo, int64_t hi)
 {
-    const int64_t n = a->T * a->k, D = a->D;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (n * D > ROW_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) memcpy(a->xg + i * D, a->x + (a->order[i] / a->k) * a->ldx, (size_t)D * 2);
+    const dsv4_moe_args *a = v;
+    for (int64_t i = lo; i < hi; i++) memcpy(a->xg + i * a->D, a->x + (a->order[i] / a->k) * a->ldx, (size_t)a->D * 2);
 }
 
-static void moe_combine(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_moe_args *a)
+static void moe_gather(const dsv4_exec *ex, const dsv4_moe_args *a)
 {
+    const int64_t n = a->T * a->k;
+    dsv4_par_for(ex, n, grain_for(n, n * a->D, ROW_PAR_MIN), gather_rows, (void *)a);
+}
+
+static void combine_items(void *v, int64_t lo, int64_t hi)
+{
+    const dsv4_cpu_layer_kernels *kn = ((const layer_job *)v)->kn;
+    const dsv4_moe_args *a = ((const layer_job *)v)->a;
     const int64_t nch = (a->D + HC_DCHUNK - 1) / HC_DCHUNK;
     const uint16_t *shared = a->shared ? a->sout : NULL;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->T * a->D * a->k > ROW_PAR_MIN)
-    for (int64_t it = 0; it < a->T * nch; it++) {
+    for (int64_t it = lo; it < hi; it++) {
         int64_t t = it / nch, d0 = (it % nch) * HC_DCHUNK, d1 = d0 + HC_DCHUNK < a->D ? d0 + HC_DCHUNK : a->D;
         const int32_t *ids = a->ids + t * a->ldids;
         int slot[DSV4_ROUTE_MAX_TOPK];
@@ -255,6 +338,13 @@ static void moe_combine(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, c
         for (int s = 0; s < a->k; s++) rows[s] = a->out + (int64_t)a->pos[t * a->k + slot[s]] * a->D;
         kn->sum_rows(rows, a->k, shared ? shared + t * a->D : NULL, a->y + t * a->ldy, d0, d1);
     }
+}
+
+static void moe_combine(const dsv4_cpu_layer_kernels *kn, const dsv4_exec *ex, const dsv4_moe_args *a)
+{
+    const int64_t nch = (a->D + HC_DCHUNK - 1) / HC_DCHUNK;
+    layer_job j = {kn, a};
+    dsv4_par_for(ex, a->T * nch, grain_for(a->T * nch, a->T * a->D * a->k, ROW_PAR_MIN), combine_items, &j);
 }
 
 /* y [m, n] (contiguous BF16) = x [m, k] (BF16, row stride ldx) times the weight w (scale s) in

@@ -8,6 +8,7 @@
 #include "backends/cpu/cpu_formats.h"
 #include "backends/cpu/cpu_linear.h"
 #include "core/error.h"
+#include "core/pool.h"
 #include "formats/codec.h"
 
 #include <string.h>
@@ -99,20 +100,45 @@ static void store_tile(const dsv4_linear_args *a, int64_t g, int64_t m0, int mv,
 }
 
 /* Quantize the groups*m rows of x into the work space and describe the staging. */
+/* One linear call on the pool: its kernels and arguments (and for a rearrangement the staged format). */
+typedef struct {
+    const dsv4_cpu_linear_kernels *lk;
+    const dsv4_cpu_format_kernels *fk;
+    const dsv4_linear_args *a;
+    dsv4_linear_format from;
+    int64_t ntiles, mt, nt;
+} lin_job;
+
+static void stage_range(void *v, int64_t lo, int64_t hi)
+{
+    const lin_job *j = v;
+    const dsv4_linear_args *a = j->a;
+    const int64_t rb = dsv4_lin_row_bytes(a->k);
+    uint8_t *ws = rows_of(a->workspace);
+    for (int64_t r = lo; r < hi; r++) {
+        const void *x = x_row(a, r / a->groups, r % a->groups);
+        if (j->lk->stage_row)
+            j->lk->stage_row(a->fmt, x, a->x_bf16, a->k, (uint16_t *)(ws + r * rb));
+        else
+            stage_row(j->lk, j->fk, a, x, ws + r * rb);
+    }
+}
+
 static void stage_rows(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_format_kernels *fk, const dsv4_exec *ex,
                        const dsv4_linear_args *a)
 {
-    const int64_t rows = a->m * a->groups, rb = dsv4_lin_row_bytes(a->k);
-    uint8_t *ws = rows_of(a->workspace);
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (rows * a->k > DSV4_CPU_CHUNK)
-    for (int64_t r = 0; r < rows; r++) {
-        const void *x = x_row(a, r / a->groups, r % a->groups);
-        if (lk->stage_row)
-            lk->stage_row(a->fmt, x, a->x_bf16, a->k, (uint16_t *)(ws + r * rb));
-        else
-            stage_row(lk, fk, a, x, ws + r * rb);
-    }
+    const int64_t rows = a->m * a->groups;
+    lin_job j = {.lk = lk, .fk = fk, .a = a};
+    dsv4_par_for(ex, rows, rows * a->k > DSV4_CPU_CHUNK ? DSV4_PAR_AUTO : rows, stage_range, &j);
     *head_of(a->workspace) = (staging_head){STAGING_MAGIC, lk, rows, a->k, (int32_t)a->fmt};
+}
+
+static void rearrange_range(void *v, int64_t lo, int64_t hi)
+{
+    const lin_job *j = v;
+    const int64_t rb = dsv4_lin_row_bytes(j->a->k);
+    uint8_t *ws = rows_of(j->a->workspace);
+    for (int64_t r = lo; r < hi; r++) j->lk->rearrange_row(j->from, j->a->fmt, (uint16_t *)(ws + r * rb), j->a->k);
 }
 
 static const char *kernels_name(const dsv4_cpu_linear_kernels *lk)
@@ -142,43 +168,31 @@ static dsv4_status use_staging(const dsv4_cpu_linear_kernels *lk, const dsv4_exe
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the staging holds %lld rows of K = %lld; x is [%lld, %lld]", op,
                          (long long)h->rows, (long long)h->k, (long long)a->m, (long long)a->k);
     if (sf != a->fmt && lk->rearrange_row) {
-        const int64_t rb = dsv4_lin_row_bytes(a->k);
-        uint8_t *ws = rows_of(a->workspace);
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->m * a->k > DSV4_CPU_CHUNK)
-        for (int64_t r = 0; r < a->m; r++) lk->rearrange_row(sf, a->fmt, (uint16_t *)(ws + r * rb), a->k);
+        lin_job j = {.lk = lk, .a = a, .from = sf};
+        dsv4_par_for(ex, a->m, a->m * a->k > DSV4_CPU_CHUNK ? DSV4_PAR_AUTO : a->m, rearrange_range, &j);
         h->fmt = (int32_t)a->fmt;
     }
     return DSV4_OK;
 }
 
-static dsv4_status run_with(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_format_kernels *fk,
-                            const dsv4_exec *ex, const dsv4_linear_args *a)
+/* Tiles [lo, hi) of the N x groups output tiles, each computed whole in a fixed K order. */
+static void tile_range(void *v, int64_t lo, int64_t hi)
 {
-    const int q = quantized(a->fmt);
+    const lin_job *j = v;
+    const dsv4_linear_args *a = j->a;
+    const int q = quantized(a->fmt), mt = (int)j->mt, nt = (int)j->nt;
     const int64_t rb = dsv4_lin_row_bytes(a->k);
-    uint8_t *ws = q ? rows_of(a->workspace) : NULL;
-    if (q && a->staged)
-        DSV4_TRY(use_staging(lk, ex, a));
-    else if (q)
-        stage_rows(lk, fk, ex, a);
-    int mt, nt;
-    lk->shape(a->fmt, a->m, &mt, &nt);
-    const int64_t ntiles = (a->n + nt - 1) / nt, total = ntiles * a->groups;
+    const uint8_t *ws = q ? rows_of(a->workspace) : NULL;
     const size_t wes = weight_elem_size(a->fmt);
-    const int64_t work = a->m * a->n * a->groups * a->k;
-    /* Tiles are handed out in chunks of consecutive tiles as threads come free (on a shared machine
-     * a thread may stall): where a tile is computed never changes its result. */
-    const int64_t chunk = total / (8 * (int64_t)ex->threads) > 1 ? total / (8 * (int64_t)ex->threads) : 1;
-#pragma omp parallel for num_threads(ex->threads) schedule(dynamic, chunk) if (total > 1 && work > 4 * DSV4_CPU_CHUNK)
-    for (int64_t t = 0; t < total; t++) {
-        const int64_t g = t / ntiles, n0 = (t % ntiles) * nt;
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t g = t / j->ntiles, n0 = (t % j->ntiles) * nt;
         const int nv = (int)(a->n - n0 < nt ? a->n - n0 : nt);
         dsv4_lin_tile tl = {.fmt = a->fmt, .k = a->k, .mt = mt, .nt = nt, .x_bf16 = a->x_bf16, .ss1 = a->ss1,
                             .w_next = (int64_t)((size_t)(nt * a->ws_r) * wes)};
-        for (int j = 0; j < nt; j++) {
-            const int64_t r = g * a->n + n0 + (j < nv ? j : nv - 1); /* row of the whole weight */
-            tl.w[j] = (const char *)a->w + (size_t)(r * a->ws_r) * wes;
-            tl.s[j] = q ? a->scale + (a->fmt == DSV4_LINEAR_FP8_B128 ? r / 128 : r) * a->ss0 : NULL;
+        for (int k = 0; k < nt; k++) {
+            const int64_t r = g * a->n + n0 + (k < nv ? k : nv - 1); /* row of the whole weight */
+            tl.w[k] = (const char *)a->w + (size_t)(r * a->ws_r) * wes;
+            tl.s[k] = q ? a->scale + (a->fmt == DSV4_LINEAR_FP8_B128 ? r / 128 : r) * a->ss0 : NULL;
         }
         for (int64_t m0 = 0; m0 < a->m; m0 += mt) {
             const int mv = (int)(a->m - m0 < mt ? a->m - m0 : mt);
@@ -187,10 +201,29 @@ static dsv4_status run_with(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_fo
                 tl.act[i] = q ? (const void *)(ws + (m * a->groups + g) * rb) : x_row(a, m, g);
             }
             float out[DSV4_LIN_MT][DSV4_LIN_NT];
-            lk->tile(&tl, out);
+            j->lk->tile(&tl, out);
             store_tile(a, g, m0, mv, n0, nv, out);
         }
     }
+}
+
+static dsv4_status run_with(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_format_kernels *fk,
+                            const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    const int q = quantized(a->fmt);
+    if (q && a->staged)
+        DSV4_TRY(use_staging(lk, ex, a));
+    else if (q)
+        stage_rows(lk, fk, ex, a);
+    int mt, nt;
+    lk->shape(a->fmt, a->m, &mt, &nt);
+    const int64_t ntiles = (a->n + nt - 1) / nt, total = ntiles * a->groups;
+    const int64_t work = a->m * a->n * a->groups * a->k;
+    /* Tiles are handed out in chunks of consecutive tiles as threads come free (on a shared machine
+     * a thread may stall): where a tile is computed never changes its result. */
+    const int64_t chunk = total / (8 * (int64_t)ex->threads) > 1 ? total / (8 * (int64_t)ex->threads) : 1;
+    lin_job j = {.lk = lk, .fk = fk, .a = a, .ntiles = ntiles, .mt = mt, .nt = nt};
+    dsv4_par_for(ex, total, work > 4 * DSV4_CPU_CHUNK ? chunk : total, tile_range, &j);
     return DSV4_OK;
 }
 

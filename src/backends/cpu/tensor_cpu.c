@@ -6,6 +6,7 @@
 #include "backends/cpu/cpu_layer.h"
 #include "core/error.h"
 #include "core/ops_tensor.h"
+#include "core/pool.h"
 
 #include <string.h>
 
@@ -72,38 +73,60 @@ static dsv4_status ref_copy(const dsv4_exec *ex, const dsv4_copy_rows_args *a)
 const struct dsv4_tensor_ops dsv4_cpu_ref_tensor_ops = {ref_embed, ref_add, ref_copy};
 
 /* ---- cpu ---------------------------------------------------------------------------------- */
+static void embed_rows(void *v, int64_t lo, int64_t hi)
+{
+    const dsv4_embed_args *a = v;
+    const size_t bytes = (size_t)a->D * sizeof *a->out;
+    for (int64_t r = lo; r < hi; r++) {
+        const int64_t t = r / a->copies, j = r % a->copies;
+        memcpy(a->out + t * a->so_t + j * a->so_j, a->table + a->ids[t * a->ids_s] * a->ldt, bytes);
+    }
+}
+
 static dsv4_status cpu_embed(const dsv4_exec *ex, const dsv4_embed_args *a)
 {
     DSV4_TRY(embed_check(a));
     const int64_t rows = a->T * a->copies;
     const size_t bytes = (size_t)a->D * sizeof *a->out;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if ((size_t)rows * bytes > PAR_MIN_BYTES)
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t t = r / a->copies, j = r % a->copies;
-        memcpy(a->out + t * a->so_t + j * a->so_j, a->table + a->ids[t * a->ids_s] * a->ldt, bytes);
-    }
+    dsv4_par_for(ex, rows, (size_t)rows * bytes > PAR_MIN_BYTES ? DSV4_PAR_AUTO : rows, embed_rows, (void *)a);
     return DSV4_OK;
+}
+
+typedef struct {
+    const dsv4_cpu_layer_kernels *kn;
+    const dsv4_add_args *a;
+} add_job;
+
+static void add_rows(void *v, int64_t lo, int64_t hi)
+{
+    const add_job *job = v;
+    const dsv4_add_args *a = job->a;
+    for (int64_t r = lo; r < hi; r++) {
+        const int64_t t = r / a->n, j = r % a->n;
+        job->kn->add_row(a->a + t * a->sa_t + j * a->sa_j, a->b + t * a->sb_t, a->D, a->y + t * a->sy_t + j * a->sy_j);
+    }
 }
 
 static dsv4_status cpu_add(const dsv4_exec *ex, const dsv4_add_args *a)
 {
-    const dsv4_cpu_layer_kernels *kn = dsv4_cpu_layer_kernels_best(ex);
+    add_job job = {dsv4_cpu_layer_kernels_best(ex), a};
     const int64_t rows = a->T * a->n;
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (rows * a->D * 6 > PAR_MIN_BYTES)
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t t = r / a->n, j = r % a->n;
-        kn->add_row(a->a + t * a->sa_t + j * a->sa_j, a->b + t * a->sb_t, a->D, a->y + t * a->sy_t + j * a->sy_j);
-    }
+    dsv4_par_for(ex, rows, rows * a->D * 6 > PAR_MIN_BYTES ? DSV4_PAR_AUTO : rows, add_rows, &job);
     return DSV4_OK;
+}
+
+static void copy_rows(void *v, int64_t lo, int64_t hi)
+{
+    const dsv4_copy_rows_args *a = v;
+    for (int64_t i = lo; i < hi; i++)
+        memcpy((char *)a->dst + i * a->ldd, (const char *)a->src + (a->idx ? a->idx[i * a->idx_s] : i) * a->lds,
+               (size_t)a->row_bytes);
 }
 
 static dsv4_status cpu_copy(const dsv4_exec *ex, const dsv4_copy_rows_args *a)
 {
     DSV4_TRY(copy_check(a));
-#pragma omp parallel for num_threads(ex->threads) schedule(static) if (a->n * a->row_bytes > PAR_MIN_BYTES)
-    for (int64_t i = 0; i < a->n; i++)
-        memcpy((char *)a->dst + i * a->ldd, (const char *)a->src + (a->idx ? a->idx[i * a->idx_s] : i) * a->lds,
-               (size_t)a->row_bytes);
+    dsv4_par_for(ex, a->n, a->n * a->row_bytes > PAR_MIN_BYTES ? DSV4_PAR_AUTO : a->n, copy_rows, (void *)a);
     return DSV4_OK;
 }
 

@@ -1,0 +1,173 @@
+/* The context's worker pool (src/core/pool.h): every iteration of a loop runs exactly once for
+ * any thread count, loop size and grain; team loops give distinct worker numbers below the thread
+ * count to the threads running at once; a loop nested in a chunk runs on that chunk's thread; two
+ * application threads sharing a context both complete; thousands of back-to-back loops (late
+ * workers against the generation check); a forked child without workers still completes. */
+#include "core/pool.h"
+#include "test_util.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAXN 100003
+
+static atomic_int hits[MAXN];
+
+static void count_fn(void *arg, int64_t lo, int64_t hi)
+{
+    (void)arg;
+    for (int64_t i = lo; i < hi; i++) atomic_fetch_add(&hits[i], 1);
+}
+
+/* every hits[i] == want for i < n, 0 beyond (up to n + 8) */
+static int hits_are(int64_t n, int want)
+{
+    for (int64_t i = 0; i < n && i < MAXN; i++)
+        if (atomic_load(&hits[i]) != want) return 0;
+    for (int64_t i = n; i < n + 8 && i < MAXN; i++)
+        if (atomic_load(&hits[i]) != 0) return 0;
+    return 1;
+}
+
+static void clear_hits(void)
+{
+    for (int i = 0; i < MAXN; i++) atomic_store(&hits[i], 0);
+}
+
+static dsv4_ctx *make(int threads, dsv4_exec *ex)
+{
+    dsv4_ctx *c = NULL;
+    dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
+    const dsv4_backend *b;
+    if (dsv4_ctx_create(&o, &c) != DSV4_OK || dsv4_ctx_resolve(c, &b, ex) != DSV4_OK) {
+        CHECK(0, "context of %d threads: %s", threads, dsv4_last_error());
+        dsv4_ctx_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* team loop: worker numbers in range and not shared by two threads at once; chunks once each */
+typedef struct {
+    int threads;
+    atomic_int in_use[64];
+    atomic_int bad;
+} team_state;
+
+static void team_fn(void *arg, dsv4_par_loop *l, int worker)
+{
+    team_state *s = arg;
+    if (worker < 0 || worker >= s->threads || atomic_exchange(&s->in_use[worker], 1)) {
+        atomic_store(&s->bad, 1);
+        return; /* the loop then cannot finish its chunks: the counts show it too */
+    }
+    int64_t lo, hi;
+    while (dsv4_par_next(l, &lo, &hi)) count_fn(NULL, lo, hi);
+    atomic_store(&s->in_use[worker], 0);
+}
+
+/* nested: each outer iteration runs an inner loop of 16 on the same pool, on its own thread */
+typedef struct {
+    const dsv4_exec *ex;
+    atomic_int wrong_thread;
+} nest_state;
+
+typedef struct {
+    pthread_t outer;
+    atomic_int *wrong;
+    int64_t base;
+} inner_arg;
+
+static void inner_fn(void *arg, int64_t lo, int64_t hi)
+{
+    inner_arg *a = arg;
+    if (!pthread_equal(a->outer, pthread_self())) atomic_store(a->wrong, 1);
+    for (int64_t i = lo; i < hi; i++) atomic_fetch_add(&hits[a->base + i], 1);
+}
+
+static void outer_fn(void *arg, int64_t lo, int64_t hi)
+{
+    nest_state *s = arg;
+    for (int64_t i = lo; i < hi; i++) {
+        inner_arg a = {pthread_self(), &s->wrong_thread, i * 16};
+        dsv4_par_for(s->ex, 16, 1, inner_fn, &a);
+    }
+}
+
+typedef struct {
+    const dsv4_exec *ex;
+    int64_t base;
+} share_arg;
+
+static void share_fn(void *arg, int64_t lo, int64_t hi)
+{
+    share_arg *a = arg;
+    for (int64_t i = lo; i < hi; i++) atomic_fetch_add(&hits[a->base + i], 1);
+}
+
+static void *share_thread(void *v)
+{
+    share_arg *a = v;
+    for (int r = 0; r < 300; r++) dsv4_par_for(a->ex, 1000, 7, share_fn, a);
+    return NULL;
+}
+
+int main(void)
+{
+    static const int threads[] = {1, 2, 3, 5, 8};
+    static const int64_t sizes[] = {0, 1, 2, 7, 64, 1000, MAXN};
+    for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
+        const int T = threads[ti];
+        dsv4_exec ex;
+        dsv4_ctx *c = make(T, &ex);
+        if (!c) continue;
+        CHECK(dsv4_ctx_threads(c) == T, "threads %d", dsv4_ctx_threads(c));
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            const int64_t n = sizes[si], grains[] = {DSV4_PAR_AUTO, 1, 3, n > 0 ? n : 1, n + 5};
+            for (size_t g = 0; g < sizeof grains / sizeof grains[0]; g++) {
+                clear_hits();
+                dsv4_par_for(&ex, n, grains[g], count_fn, NULL);
+                CHECK(hits_are(n, 1), "par_for: %d threads, n %lld, grain %lld: an iteration ran not exactly once", T,
+                      (long long)n, (long long)grains[g]);
+                clear_hits();
+                team_state st = {.threads = T};
+                dsv4_par_team(&ex, n, grains[g], team_fn, &st);
+                CHECK(!atomic_load(&st.bad) && hits_are(n, 1),
+                      "par_team: %d threads, n %lld, grain %lld: a worker number shared or out of range, or an "
+                      "iteration not run once",
+                      T, (long long)n, (long long)grains[g]);
+            }
+        }
+        /* back-to-back loops of few chunks: workers arriving late must find nothing to take */
+        clear_hits();
+        for (int r = 0; r < 5000; r++) dsv4_par_for(&ex, 2 * T, 1, count_fn, NULL);
+        CHECK(hits_are(2 * T, 5000), "%d threads: 5000 loops of %d iterations", T, 2 * T);
+        /* nested loops run whole on the thread of their chunk */
+        clear_hits();
+        nest_state ns = {&ex, 0};
+        dsv4_par_for(&ex, 64, 1, outer_fn, &ns);
+        CHECK(hits_are(64 * 16, 1) && !atomic_load(&ns.wrong_thread), "%d threads: nested loops", T);
+        /* two application threads on one context */
+        clear_hits();
+        share_arg sa[2] = {{&ex, 0}, {&ex, 1000}};
+        pthread_t th[2];
+        int started = 0;
+        for (int i = 0; i < 2; i++) started += pthread_create(&th[i], NULL, share_thread, &sa[i]) == 0;
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        CHECK(started == 2 && hits_are(2000, 300), "%d threads: two callers sharing the context", T);
+        /* a forked child has no workers: its loops still complete on the caller */
+        clear_hits();
+        pid_t pid = fork();
+        if (pid == 0) {
+            dsv4_par_for(&ex, 1000, 1, count_fn, NULL);
+            _exit(hits_are(1000, 1) ? 0 : 1);
+        }
+        int status = -1;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "%d threads: a loop in a forked child (status %d)", T, status);
+        dsv4_ctx_destroy(c);
+    }
+    TEST_DONE();
+}
