@@ -102,7 +102,7 @@ DSV4_API void dsv4_config_tiny(dsv4_model_config *cfg);
  * kind comes from layer_types and its ratio from compress_rates of that kind, as transformers
  * reads them (compress_ratios alone: the official rule, CSA where the ratio is 4). A key the
  * library does not know, and that transformers configs do not carry as a matter of course, gets a
- * warning on stderr naming it. */
+ * warning naming it (dsv4_set_warning_handler). */
 DSV4_API dsv4_status dsv4_config_parse(const char *json, size_t len, const char *source, dsv4_model_config *out);
 /* `path` is config.json or a directory holding it. */
 DSV4_API dsv4_status dsv4_config_load(const char *path, dsv4_model_config *out);

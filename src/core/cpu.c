@@ -2,6 +2,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 
+#include <errno.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -53,7 +54,7 @@ dsv4_status dsv4_cpu_isa_resolve(const char *name, dsv4_isa *out)
     } else {
         const char *env = getenv("DSV4_CPU_ISA");
         if (env && *env && !parse_isa(env, &cap)) {
-            fprintf(stderr, "dsv4: warning: DSV4_CPU_ISA='%s' is not one of scalar, avx2, avx512; not capping\n", env);
+            dsv4_warn("DSV4_CPU_ISA='%s' is not one of scalar, avx2, avx512; not capping", env);
             cap = DSV4_ISA_AVX512;
         }
     }
@@ -98,10 +99,16 @@ const char *dsv4_cpu_isa(void)
 
 int dsv4_default_threads(void)
 {
+    int procs = omp_get_num_procs();
     const char *s = getenv("DSV4_THREADS");
     if (s && *s) {
-        int n = atoi(s);
-        if (n > 0) return n;
+        char *end = NULL;
+        errno = 0;
+        long n = strtol(s, &end, 10);
+        if (*end || errno || n < 1 || n > DSV4_MAX_THREADS || !(*s >= '0' && *s <= '9'))
+            dsv4_warn("DSV4_THREADS='%s' is not a thread count in [1, %d]; using all %d cores", s, DSV4_MAX_THREADS, procs);
+        else
+            return (int)n;
     }
-    return omp_get_num_procs();
+    return procs > DSV4_MAX_THREADS ? DSV4_MAX_THREADS : procs;
 }

@@ -335,6 +335,13 @@ static int plain_file_name(const char *s, size_t n)
     return 1;
 }
 
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
 dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_index *out)
 {
     st_index ix;
@@ -357,8 +364,14 @@ dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_in
         goto fail;
     }
     uint32_t wm = ix.weight_map, count = d->nodes[wm].count;
+    /* The distinct file names, de-duplicated through an open-addressing table of their hashes
+     * (slots: index + 1, 0 = empty) sized for every entry: linear in the weight map. */
+    size_t slots = 16;
+    while (slots < 2 * (size_t)count) slots *= 2;
+    uint32_t *seen_at = calloc(slots, sizeof *seen_at);
     ix.files = malloc(((size_t)count + 1) * sizeof *ix.files);
-    if (!ix.files) {
+    if (!ix.files || !seen_at) {
+        free(seen_at);
         st = dsv4_fail(DSV4_ERR_NO_MEMORY, "%s: out of memory", what);
         goto fail;
     }
@@ -378,10 +391,18 @@ dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_in
                            what, q, qf);
             goto fail;
         }
-        int seen = 0;
-        for (int i = ix.n_files - 1; i >= 0 && !seen; i--) seen = !strcmp(ix.files[i], f);
-        if (!seen) ix.files[ix.n_files++] = f;
+        size_t h = (size_t)name_hash(f) & (slots - 1);
+        while (seen_at[h] && strcmp(ix.files[seen_at[h] - 1], f)) h = (h + 1) & (slots - 1);
+        if (seen_at[h]) continue;
+        if (ix.n_files == ST_MAX_FILES) {
+            st = dsv4_fail(DSV4_ERR_FORMAT, "%s: the weight map names more than %d shard files", what, ST_MAX_FILES);
+            break;
+        }
+        ix.files[ix.n_files++] = f;
+        seen_at[h] = (uint32_t)ix.n_files;
     }
+    free(seen_at);
+    if (st != DSV4_OK) goto fail;
     if (ix.n_files == 0) {
         st = dsv4_fail(DSV4_ERR_FORMAT, "%s: the weight map is empty", what);
         goto fail;
@@ -394,13 +415,6 @@ fail:
 }
 
 /* ---- checkpoints ---------------------------------------------------------------------------- */
-
-static uint64_t name_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
 
 /* Slots hold (index + 1) | hash tag << 32; the tag skips most string compares. */
 int64_t st_lookup(const dsv4_checkpoint *ck, const char *canon)
@@ -450,21 +464,15 @@ void dsv4_checkpoint_close(dsv4_checkpoint *ck)
 
 static dsv4_status map_file(const char *path, uint8_t **map, uint64_t *size)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dsv4_fail(errno == ENOENT ? DSV4_ERR_NOT_FOUND : DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return dsv4_fail(DSV4_ERR_IO, "%s: not a regular file", path);
-    }
-    *size = (uint64_t)sb.st_size;
+    int fd;
+    DSV4_TRY(dsv4_open_regular(path, &fd, size));
     *map = NULL;
-    if (sb.st_size > 0) {
-        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (*size > 0) {
+        void *m = mmap(NULL, (size_t)*size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return dsv4_fail(DSV4_ERR_IO, "%s: cannot map %llu bytes: %s", path, (unsigned long long)sb.st_size, strerror(e));
+            return dsv4_fail(DSV4_ERR_IO, "%s: cannot map %llu bytes: %s", path, (unsigned long long)*size, strerror(e));
         }
         *map = m;
     }

@@ -6,6 +6,8 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <signal.h>
+#include <time.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -691,6 +693,101 @@ static void test_hostile_dirs(void)
     }
 }
 
+/* ---- hostile files: FIFOs, huge shard indexes, warnings ---------------------------------------- */
+
+static int warnings_seen;
+static char warning_last[512];
+static void count_warning(void *user, const char *msg)
+{
+    (void)user;
+    warnings_seen++;
+    snprintf(warning_last, sizeof warning_last, "%s", msg);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A FIFO in the place of config.json, the index, a shard or tokenizer.json is refused at once
+ * (before the fix, opening it waited for a writer forever: alarm() turns such a hang into a
+ * failure of this test). */
+static void test_fifo_files(void)
+{
+    char dir[256], p[512];
+    const char *files[] = {"config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"};
+    alarm(60);
+    for (int k = 0; k < 3; k++) {
+        variant("fifo", files[k], NULL, dir, sizeof dir);
+        snprintf(p, sizeof p, "%s/%s", dir, files[k]);
+        CHECK(mkfifo(p, 0600) == 0, "mkfifo %s", p);
+        expect_open_fails(dir, DSV4_ERR_IO, files[k], "not a regular file");
+    }
+    dsv4_model_config c;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    CHECK_STATUS(dsv4_config_load(dir, &c), DSV4_OK); /* the config itself is fine here */
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    CHECK(mkfifo(p, 0600) == 0, "mkfifo %s", p);
+    dsv4_tokenizer *tok = NULL;
+    CHECK_STATUS(dsv4_tokenizer_load(p, &tok), DSV4_ERR_IO);
+    CHECK(has("tokenizer.json") && has("not a regular file") && !tok, "%s", dsv4_last_error());
+    alarm(0);
+    rm_dir(dir);
+}
+
+/* The shard index: 60,000 distinct shard names are de-duplicated in linear time (the quadratic
+ * scan took 17.7 s for 100,000), and more distinct files than ST_MAX_FILES (65536) are refused
+ * with a clear message, also at once. */
+static void index_of(char *ix, size_t cap, int n, size_t *len)
+{
+    size_t o = (size_t)snprintf(ix, cap, "{\"weight_map\": {");
+    for (int i = 0; i < n; i++) o += (size_t)snprintf(ix + o, cap - o, "%s\"w%d\": \"s%d\"", i ? ", " : "", i, i);
+    o += (size_t)snprintf(ix + o, cap - o, "}}");
+    *len = o;
+}
+
+static void test_index_scale(void)
+{
+    char dir[256], p[512];
+    size_t cap = (size_t)70000 * 40 + 64, len;
+    char *ix = malloc(cap);
+    index_of(ix, cap, 60000, &len);
+    variant("bigindex", "model.safetensors.index.json", ix, dir, sizeof dir);
+    double t0 = now_s();
+    expect_open_fails(dir, DSV4_ERR_NOT_FOUND, "s0", "cannot open");
+    double dt = now_s() - t0;
+    CHECK(dt < 1.0, "60,000 shard names took %.2f s", dt);
+    index_of(ix, cap, 70000, &len);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    write_all(p, ix, len);
+    t0 = now_s();
+    expect_open_fails(dir, DSV4_ERR_FORMAT, "model.safetensors.index.json", "more than 65536 shard files");
+    dt = now_s() - t0;
+    CHECK(dt < 1.0, "70,000 shard names took %.2f s", dt);
+    free(ix);
+    rm_dir(dir);
+}
+
+/* Warnings go to the handler: an unknown config key is reported there, and none reaches stderr
+ * once the handler is NULL (silenced). */
+static void test_warning_channel(void)
+{
+    dsv4_model_config c;
+    warnings_seen = 0;
+    dsv4_set_warning_handler(count_warning, NULL);
+    CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
+    CHECK(warnings_seen == 1 && strstr(warning_last, "cfg.json: unknown config key \"my_knob\" ignored"),
+          "%d warnings, last '%s'", warnings_seen, warning_last);
+    CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
+    CHECK(warnings_seen == 2, "a caller's handler hears every warning: %d", warnings_seen);
+    dsv4_set_warning_handler(NULL, NULL);
+    CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
+    CHECK(warnings_seen == 2, "silenced, yet the handler heard it");
+    dsv4_set_warning_handler(dsv4_warning_stderr, NULL);
+}
+
 static void test_hf_layout(void)
 {
     /* the Hugging Face checkpoint written by transformers */
@@ -805,6 +902,9 @@ int main(void)
     test_config_keys();
     test_make_tiny();
     test_hostile_dirs();
+    test_fifo_files();
+    test_index_scale();
+    test_warning_channel();
     test_hf_layout();
     test_flash_inventory();
     char tiny[256];
