@@ -381,7 +381,7 @@ dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_in
         const mj_node *v = &d->nodes[k + 1];
         if (v->type != MJ_STRING) {
             st = dsv4_fail(DSV4_ERR_FORMAT, "%s: weight_map['%s'] is not a file name string", what, q);
-            goto fail;
+            break;
         }
         const char *f = mj_str(d, k + 1);
         if (!plain_file_name(f, v->count) || v->has_nul) {
@@ -389,7 +389,7 @@ dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_in
             mj_quote(f, v->count, qf, sizeof qf);
             st = dsv4_fail(DSV4_ERR_FORMAT, "%s: weight_map['%s'] = \"%s\" is not a plain file name in the checkpoint directory",
                            what, q, qf);
-            goto fail;
+            break;
         }
         size_t h = (size_t)name_hash(f) & (slots - 1);
         while (seen_at[h] && strcmp(ix.files[seen_at[h] - 1], f)) h = (h + 1) & (slots - 1);
