@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int has_avx2, has_avx512, has_bf16, has_vnni;
 static char features[256];
@@ -95,6 +96,23 @@ const char *dsv4_cpu_isa(void)
     dsv4_isa isa = DSV4_ISA_SCALAR;
     dsv4_cpu_isa_resolve(NULL, &isa); /* never fails without a name */
     return dsv4_cpu_isa_name(isa);
+}
+
+void dsv4_host_memory(uint64_t *available, uint64_t *total)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    *total = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+    *available = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return;
+    char line[256];
+    unsigned long long kib;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+            *available = (uint64_t)kib * 1024;
+            break;
+        }
+    fclose(f);
 }
 
 int dsv4_default_threads(void)

@@ -2,7 +2,7 @@
  * routing, MTP): prefill == single-token decodes (logits, MTP logits and cache bytes, any chunking),
  * 1 vs 2 threads bit for bit, the optimized cpu backend against the scalar cpu-ref backend,
  * speculative greedy == plain greedy, memory planned once, every call size 1..max_batch and MTP
- * verification at a long context (the attention's workspace is not monotone in the call size),
+ * verification at a long context, planning at 2^24 positions in well under a second,
  * bad input -> a status, a message and an untouched sequence, a failure in the middle of the
  * layers -> a failed sequence until reset. The float64 reference comparisons are in
  * tests/python/test_engine.py. */
@@ -12,6 +12,7 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -381,6 +382,51 @@ static void test_generate_prompt(dsv4_ctx *c, const int32_t *ids)
     dsv4_engine_destroy(e);
 }
 
+/* Planning is analytic and checked against the machine: max_context 2^24 with 64 sequences
+ * (about a TiB for the tiny model) is refused at once, naming the sizes (the former per call
+ * size x scope width loop took 42 s for one such sequence, and the plan was then allocated and
+ * zeroed); a max_context beyond max_position_embeddings plans, with a warning. */
+static int n_warned;
+static char last_warning[512];
+static void on_warning(void *user, const char *msg)
+{
+    (void)user;
+    n_warned++;
+    snprintf(last_warning, sizeof last_warning, "%s", msg);
+}
+
+static void test_plan_scale(dsv4_ctx *c)
+{
+    dsv4_set_warning_handler(on_warning, NULL);
+    dsv4_engine *e = (dsv4_engine *)(uintptr_t)0x77;
+    dsv4_engine_options o = {(int64_t)1 << 24, 64, 128, 0, 0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_ERR_NO_MEMORY);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    CHECK(dt < 1.0, "planning max_context 2^24 x 64 sequences took %.2f s", dt);
+    CHECK(e == (dsv4_engine *)(uintptr_t)0x77, "output written on failure");
+    CHECK(strstr(dsv4_last_error(), "max_context 16777216 x max_seqs 64") && strstr(dsv4_last_error(), "GiB of host memory") &&
+              strstr(dsv4_last_error(), "available"),
+          "message: %s", dsv4_last_error());
+    CHECK(n_warned == 1 && strstr(last_warning, "max_position_embeddings 4096"), "%d warnings: %s", n_warned, last_warning);
+    n_warned = 0;
+    o = (dsv4_engine_options){4097, 1, 8, 0, 0};
+    e = NULL;
+    CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_OK);
+    CHECK(n_warned == 1 && strstr(last_warning, "max_context 4097 exceeds the model's max_position_embeddings 4096"),
+          "%d warnings: %s", n_warned, last_warning);
+    dsv4_engine_destroy(e);
+    n_warned = 0;
+    o.max_context = 4096;
+    e = NULL;
+    CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_OK);
+    CHECK(n_warned == 0, "a plain plan warned: %s", last_warning);
+    dsv4_engine_destroy(e);
+    dsv4_set_warning_handler(dsv4_warning_stderr, NULL);
+}
+
 int main(void)
 {
     test_seed();
@@ -405,6 +451,7 @@ int main(void)
     test_long_context_batches(c1);
     test_failed_forward(c1, ids);
     test_generate_prompt(c1, ids);
+    test_plan_scale(c1);
     dsv4_ctx_destroy(c1);
     dsv4_ctx_destroy(c2);
     dsv4_ctx_destroy(cr);
