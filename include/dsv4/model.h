@@ -171,7 +171,9 @@ typedef struct dsv4_compressor_weights {
 } dsv4_compressor_weights;
 
 /* Float parameters (norms, mHC, sinks, ape, biases) are F32 or BF16 as the file stores them;
- * tensors a block does not have keep data == NULL. */
+ * tensors a block does not have keep data == NULL. Every view's data is aligned for its dtype:
+ * the checkpoint's bytes in place, or an aligned copy made at open where the file put a tensor
+ * at an offset its dtype cannot be read from (a padded safetensors header). */
 typedef struct dsv4_layer_weights {
     int index;         /* block index: 0..n_layers-1, then n_layers.. for MTP blocks */
     int is_mtp;
@@ -229,7 +231,8 @@ typedef struct dsv4_model_issue_info {
     const char *message; /* one line naming the file and the tensor */
 } dsv4_model_issue_info;
 
-/* `dir` holds config.json and the safetensors (see dsv4_checkpoint_open). options may be NULL. */
+/* `dir`, a directory, holds config.json and the safetensors (see dsv4_checkpoint_open); a path
+ * that is not a directory is DSV4_ERR_INVALID_ARG. options may be NULL. */
 DSV4_API dsv4_status dsv4_model_open(const char *dir, const dsv4_model_open_options *options, dsv4_model **out);
 DSV4_API void dsv4_model_close(dsv4_model *m);
 DSV4_API const dsv4_model_config *dsv4_model_get_config(const dsv4_model *m);

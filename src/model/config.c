@@ -403,6 +403,9 @@ static dsv4_status check_keys(const cfg_parser *p, int *reference, int *transfor
         char q[64];
         mj_quote(key, d->nodes[i].count, q, sizeof q);
         int k = key_row(key);
+        if (!strcmp(key, "weight_map"))
+            return dsv4_fail(DSV4_ERR_FORMAT, "%s: has a \"weight_map\": a shard index (model.safetensors.index.json), not config.json",
+                             p->src);
         if (k >= 0) {
             if (d->nodes[v].type == MJ_NULL && !(keys[k].flags & KF_NULLABLE))
                 return dsv4_fail(DSV4_ERR_FORMAT, "%s: \"%s\" is null; give a value or leave the key out (null is not the default)",

@@ -172,22 +172,6 @@ static dsv4_status wo_a_weight(dsv4_engine *e, arena *conv, const dsv4_linear_we
     return st;
 }
 
-/* An index table as the kernels load it: the mapped tensor when its data is aligned for its dtype
- * (a safetensors header may be padded to any length, so the data area can start at any byte),
- * else a contiguous copy. */
-static dsv4_status aligned_table(arena *conv, const dsv4_tensor *src, dsv4_tensor *dst)
-{
-    *dst = *src;
-    if (!src->data) return DSV4_OK;
-    const size_t sz = dsv4_dtype_size(src->dtype);
-    if (!((uintptr_t)src->data % sz)) return DSV4_OK;
-    const int64_t n = numel(src);
-    void *buf = take(conv, (uint64_t)n * sz);
-    *dst = view(buf, src->dtype, src->ndim, src->shape);
-    if (buf) memcpy(buf, src->data, (size_t)n * sz); /* mapped contiguous (the checkpoint's layout) */
-    return DSV4_OK;
-}
-
 static const dsv4_tensor *opt_t(const dsv4_tensor *t) { return t->data ? t : NULL; }
 
 static dsv4_ffn_weights ffn_of(const dsv4_expert_weights *x)
@@ -339,8 +323,24 @@ static dsv4_status embed_table(dsv4_engine *e, arena *conv)
     return DSV4_OK;
 }
 
+static int64_t tid2eid_at(const dsv4_tensor *t, int64_t v, int64_t j)
+{
+    const int sz = t->dtype == DSV4_I64 ? 8 : 4;
+    const uint8_t *at = (const uint8_t *)t->data + (v * t->stride[0] + j * t->stride[1]) * sz;
+    if (sz == 8) {
+        int64_t x;
+        memcpy(&x, at, 8); /* mapped in place: maybe unaligned */
+        return x;
+    }
+    int32_t y;
+    memcpy(&y, at, 4);
+    return y;
+}
+
 /* Hash routing reads tid2eid[token] in the middle of a forward pass: every entry is checked here,
- * once, so that no token can make a forward fail after earlier layers changed the caches. */
+ * once, so that no token can make a forward fail after earlier layers changed the caches. A
+ * token's experts are distinct (its k routing weights go to k different experts, as for learned
+ * routing's top-k). */
 static dsv4_status check_tid2eid(const dsv4_engine *e, int b)
 {
     const dsv4_tensor *t = &e->w->layers[b].tid2eid;
@@ -351,21 +351,17 @@ static dsv4_status check_tid2eid(const dsv4_engine *e, int b)
     if (t->ndim != 2 || t->shape[0] < e->cfg->vocab_size)
         return dsv4_fail(DSV4_ERR_SHAPE, "engine: block %d: ffn.gate.tid2eid needs [%lld, k] rows", b,
                          (long long)e->cfg->vocab_size);
-    const int sz = t->dtype == DSV4_I64 ? 8 : 4;
     for (int64_t v = 0; v < t->shape[0]; v++)
         for (int64_t j = 0; j < t->shape[1]; j++) {
-            const uint8_t *at = (const uint8_t *)t->data + (v * t->stride[0] + j * t->stride[1]) * sz;
-            int64_t x;
-            if (sz == 8) {
-                memcpy(&x, at, 8);
-            } else {
-                int32_t y;
-                memcpy(&y, at, 4);
-                x = y;
-            }
+            const int64_t x = tid2eid_at(t, v, j);
             if (x < 0 || x >= E)
                 return dsv4_fail(DSV4_ERR_FORMAT, "engine: block %d: ffn.gate.tid2eid[%lld][%lld] = %lld is not an expert in [0, %lld)",
                                  b, (long long)v, (long long)j, (long long)x, (long long)E);
+            for (int64_t i = 0; i < j; i++)
+                if (tid2eid_at(t, v, i) == x)
+                    return dsv4_fail(DSV4_ERR_FORMAT,
+                                     "engine: block %d: ffn.gate.tid2eid[%lld] names expert %lld twice (entries %lld and %lld)", b,
+                                     (long long)v, (long long)x, (long long)i, (long long)j);
         }
     return DSV4_OK;
 }
@@ -390,7 +386,6 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
     DSV4_TRY(param_f32(e, conv, &w->compressor.ape, &L->ape));
     DSV4_TRY(param_f32(e, conv, &w->index_compressor.ape, &L->index_ape));
     DSV4_TRY(param_f32(e, conv, &w->gate_bias, &L->gate_bias));
-    if (w->hash_routed) DSV4_TRY(aligned_table(conv, &w->tid2eid, &L->tid2eid));
     DSV4_TRY(wo_a_weight(e, conv, &w->wo_a, &L->wo_a));
     L->experts = take(conv, (uint64_t)E * sizeof *L->experts);
     if (L->experts)

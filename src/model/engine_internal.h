@@ -23,7 +23,6 @@ typedef struct eng_layer {
     dsv4_tensor sink;                   /* F32 [H] */
     dsv4_tensor ape, index_ape;         /* F32 [ratio, coff*d] */
     dsv4_tensor gate_bias;              /* F32 [E] (learned routing) */
-    dsv4_tensor tid2eid;                /* I32 or I64 [V, k] (hash routing), aligned for its dtype */
     dsv4_tensor wo_a;                   /* BF16 or F32 [G*o_lora, H*512/G] */
     dsv4_ffn_weights *experts;          /* n_routed_experts */
     dsv4_ffn_weights shared;

@@ -27,7 +27,7 @@ static void rm_dir(const char *d)
     struct dirent *e;
     while ((e = readdir(h))) {
         if (e->d_name[0] == '.') continue;
-        char p[320];
+        char p[600];
         snprintf(p, sizeof p, "%s/%s", d, e->d_name);
         unlink(p);
     }
@@ -382,6 +382,143 @@ static void test_generate_prompt(dsv4_ctx *c, const int32_t *ids)
     dsv4_engine_destroy(e);
 }
 
+/* ---- checkpoints as hostile files lay them out ---------------------------------------------- */
+static uint8_t *slurp(const char *p, size_t *n)
+{
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)len + 16);
+    *n = fread(b, 1, (size_t)len, f);
+    fclose(f);
+    return b;
+}
+
+static void spill(const char *p, const uint8_t *b, size_t n)
+{
+    FILE *f = fopen(p, "wb");
+    if (f) fwrite(b, 1, n, f), fclose(f);
+}
+
+/* dir copied to `to`, each safetensors header padded with spaces so that its data area starts at
+ * `residue` modulo 8 (the format allows any padding). */
+static void copy_padded(const char *to, int residue)
+{
+    mkdir(to, 0755);
+    DIR *h = opendir(dir);
+    struct dirent *d;
+    while (h && (d = readdir(h))) {
+        if (d->d_name[0] == '.') continue;
+        char a[600], b[600];
+        snprintf(a, sizeof a, "%s/%s", dir, d->d_name);
+        snprintf(b, sizeof b, "%s/%s", to, d->d_name);
+        size_t n;
+        uint8_t *f = slurp(a, &n);
+        const size_t len = strlen(d->d_name);
+        if (f && residue >= 0 && len > 12 && !strcmp(d->d_name + len - 12, ".safetensors")) {
+            uint64_t hl = 0;
+            for (int k = 0; k < 8; k++) hl |= (uint64_t)f[k] << (8 * k);
+            const uint64_t pad = ((uint64_t)residue - (8 + hl) % 8 + 8) % 8 + 8; /* at least 8 more */
+            uint8_t *g = malloc(n + pad);
+            const uint64_t nl = hl + pad;
+            for (int k = 0; k < 8; k++) g[k] = (uint8_t)(nl >> (8 * k));
+            memcpy(g + 8, f + 8, hl);
+            memset(g + 8 + hl, ' ', pad);
+            memcpy(g + 8 + nl, f + 8 + hl, n - 8 - hl);
+            spill(b, g, n + pad);
+            free(g);
+        } else if (f) {
+            spill(b, f, n);
+        }
+        free(f);
+    }
+    if (h) closedir(h);
+}
+
+/* A data area at any byte gives the same bytes: logits, MTP logits and caches bit for bit equal to
+ * the unpadded checkpoint's, with the header padded to an aligned (0 mod 8) and a misaligned
+ * (3 mod 8) data start. The sanitizer build (UBSan: halt_on_error) fails on any misaligned
+ * typed read: the int64 hash-routing table, BF16 norms in the compressor, F32 parameters. */
+static void test_padded_headers(dsv4_ctx *c, const int32_t *ids)
+{
+    dsv4_engine *e0 = open_engine(c, 16, 1);
+    if (!e0) return;
+    const int64_t V = dsv4_engine_config(e0)->vocab_size;
+    run r0 = feed(e0, ids, 20, 7, V);
+    dsv4_engine_destroy(e0);
+    for (int residue = 0; residue < 8; residue += 3) {
+        char to[96];
+        snprintf(to, sizeof to, "%s-pad%d", dir, residue);
+        copy_padded(to, residue);
+        dsv4_model *m = NULL;
+        CHECK_STATUS(dsv4_model_open(to, NULL, &m), DSV4_OK);
+        if (m) { /* the file really puts tensors where their dtype cannot be read from; the views do not */
+            const dsv4_checkpoint *ck = dsv4_model_get_checkpoint(m);
+            int odd = 0;
+            for (int64_t i = 0; i < dsv4_checkpoint_count(ck); i++) {
+                dsv4_tensor_entry en;
+                dsv4_checkpoint_entry(ck, i, &en);
+                odd += en.dtype >= 0 && en.file_offset % dsv4_dtype_size((dsv4_dtype)en.dtype) != 0;
+            }
+            const dsv4_model_weights *w = dsv4_model_get_weights(m);
+            const dsv4_tensor *t[] = {&w->layers[0].tid2eid, &w->layers[1].compressor.norm, &w->layers[2].compressor.ape,
+                                      &w->layers[0].attn_sink, &w->norm, &w->embed};
+            for (size_t k = 0; k < sizeof t / sizeof t[0]; k++)
+                CHECK(t[k]->data && (uintptr_t)t[k]->data % dsv4_dtype_size(t[k]->dtype) == 0, "residue %d: view %zu misaligned",
+                      residue, k);
+            CHECK(residue == 0 || odd > 0, "residue %d: no tensor misaligned for its dtype", residue);
+            printf("header padded to a data start of %d mod 8: %d tensors misaligned for their dtype\n", residue, odd);
+            dsv4_model_close(m);
+        }
+        dsv4_engine *e = NULL;
+        dsv4_engine_options o = {128, 2, 16, 1, 0};
+        CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
+        if (e) {
+            run r = feed(e, ids, 20, 7, V);
+            CHECK(same_run(&r, &r0, 20, V), "header padded to a data start of %d mod 8: results differ", residue);
+            run_free(&r);
+            dsv4_engine_destroy(e);
+        }
+        rm_dir(to);
+    }
+    run_free(&r0);
+}
+
+/* A hash-routing row naming one expert twice is refused at load, naming the row. */
+static void test_tid2eid_repeat(dsv4_ctx *c)
+{
+    char to[96];
+    snprintf(to, sizeof to, "%s-rep", dir);
+    copy_padded(to, -1);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_tensor_entry en;
+    CHECK_STATUS(dsv4_checkpoint_open(to, &ck), DSV4_OK);
+    CHECK_STATUS(dsv4_checkpoint_find(ck, "layers.0.ffn.gate.tid2eid", &en), DSV4_OK);
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", to, en.file);
+    const uint64_t at = en.file_offset + 5 * (uint64_t)en.shape[1] * 8; /* row 5, I64 */
+    dsv4_checkpoint_close(ck);
+    size_t n;
+    uint8_t *f = slurp(p, &n);
+    if (f) {
+        memcpy(f + at + 8, f + at, 8); /* entry 1 = entry 0 */
+        spill(p, f, n);
+        free(f);
+    }
+    dsv4_engine *e = (dsv4_engine *)(uintptr_t)0x55;
+    CHECK_STATUS(dsv4_engine_create(c, to, NULL, &e), DSV4_ERR_FORMAT);
+    CHECK(e == (dsv4_engine *)(uintptr_t)0x55 && strstr(dsv4_last_error(), "tid2eid[5] names expert") &&
+              strstr(dsv4_last_error(), "twice"),
+          "%s", dsv4_last_error());
+    /* a file path is not a model directory (it would be read as config.json) */
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", to);
+    CHECK_STATUS(dsv4_engine_create(c, p, NULL, &e), DSV4_ERR_INVALID_ARG);
+    CHECK(strstr(dsv4_last_error(), "not a directory"), "%s", dsv4_last_error());
+    rm_dir(to);
+}
+
 /* Planning is analytic and checked against the machine: max_context 2^24 with 64 sequences
  * (about a TiB for the tiny model) is refused at once, naming the sizes (the former per call
  * size x scope width loop took 42 s for one such sequence, and the plan was then allocated and
@@ -452,6 +589,8 @@ int main(void)
     test_failed_forward(c1, ids);
     test_generate_prompt(c1, ids);
     test_plan_scale(c1);
+    test_padded_headers(c1, ids);
+    test_tid2eid_repeat(c1);
     dsv4_ctx_destroy(c1);
     dsv4_ctx_destroy(c2);
     dsv4_ctx_destroy(cr);
