@@ -94,7 +94,12 @@ DSV4_API dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t 
  * temperature 0: greedy (argmax, lowest id on ties). temperature > 0: p = softmax(logits / T),
  * restricted to the smallest set of most likely tokens whose mass reaches top_p (top_p >= 1: all),
  * then the reference's Gumbel-max form argmax_i p_i / E_i with E_i ~ Exp(1) drawn from the
- * seeded generator (xoshiro256**, seeded through splitmix64). */
+ * seeded generator (xoshiro256**, seeded through splitmix64).
+ * Non-finite logits, the same rule on every path: -Inf masks the token out (probability 0, never
+ * the argmax); a NaN or +Inf logit anywhere in the row, or a row with no finite logit, fails with
+ * DSV4_ERR_RANGE naming the logit (a model does not produce them unless its weights or inputs are
+ * broken, and any token picked from such a row would be garbage). Generation and steps check every
+ * row they sample (main and MTP logits) this way and name the sequence and position. */
 typedef struct dsv4_sampling {
     float temperature; /* >= 0 */
     float top_p;       /* (0, 1]; values >= 1 keep every token */

@@ -214,5 +214,8 @@ void eng_probs(dsv4_engine *e, const float *logits, const dsv4_sampling *s, floa
 int32_t eng_gumbel_pick(const float *p, int64_t n, uint64_t rng[4]);
 double eng_rng_uniform(uint64_t rng[4]);
 int32_t eng_argmax(const float *x, int64_t n);
+/* The sampler's rule for non-finite logits (include/dsv4/engine.h): DSV4_OK when the row can be
+ * sampled, else DSV4_ERR_RANGE with a message naming `what` (the row's sequence and position). */
+dsv4_status eng_check_logits(const dsv4_engine *e, const float *logits, const char *what);
 
 #endif

@@ -519,6 +519,98 @@ static void test_tid2eid_repeat(dsv4_ctx *c)
     rm_dir(to);
 }
 
+/* One rule for non-finite logits on every sampling path (greedy, temperature, top-p): NaN or +Inf
+ * anywhere, or no finite logit, is DSV4_ERR_RANGE naming the logit; -Inf masks a token out. A
+ * checkpoint whose weights make the logits NaN fails generation and steps with the position named
+ * (before, every logit was NaN and greedy returned token 0 with status OK). */
+static void test_nonfinite(dsv4_ctx *c, const int32_t *ids)
+{
+    dsv4_engine *e = open_engine(c, 16, 1);
+    if (!e) return;
+    const int64_t V = dsv4_engine_config(e)->vocab_size;
+    float *row = malloc((size_t)V * sizeof *row);
+    const dsv4_sampling paths[3] = {{0.0f, 1.0f, 1}, {1.0f, 1.0f, 2}, {0.7f, 0.9f, 3}};
+    for (int p = 0; p < 3; p++) {
+        uint64_t rng[4];
+        dsv4_rng_seed(paths[p].seed, rng);
+        int32_t tok = -7;
+        for (int64_t i = 0; i < V; i++) row[i] = test_randn();
+        row[7] = NAN;
+        CHECK_STATUS(dsv4_engine_sample(e, row, &paths[p], rng, &tok), DSV4_ERR_RANGE);
+        CHECK(tok == -7 && strstr(dsv4_last_error(), "logit 7 is NaN"), "path %d: %s", p, dsv4_last_error());
+        row[7] = 0.0f;
+        row[9] = INFINITY;
+        row[10] = INFINITY;
+        CHECK_STATUS(dsv4_engine_sample(e, row, &paths[p], rng, &tok), DSV4_ERR_RANGE);
+        CHECK(tok == -7 && strstr(dsv4_last_error(), "logit 9 is +Inf"), "path %d: %s", p, dsv4_last_error());
+        for (int64_t i = 0; i < V; i++) row[i] = -INFINITY;
+        CHECK_STATUS(dsv4_engine_sample(e, row, &paths[p], rng, &tok), DSV4_ERR_RANGE);
+        CHECK(tok == -7 && strstr(dsv4_last_error(), "every logit is -Inf"), "path %d: %s", p, dsv4_last_error());
+        /* -Inf masks: only odd ids can come out; greedy takes the largest of them */
+        int64_t best = 1;
+        for (int64_t i = 0; i < V; i++) {
+            row[i] = i % 2 ? 0.1f * test_randn() : -INFINITY;
+            if (i % 2 && row[i] > row[best]) best = i;
+        }
+        int even = 0, ok = 1;
+        for (int k = 0; k < 200; k++) {
+            ok &= dsv4_engine_sample(e, row, &paths[p], rng, &tok) == DSV4_OK;
+            even += tok % 2 == 0;
+            if (p == 0) ok &= tok == best;
+        }
+        CHECK(ok && even == 0, "path %d: masked tokens sampled %d times (or greedy missed %lld)", p, even, (long long)best);
+    }
+    free(row);
+    dsv4_engine_destroy(e);
+
+    /* the final norm's first weight NaN: every logit is NaN */
+    char to[96], p[600];
+    snprintf(to, sizeof to, "%s-nan", dir);
+    copy_padded(to, -1);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_tensor_entry en;
+    CHECK_STATUS(dsv4_checkpoint_open(to, &ck), DSV4_OK);
+    CHECK_STATUS(dsv4_checkpoint_find(ck, "norm.weight", &en), DSV4_OK);
+    snprintf(p, sizeof p, "%s/%s", to, en.file);
+    const uint64_t at = en.file_offset;
+    const int f32 = en.dtype == DSV4_F32;
+    dsv4_checkpoint_close(ck);
+    size_t n;
+    uint8_t *f = slurp(p, &n);
+    if (f) {
+        const uint32_t nan32 = 0x7FC00000u;
+        const uint16_t nan16 = 0x7FC0u;
+        if (f32) memcpy(f + at, &nan32, 4);
+        else memcpy(f + at, &nan16, 2);
+        spill(p, f, n);
+        free(f);
+    }
+    dsv4_engine_options o = {128, 2, 16, 1, 0};
+    e = NULL;
+    CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
+    if (e) {
+        int seq = -1;
+        int32_t out[8];
+        int64_t n_out = -1;
+        dsv4_generate_options g = {4, 0, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+        CHECK_STATUS(dsv4_engine_seq_create(e, &seq), DSV4_OK);
+        CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 5, &g, out, 8, &n_out, NULL), DSV4_ERR_RANGE);
+        CHECK(n_out == -1 && strstr(dsv4_last_error(), "logits at position 4") && strstr(dsv4_last_error(), "is NaN"), "%s",
+              dsv4_last_error());
+        int s2 = -1;
+        CHECK_STATUS(dsv4_engine_seq_create(e, &s2), DSV4_OK);
+        CHECK_STATUS(dsv4_engine_forward(e, s2, ids, 3, NULL, 0, NULL, 0), DSV4_OK);
+        uint64_t rng[4];
+        dsv4_rng_seed(5, rng);
+        int32_t toks[4];
+        dsv4_step_request r = {s2, ids + 3, 1, 1, 1, {1.0f, 1.0f, 5}, rng, toks, 0, 0, 0};
+        CHECK_STATUS(dsv4_engine_step(e, &r, 1), DSV4_ERR_RANGE);
+        CHECK(strstr(dsv4_last_error(), "sequence 1") && strstr(dsv4_last_error(), "at position 3"), "%s", dsv4_last_error());
+        dsv4_engine_destroy(e);
+    }
+    rm_dir(to);
+}
+
 /* Planning is analytic and checked against the machine: max_context 2^24 with 64 sequences
  * (about a TiB for the tiny model) is refused at once, naming the sizes (the former per call
  * size x scope width loop took 42 s for one such sequence, and the plan was then allocated and
@@ -591,6 +683,7 @@ int main(void)
     test_plan_scale(c1);
     test_padded_headers(c1, ids);
     test_tid2eid_repeat(c1);
+    test_nonfinite(c1, ids);
     dsv4_ctx_destroy(c1);
     dsv4_ctx_destroy(c2);
     dsv4_ctx_destroy(cr);
