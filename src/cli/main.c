@@ -33,6 +33,7 @@ static void usage(FILE *f)
                "commands:\n"
                "  info                 backends, CPU features, threads\n"
                "  inspect DIR          a checkpoint: config, tensors by dtype, missing/unexpected\n"
+               "                       (--values: tensors holding NaN / Inf or NaN scales)\n"
                "  make-tiny --out DIR  write the built-in tiny model (--seed S)\n"
                "  run --model DIR ...  generate: --prompt-ids 1,2,3 --max-tokens N [--mtp K] (run -h)\n"
                "  tokenize TEXT|-      text -> token ids with a tokenizer.json (--ids, --chat, --think, --decode; -h)\n"
