@@ -39,6 +39,8 @@ typedef struct dsv4_engine_options {
     int logits_rows;     /* rows of the engine's logits buffer used by dsv4_engine_generate
                             (>= 1 + max_mtp); 0: 1 + max_mtp. More rows let `prompt_logits`
                             deliver the prompt in chunks of that many. */
+    dsv4_load_mode load; /* how the checkpoint is loaded (dsv4_model_open_options.load): DSV4_LOAD_COPY
+                            for a process that must not die of SIGBUS if a shard is truncated */
 } dsv4_engine_options;
 
 /* Open the checkpoint in `model_dir` (dsv4_model_open) and plan every buffer. ctx NULL = default. */

@@ -135,12 +135,25 @@ typedef struct dsv4_tensor_entry {
     int64_t shape[DSV4_MAX_DIMS];
     uint64_t nbytes;
     uint64_t file_offset;   /* absolute offset of the first byte in the file */
-    const void *data;       /* read-only, memory-mapped */
+    const void *data;       /* read-only: in the file's mapping, or its copy (DSV4_LOAD_COPY) */
 } dsv4_tensor_entry;
 
+/* How a checkpoint's files come into memory.
+ *   DSV4_LOAD_MAP   memory-mapped read-only, used in place (the default: no copy, pages read on
+ *                   first use). A file that shrinks while it is mapped (truncated, or rewritten
+ *                   in place by another program) makes the next read of a page past its new end
+ *                   raise SIGBUS, which kills the process unless it handles that signal: the
+ *                   mapping cannot report an error.
+ *   DSV4_LOAD_COPY  read into memory at open (the whole file, once): needs the memory, but
+ *                   nothing done to the files afterwards can reach the process. A file that
+ *                   changes size while it is read fails the open with DSV4_ERR_IO. For servers. */
+typedef enum dsv4_load_mode { DSV4_LOAD_MAP = 0, DSV4_LOAD_COPY = 1 } dsv4_load_mode;
+
 /* Open a checkpoint: a directory with model.safetensors.index.json (sharded) or model.safetensors,
- * or one .safetensors file. Every file is validated and memory-mapped read-only. */
+ * or one .safetensors file. Every file is validated and memory-mapped read-only
+ * (dsv4_checkpoint_open_mode: mapped or copied). */
 DSV4_API dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out);
+DSV4_API dsv4_status dsv4_checkpoint_open_mode(const char *path, dsv4_load_mode mode, dsv4_checkpoint **out);
 DSV4_API void dsv4_checkpoint_close(dsv4_checkpoint *ck);
 DSV4_API int64_t dsv4_checkpoint_count(const dsv4_checkpoint *ck);
 DSV4_API int dsv4_checkpoint_file_count(const dsv4_checkpoint *ck);
@@ -216,6 +229,7 @@ typedef struct dsv4_model_open_options {
     /* 0: any missing, unexpected or mistyped tensor fails the open (with the first one named).
      * 1: the open succeeds and the problems are listed by dsv4_model_issue (for `dsv4 inspect`). */
     int allow_issues;
+    dsv4_load_mode load; /* DSV4_LOAD_MAP (0) or DSV4_LOAD_COPY (see there) */
 } dsv4_model_open_options;
 
 typedef enum dsv4_issue_kind {

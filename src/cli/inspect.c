@@ -137,7 +137,7 @@ int dsv4_cmd_inspect(int argc, char **argv)
         fputs(usage, stderr);
         return 2;
     }
-    dsv4_model_open_options opt = {1};
+    dsv4_model_open_options opt = {1, DSV4_LOAD_MAP};
     dsv4_model *m = NULL;
     if (dsv4_model_open(dir, &opt, &m) != DSV4_OK) {
         char why[1024];

@@ -347,7 +347,7 @@ int dsv4_cmd_run(int argc, char **argv)
         dsv4_ctx_options co = {.backend = a.backend, .threads = a.threads};
         if (dsv4_ctx_create(&co, &ctx) != DSV4_OK) return fail(dsv4_last_error());
     }
-    dsv4_engine_options eo = {a.max_context, a.max_seqs, a.max_batch, a.mtp, 0};
+    dsv4_engine_options eo = {a.max_context, a.max_seqs, a.max_batch, a.mtp, 0, DSV4_LOAD_MAP};
     if (a.dump) { /* the prompt's logits come in chunks of logits_rows */
         if (!eo.max_batch) eo.max_batch = 128;
         eo.logits_rows = eo.max_batch;

@@ -701,7 +701,8 @@ dsv4_status dsv4_engine_create(dsv4_ctx *ctx, const char *model_dir, const dsv4_
     dsv4_engine *e = calloc(1, sizeof *e);
     if (!e) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
     e->ctx = ctx;
-    dsv4_status st = dsv4_model_open(model_dir, NULL, &e->model);
+    const dsv4_model_open_options mo = {0, options ? options->load : DSV4_LOAD_MAP};
+    dsv4_status st = dsv4_model_open(model_dir, &mo, &e->model);
     if (st == DSV4_OK) st = setup(e, options);
     if (st != DSV4_OK) {
         dsv4_engine_destroy(e);

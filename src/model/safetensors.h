@@ -68,7 +68,8 @@ struct dsv4_checkpoint {
     int n_files;
     char **paths;       /* full paths */
     const char **fnames;/* base names (into paths) */
-    uint8_t **maps;     /* whole-file read-only mappings */
+    uint8_t **maps;     /* whole files: read-only mappings, or (copies) into bases */
+    uint8_t **bases;    /* DSV4_LOAD_COPY: the allocations holding the copies; NULL when mapped */
     uint64_t *sizes, *data_start;
     char **arenas;      /* per file: names and canonical names */
     int64_t n;

@@ -438,7 +438,7 @@ dsv4_status dsv4_model_open(const char *dir, const dsv4_model_open_options *opti
     if (!m) return dsv4_fail(DSV4_ERR_NO_MEMORY, "model: out of memory");
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     dsv4_status st = dsv4_config_load(dir, &m->cfg);
-    if (st == DSV4_OK) st = dsv4_checkpoint_open(dir, &m->ck);
+    if (st == DSV4_OK) st = dsv4_checkpoint_open_mode(dir, options ? options->load : DSV4_LOAD_MAP, &m->ck);
     if (st == DSV4_OK) st = bind_all(m);
     if (st == DSV4_OK && m->n_issues && !(options && options->allow_issues)) {
         const issue *first = m->n_stored ? &m->issues[0] : NULL;
