@@ -31,8 +31,8 @@ build: deps $(BUILD)/CMakeCache.txt
 run: build
 	./$(BUILD)/dsv4 info
 	./$(BUILD)/dsv4 bench formats --quick
-	@test -f $(BUILD)/tiny/config.json || ./$(BUILD)/dsv4 make-tiny --out $(BUILD)/tiny
-	./$(BUILD)/dsv4 run --model $(BUILD)/tiny --prompt-ids 0,17,42,7,99,3 --max-tokens 32 --mtp 2
+	@test -f $(BUILD)/tiny/tokenizer.json || ./$(BUILD)/dsv4 make-tiny --out $(BUILD)/tiny
+	./$(BUILD)/dsv4 run --model $(BUILD)/tiny --chat "Hello! Who are you?" --max-tokens 32 --mtp 2
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -35,3 +35,6 @@ if [ ${#missing_py[@]} -gt 0 ]; then
   python3 -m pip install -q --disable-pip-version-check "${missing_py[@]}" 2>&1 | grep -v "Running pip as the 'root'" || true
   for p in "${missing_py[@]}"; do python3 -c "import $p" || { echo "install-deps: $p did not install" >&2; exit 1; }; done
 fi
+
+# DeepSeek-V4's tokenizer.json into the cache, where `dsv4 make-tiny` and the tests find it
+python3 "$(dirname "$0")/fetch_tokenizer.py" > /dev/null || { echo "install-deps: could not fetch DeepSeek-V4's tokenizer.json" >&2; exit 1; }

@@ -271,7 +271,9 @@ typedef struct dsv4_write_options {
  * 1x32 scales (expert_format AUTO means FP4 here), hash tables with distinct experts. */
 DSV4_API dsv4_status dsv4_checkpoint_write(const char *dir, const dsv4_model_config *cfg,
                                            const dsv4_write_options *options);
-/* `dsv4 make-tiny`: dsv4_config_tiny in the official layout, 2 shards, with MTP. */
+/* The token-id tiny model (`dsv4 make-tiny --no-tokenizer`, the test suite's): dsv4_config_tiny in the
+ * official layout, 2 shards, with MTP. `dsv4 make-tiny` writes the same layers with the vocabulary of
+ * DeepSeek-V4's tokenizer and its tokenizer.json beside them (src/cli/make_tiny.c). */
 DSV4_API dsv4_status dsv4_make_tiny(const char *dir, uint64_t seed);
 
 #ifdef __cplusplus

@@ -34,7 +34,7 @@ static void usage(FILE *f)
                "  info                 backends, CPU features, threads\n"
                "  inspect DIR          a checkpoint: config, tensors by dtype, missing/unexpected\n"
                "                       (--values: tensors holding NaN / Inf or NaN scales)\n"
-               "  make-tiny --out DIR  write the built-in tiny model (--seed S)\n"
+               "  make-tiny --out DIR  write the built-in tiny model with DeepSeek-V4's tokenizer (--seed S, --no-tokenizer)\n"
                "  run --model DIR ...  generate: --prompt-ids 1,2,3 --max-tokens N [--mtp K] (run -h)\n"
                "  tokenize TEXT|-      text -> token ids with a tokenizer.json (--ids, --chat, --think, --decode; -h)\n"
                "  bench NAME [opts]    benchmarks (--threads N, --quick):\n");

@@ -535,8 +535,9 @@ def test_cli_make_tiny_and_inspect(tmp_path):
         pytest.skip(f"{exe} not built")
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the binary links its own sanitizer runtime
     d = tmp_path / "cli"
-    r = subprocess.run([str(exe), "make-tiny", "--out", str(d), "--seed", "3"], capture_output=True, text=True, env=env)
-    assert r.returncode == 0 and "427 tensors" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([str(exe), "make-tiny", "--out", str(d), "--seed", "3", "--no-tokenizer"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "427 tensors" in r.stdout and "vocab 512" in r.stdout, r.stdout + r.stderr
+    assert not (d / "tokenizer.json").exists()
     r = subprocess.run([str(exe), "inspect", str(d)], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "problems: none" in r.stdout and "F8_E4M3" in r.stdout and "MTP" in r.stdout, r.stdout
     (d / "model-00002-of-00002.safetensors").write_bytes(b"\x10" + b"\0" * 7 + b"{}")
@@ -556,7 +557,7 @@ def test_cli_inspect_values(tmp_path):
         pytest.skip(f"{exe} not built")
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     d = tmp_path / "cli"
-    assert subprocess.run([str(exe), "make-tiny", "--out", str(d)], capture_output=True, env=env).returncode == 0
+    assert subprocess.run([str(exe), "make-tiny", "--out", str(d), "--no-tokenizer"], capture_output=True, env=env).returncode == 0
     r = subprocess.run([str(exe), "inspect", str(d), "--values"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "every element is a number" in r.stdout, r.stdout + r.stderr
     want = {"F8_E4M3": b"\x7f", "F8_E8M0": b"\xff", "F32": struct.pack("<f", math.inf), "BF16": b"\xc0\x7f"}
@@ -579,3 +580,36 @@ def test_cli_inspect_values(tmp_path):
         line = [ln for ln in r.stdout.splitlines() if f"'{name}'" in ln]
         assert line and file in line[0] and "the first at element 2" in line[0], (dtype, r.stdout)
         assert ("1 Inf" if dtype == "F32" else "1 NaN") in line[0], line[0]
+
+
+def test_cli_make_tiny_ships_the_tokenizer(tmp_path):
+    """`dsv4 make-tiny` writes DeepSeek-V4's tokenizer.json beside the weights with the vocabulary sized
+    to it, so `dsv4 run --chat` turns text into text; without a tokenizer it says how to get one."""
+    import os
+    import subprocess
+    import tokenizer_data
+    exe = pathlib.Path(os.environ.get("DSV4_LIB", "build/libdsv4.so")).resolve().parent / "dsv4"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built")
+    src = pathlib.Path(tokenizer_data.tokenizer_json())
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "DSV4_TOKENIZER", "DSV4_CACHE")}
+    run = lambda *a, **env: subprocess.run([str(exe), *map(str, a)], capture_output=True, text=True, env={**base, **env})
+    d = tmp_path / "tiny"
+    r = run("make-tiny", "--out", d, "--tokenizer", src.parent)  # a folder holding tokenizer.json
+    assert r.returncode == 0 and "vocab 129280" in r.stdout and "random" in r.stdout, r.stdout + r.stderr
+    assert (d / "tokenizer.json").read_bytes() == src.read_bytes()
+    r = run("run", "--model", d, "--chat", "Hello!", "--max-tokens", "4", "--threads", "1")
+    assert r.returncode == 0 and "decode" in r.stderr and len(r.stdout.strip()) > 0, r.stdout + r.stderr
+    # the default is $DSV4_TOKENIZER, else the fetched copy under $DSV4_CACHE; none: a clear error, nothing written
+    empty, e = tmp_path / "empty-cache", tmp_path / "none"
+    empty.mkdir()
+    r = run("make-tiny", "--out", e, DSV4_CACHE=str(empty))
+    assert r.returncode == 1 and "no tokenizer.json found" in r.stderr and "install-deps" in r.stderr and not e.exists(), r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": {}}')
+    r = run("make-tiny", "--out", e, DSV4_TOKENIZER=str(bad))
+    assert r.returncode == 1 and "bad.json" in r.stderr and not e.exists(), r.stderr
+    # rewriting as a token-id model drops the tokenizer that no longer matches its vocabulary
+    r = run("make-tiny", "--out", d, "--no-tokenizer")
+    assert r.returncode == 0 and not (d / "tokenizer.json").exists(), r.stdout + r.stderr
+    assert run("make-tiny", "--out", d, "--no-tokenizer", "--tokenizer", src).returncode == 2
