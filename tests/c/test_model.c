@@ -657,7 +657,7 @@ static void test_hostile_dirs(void)
     v.moe_inter_dim = 256;
     config_variant("shape", &v, dir, sizeof dir);
     expect_open_fails(dir, DSV4_ERR_SHAPE, "ffn.experts.0.w1.weight", "expected [256, 128]");
-    dsv4_model_open_options lenient = {1};
+    dsv4_model_open_options lenient = {1, DSV4_LOAD_MAP};
     dsv4_model *m = NULL;
     CHECK_STATUS(dsv4_model_open(dir, &lenient, &m), DSV4_OK);
     if (m) {
