@@ -129,15 +129,6 @@ static void test_context_options(void)
 /* Thread counts: an option above DSV4_MAX_THREADS is refused (10^9 threads once planned 68 GiB
  * of per-thread buffers); a $DSV4_THREADS that is not a count in [1, DSV4_MAX_THREADS] is ignored
  * with a warning naming it. */
-static int warned;
-static char warned_msg[512];
-static void on_warning(void *user, const char *msg)
-{
-    (void)user;
-    warned++;
-    snprintf(warned_msg, sizeof warned_msg, "%s", msg);
-}
-
 static void test_thread_counts(void)
 {
     dsv4_ctx *c = NULL;
@@ -152,18 +143,18 @@ static void test_thread_counts(void)
     dsv4_ctx_destroy(c);
     unsetenv("DSV4_THREADS");
     const int all = dsv4_default_threads();
-    dsv4_set_warning_handler(on_warning, NULL);
+    dsv4_set_warning_handler(test_on_warning, NULL);
     const char *bad[] = {"1000000000", "0", "-3", "4x", " 2", "+2", "1025", "99999999999999999999"};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        warned = 0;
+        test_caught()->n = 0;
         setenv("DSV4_THREADS", bad[k], 1);
         int n = dsv4_default_threads();
-        CHECK(n == all && warned == 1 && strstr(warned_msg, "DSV4_THREADS") && strstr(warned_msg, bad[k]),
-              "DSV4_THREADS='%s': %d threads (all %d), %d warnings: %s", bad[k], n, all, warned, warned_msg);
+        CHECK(n == all && test_caught()->n == 1 && strstr(test_caught()->last, "DSV4_THREADS") && strstr(test_caught()->last, bad[k]),
+              "DSV4_THREADS='%s': %d threads (all %d), %d warnings: %s", bad[k], n, all, test_caught()->n, test_caught()->last);
     }
-    warned = 0;
+    test_caught()->n = 0;
     setenv("DSV4_THREADS", "3", 1);
-    CHECK(dsv4_default_threads() == 3 && warned == 0, "DSV4_THREADS=3");
+    CHECK(dsv4_default_threads() == 3 && test_caught()->n == 0, "DSV4_THREADS=3");
     unsetenv("DSV4_THREADS");
     dsv4_set_warning_handler(dsv4_warning_stderr, NULL);
 }

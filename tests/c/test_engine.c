@@ -385,25 +385,6 @@ static void test_generate_prompt(dsv4_ctx *c, const int32_t *ids)
 }
 
 /* ---- checkpoints as hostile files lay them out ---------------------------------------------- */
-static uint8_t *slurp(const char *p, size_t *n)
-{
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)len + 16);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
-static void spill(const char *p, const uint8_t *b, size_t n)
-{
-    FILE *f = fopen(p, "wb");
-    if (f) fwrite(b, 1, n, f), fclose(f);
-}
-
 /* dir copied to `to`, each safetensors header padded with spaces so that its data area starts at
  * `residue` modulo 8 (the format allows any padding). */
 static void copy_padded(const char *to, int residue)
@@ -417,7 +398,7 @@ static void copy_padded(const char *to, int residue)
         snprintf(a, sizeof a, "%s/%s", dir, d->d_name);
         snprintf(b, sizeof b, "%s/%s", to, d->d_name);
         size_t n;
-        uint8_t *f = slurp(a, &n);
+        uint8_t *f = (uint8_t *)test_read_file(a, &n);
         const size_t len = strlen(d->d_name);
         if (f && residue >= 0 && len > 12 && !strcmp(d->d_name + len - 12, ".safetensors")) {
             uint64_t hl = 0;
@@ -429,14 +410,47 @@ static void copy_padded(const char *to, int residue)
             memcpy(g + 8, f + 8, hl);
             memset(g + 8 + hl, ' ', pad);
             memcpy(g + 8 + nl, f + 8 + hl, n - 8 - hl);
-            spill(b, g, n + pad);
+            test_write_file(b, g, n + pad);
             free(g);
         } else if (f) {
-            spill(b, f, n);
+            test_write_file(b, f, n);
         }
         free(f);
     }
     if (h) closedir(h);
+}
+
+/* The tiny model's results on 20 prompt tokens in chunks of 7 (max_batch 16, MTP 1): what a
+ * hostile variant of its files must reproduce. *V = 0 if no engine could be made. */
+static run reference_run(dsv4_ctx *c, const int32_t *ids, int64_t *V)
+{
+    run r = {0};
+    dsv4_engine *e = open_engine(c, 16, 1);
+    if (!e) return r;
+    *V = dsv4_engine_config(e)->vocab_size;
+    r = feed(e, ids, 20, 7, *V);
+    dsv4_engine_destroy(e);
+    return r;
+}
+
+/* Overwrite n bytes of tensor `name` of the checkpoint in `to`, at byte `rel` of its data. */
+static void patch_tensor(const char *to, const char *name, uint64_t rel, const void *bytes, size_t n)
+{
+    dsv4_checkpoint *ck = NULL;
+    dsv4_tensor_entry en;
+    CHECK_STATUS(dsv4_checkpoint_open(to, &ck), DSV4_OK);
+    CHECK_STATUS(dsv4_checkpoint_find(ck, name, &en), DSV4_OK);
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", to, en.file);
+    const uint64_t at = en.file_offset + rel;
+    dsv4_checkpoint_close(ck);
+    size_t len;
+    uint8_t *f = (uint8_t *)test_read_file(p, &len);
+    if (f && at + n <= len) {
+        memcpy(f + at, bytes, n);
+        test_write_file(p, f, len);
+    }
+    free(f);
 }
 
 /* A data area at any byte gives the same bytes: logits, MTP logits and caches bit for bit equal to
@@ -445,11 +459,9 @@ static void copy_padded(const char *to, int residue)
  * typed read: the int64 hash-routing table, BF16 norms in the compressor, F32 parameters. */
 static void test_padded_headers(dsv4_ctx *c, const int32_t *ids)
 {
-    dsv4_engine *e0 = open_engine(c, 16, 1);
-    if (!e0) return;
-    const int64_t V = dsv4_engine_config(e0)->vocab_size;
-    run r0 = feed(e0, ids, 20, 7, V);
-    dsv4_engine_destroy(e0);
+    int64_t V = 0;
+    run r0 = reference_run(c, ids, &V);
+    if (!V) return;
     for (int residue = 0; residue < 8; residue += 3) {
         char to[96];
         snprintf(to, sizeof to, "%s-pad%d", dir, residue);
@@ -496,25 +508,21 @@ static void test_tid2eid_repeat(dsv4_ctx *c)
     copy_padded(to, -1);
     dsv4_checkpoint *ck = NULL;
     dsv4_tensor_entry en;
+    int64_t x = 0, k = 0; /* row 5's first expert (I64), written again as its second */
     CHECK_STATUS(dsv4_checkpoint_open(to, &ck), DSV4_OK);
-    CHECK_STATUS(dsv4_checkpoint_find(ck, "layers.0.ffn.gate.tid2eid", &en), DSV4_OK);
-    char p[600];
-    snprintf(p, sizeof p, "%s/%s", to, en.file);
-    const uint64_t at = en.file_offset + 5 * (uint64_t)en.shape[1] * 8; /* row 5, I64 */
-    dsv4_checkpoint_close(ck);
-    size_t n;
-    uint8_t *f = slurp(p, &n);
-    if (f) {
-        memcpy(f + at + 8, f + at, 8); /* entry 1 = entry 0 */
-        spill(p, f, n);
-        free(f);
+    if (ck && dsv4_checkpoint_find(ck, "layers.0.ffn.gate.tid2eid", &en) == DSV4_OK) {
+        k = en.shape[1];
+        memcpy(&x, (const uint8_t *)en.data + 5 * k * 8, 8);
     }
+    dsv4_checkpoint_close(ck);
+    patch_tensor(to, "layers.0.ffn.gate.tid2eid", (uint64_t)(5 * k + 1) * 8, &x, 8);
     dsv4_engine *e = (dsv4_engine *)(uintptr_t)0x55;
     CHECK_STATUS(dsv4_engine_create(c, to, NULL, &e), DSV4_ERR_FORMAT);
     CHECK(e == (dsv4_engine *)(uintptr_t)0x55 && strstr(dsv4_last_error(), "tid2eid[5] names expert") &&
               strstr(dsv4_last_error(), "twice"),
           "%s", dsv4_last_error());
     /* a file path is not a model directory (it would be read as config.json) */
+    char p[600];
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", to);
     CHECK_STATUS(dsv4_engine_create(c, p, NULL, &e), DSV4_ERR_INVALID_ARG);
     CHECK(strstr(dsv4_last_error(), "not a directory"), "%s", dsv4_last_error());
@@ -566,27 +574,18 @@ static void test_nonfinite(dsv4_ctx *c, const int32_t *ids)
     dsv4_engine_destroy(e);
 
     /* the final norm's first weight NaN: every logit is NaN */
-    char to[96], p[600];
+    char to[96];
     snprintf(to, sizeof to, "%s-nan", dir);
     copy_padded(to, -1);
     dsv4_checkpoint *ck = NULL;
     dsv4_tensor_entry en;
+    int f32 = 0;
     CHECK_STATUS(dsv4_checkpoint_open(to, &ck), DSV4_OK);
-    CHECK_STATUS(dsv4_checkpoint_find(ck, "norm.weight", &en), DSV4_OK);
-    snprintf(p, sizeof p, "%s/%s", to, en.file);
-    const uint64_t at = en.file_offset;
-    const int f32 = en.dtype == DSV4_F32;
+    if (ck && dsv4_checkpoint_find(ck, "norm.weight", &en) == DSV4_OK) f32 = en.dtype == DSV4_F32;
     dsv4_checkpoint_close(ck);
-    size_t n;
-    uint8_t *f = slurp(p, &n);
-    if (f) {
-        const uint32_t nan32 = 0x7FC00000u;
-        const uint16_t nan16 = 0x7FC0u;
-        if (f32) memcpy(f + at, &nan32, 4);
-        else memcpy(f + at, &nan16, 2);
-        spill(p, f, n);
-        free(f);
-    }
+    const uint32_t nan32 = 0x7FC00000u;
+    const uint16_t nan16 = 0x7FC0u;
+    patch_tensor(to, "norm.weight", 0, f32 ? (const void *)&nan32 : (const void *)&nan16, f32 ? 4 : 2);
     dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_MAP};
     e = NULL;
     CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
@@ -631,11 +630,9 @@ static void truncate_shards(const char *d)
 
 static void test_copy_load(dsv4_ctx *c, const int32_t *ids)
 {
-    dsv4_engine *e0 = open_engine(c, 16, 1);
-    if (!e0) return;
-    const int64_t V = dsv4_engine_config(e0)->vocab_size;
-    run r0 = feed(e0, ids, 20, 7, V);
-    dsv4_engine_destroy(e0);
+    int64_t V = 0;
+    run r0 = reference_run(c, ids, &V);
+    if (!V) return;
     char to[96];
     snprintf(to, sizeof to, "%s-copy", dir);
     copy_padded(to, -1);
@@ -680,18 +677,9 @@ static void test_copy_load(dsv4_ctx *c, const int32_t *ids)
  * (about a TiB for the tiny model) is refused at once, naming the sizes (the former per call
  * size x scope width loop took 42 s for one such sequence, and the plan was then allocated and
  * zeroed); a max_context beyond max_position_embeddings plans, with a warning. */
-static int n_warned;
-static char last_warning[512];
-static void on_warning(void *user, const char *msg)
-{
-    (void)user;
-    n_warned++;
-    snprintf(last_warning, sizeof last_warning, "%s", msg);
-}
-
 static void test_plan_scale(dsv4_ctx *c)
 {
-    dsv4_set_warning_handler(on_warning, NULL);
+    dsv4_set_warning_handler(test_on_warning, NULL);
     dsv4_engine *e = (dsv4_engine *)(uintptr_t)0x77;
     dsv4_engine_options o = {(int64_t)1 << 24, 64, 128, 0, 0, DSV4_LOAD_MAP};
     struct timespec t0, t1;
@@ -704,19 +692,19 @@ static void test_plan_scale(dsv4_ctx *c)
     CHECK(strstr(dsv4_last_error(), "max_context 16777216 x max_seqs 64") && strstr(dsv4_last_error(), "GiB of host memory") &&
               strstr(dsv4_last_error(), "available"),
           "message: %s", dsv4_last_error());
-    CHECK(n_warned == 1 && strstr(last_warning, "max_position_embeddings 4096"), "%d warnings: %s", n_warned, last_warning);
-    n_warned = 0;
+    CHECK(test_caught()->n == 1 && strstr(test_caught()->last, "max_position_embeddings 4096"), "%d warnings: %s", test_caught()->n, test_caught()->last);
+    test_caught()->n = 0;
     o = (dsv4_engine_options){4097, 1, 8, 0, 0, DSV4_LOAD_MAP};
     e = NULL;
     CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_OK);
-    CHECK(n_warned == 1 && strstr(last_warning, "max_context 4097 exceeds the model's max_position_embeddings 4096"),
-          "%d warnings: %s", n_warned, last_warning);
+    CHECK(test_caught()->n == 1 && strstr(test_caught()->last, "max_context 4097 exceeds the model's max_position_embeddings 4096"),
+          "%d warnings: %s", test_caught()->n, test_caught()->last);
     dsv4_engine_destroy(e);
-    n_warned = 0;
+    test_caught()->n = 0;
     o.max_context = 4096;
     e = NULL;
     CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_OK);
-    CHECK(n_warned == 0, "a plain plan warned: %s", last_warning);
+    CHECK(test_caught()->n == 0, "a plain plan warned: %s", test_caught()->last);
     dsv4_engine_destroy(e);
     dsv4_set_warning_handler(dsv4_warning_stderr, NULL);
 }

@@ -59,28 +59,6 @@ static long file_size(const char *p)
     return stat(p, &sb) == 0 ? (long)sb.st_size : -1;
 }
 
-static char *read_all(const char *p, size_t *n)
-{
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
-static void write_all(const char *p, const char *data, size_t n)
-{
-    FILE *f = fopen(p, "wb");
-    if (!f) return;
-    fwrite(data, 1, n, f);
-    fclose(f);
-}
-
 static void copy_dir(const char *from, const char *to)
 {
     mkdir(to, 0755);
@@ -92,8 +70,8 @@ static void copy_dir(const char *from, const char *to)
         snprintf(a, sizeof a, "%s/%s", from, e->d_name);
         snprintf(b, sizeof b, "%s/%s", to, e->d_name);
         size_t n;
-        char *data = read_all(a, &n);
-        if (data) write_all(b, data, n);
+        char *data = test_read_file(a, &n);
+        if (data) test_write_file(b, data, n);
         free(data);
     }
     if (d) closedir(d);
@@ -564,11 +542,11 @@ static void test_make_tiny(void)
     for (int s = 1; s <= 2; s++) {
         size_t n1 = 0, n2 = 0, n3 = 0;
         snprintf(a, sizeof a, "%s/model-0000%d-of-00002.safetensors", dir, s);
-        char *x = read_all(a, &n1);
+        char *x = test_read_file(a, &n1);
         snprintf(b, sizeof b, "%s/model-0000%d-of-00002.safetensors", dir2, s);
-        char *y = read_all(b, &n2);
+        char *y = test_read_file(b, &n2);
         snprintf(b, sizeof b, "%s/model-0000%d-of-00002.safetensors", dir3, s);
-        char *z = read_all(b, &n3);
+        char *z = test_read_file(b, &n3);
         CHECK(x && y && n1 == n2 && !memcmp(x, y, n1), "shard %d differs for the same seed", s);
         CHECK(z && n1 == n3 && memcmp(x, z, n1), "shard %d is the same for another seed", s);
         free(x);
@@ -588,7 +566,7 @@ static void variant(const char *name, const char *file, const char *text, char *
     rm_dir(out);
     copy_dir(src, out);
     snprintf(p, sizeof p, "%s/%s", out, file);
-    if (text) write_all(p, text, strlen(text));
+    if (text) test_write_file(p, text, strlen(text));
     else unlink(p);
 }
 
@@ -649,7 +627,7 @@ static void test_hostile_dirs(void)
     CHECK(truncate(p, file_size(p) - 100) == 0, "truncate");
     CHECK_STATUS(dsv4_config_to_json(&c, cfg, sizeof cfg, &len), DSV4_OK);
     snprintf(p, sizeof p, "%s/config.json", dir);
-    write_all(p, cfg, len);
+    test_write_file(p, cfg, len);
     expect_open_fails(dir, DSV4_ERR_FORMAT, "model-00001-of-00002.safetensors", "truncated");
 
     /* config and checkpoint disagree: shapes, extra layers, missing layers, formats */
@@ -694,15 +672,6 @@ static void test_hostile_dirs(void)
 }
 
 /* ---- hostile files: FIFOs, huge shard indexes, warnings ---------------------------------------- */
-
-static int warnings_seen;
-static char warning_last[512];
-static void count_warning(void *user, const char *msg)
-{
-    (void)user;
-    warnings_seen++;
-    snprintf(warning_last, sizeof warning_last, "%s", msg);
-}
 
 static double now_s(void)
 {
@@ -761,7 +730,7 @@ static void test_index_scale(void)
     CHECK(dt < 1.0, "60,000 shard names took %.2f s", dt);
     index_of(ix, cap, 70000, &len);
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
-    write_all(p, ix, len);
+    test_write_file(p, ix, len);
     t0 = now_s();
     expect_open_fails(dir, DSV4_ERR_FORMAT, "model.safetensors.index.json", "more than 65536 shard files");
     dt = now_s() - t0;
@@ -775,17 +744,20 @@ static void test_index_scale(void)
 static void test_warning_channel(void)
 {
     dsv4_model_config c;
-    warnings_seen = 0;
-    dsv4_set_warning_handler(count_warning, NULL);
+    test_caught()->n = 0;
+    dsv4_set_warning_handler(test_on_warning, NULL);
     CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
-    CHECK(warnings_seen == 1 && strstr(warning_last, "cfg.json: unknown config key \"my_knob\" ignored"),
-          "%d warnings, last '%s'", warnings_seen, warning_last);
+    CHECK(test_caught()->n == 1 && strstr(test_caught()->last, "cfg.json: unknown config key \"my_knob\" ignored"),
+          "%d warnings, last '%s'", test_caught()->n, test_caught()->last);
     CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
-    CHECK(warnings_seen == 2, "a caller's handler hears every warning: %d", warnings_seen);
+    CHECK(test_caught()->n == 2, "a caller's handler hears every warning: %d", test_caught()->n);
     dsv4_set_warning_handler(NULL, NULL);
     CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
-    CHECK(warnings_seen == 2, "silenced, yet the handler heard it");
+    CHECK(test_caught()->n == 2, "silenced, yet the handler heard it");
     dsv4_set_warning_handler(dsv4_warning_stderr, NULL);
+    /* a shard index given as config.json is named as such, not read as a config of defaults */
+    CHECK_STATUS(parse("{\"metadata\": {}, \"weight_map\": {\"embed.weight\": \"a.safetensors\"}}", &c), DSV4_ERR_FORMAT);
+    CHECK(has("cfg.json") && has("shard index"), "%s", dsv4_last_error());
 }
 
 static void test_hf_layout(void)
@@ -812,7 +784,7 @@ static void test_hf_layout(void)
         size_t n;
         char fp[1100];
         snprintf(fp, sizeof fp, "%s/model.safetensors", hf_tiny);
-        char *file = read_all(fp, &n);
+        char *file = test_read_file(fp, &n);
         CHECK_STATUS(dsv4_checkpoint_find(dsv4_model_get_checkpoint(m), "model.embed_tokens.weight", &e), DSV4_OK);
         CHECK(file && e.file_offset + e.nbytes <= n && !memcmp(file + e.file_offset, w->embed.data, e.nbytes), "embed bytes");
         free(file);
