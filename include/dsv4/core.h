@@ -37,6 +37,19 @@ DSV4_API const char *dsv4_status_name(dsv4_status status);
 DSV4_API void dsv4_clear_error(void);
 DSV4_API const char *dsv4_version(void);
 
+/* ---- warnings ------------------------------------------------------------------------------
+ * What does not fail a call but should not pass unheard (a config key the library does not know,
+ * an environment value it ignores, a memory plan that takes most of the machine, a context longer
+ * than the model was trained for) goes to one process-wide handler, as one line without a newline.
+ * The default handler, dsv4_warning_stderr, prints each distinct message once per process as
+ * "dsv4: warning: MESSAGE". dsv4_set_warning_handler(NULL, NULL) silences every warning; a
+ * caller's handler receives them all (from whichever thread made the call: it must be
+ * thread-safe and must not call dsv4_set_warning_handler). The handler is process-wide rather than
+ * a context option because config parsing and the tokenizer take no context. */
+typedef void (*dsv4_warning_fn)(void *user, const char *message);
+DSV4_API void dsv4_set_warning_handler(dsv4_warning_fn fn, void *user);
+DSV4_API void dsv4_warning_stderr(void *user, const char *message);
+
 /* ---- execution context -------------------------------------------------------------------
  * A context names the backend that runs the ops, how many CPU threads they may use and which
  * kernels run. Passing NULL as a context means the default one: backend from $DSV4_BACKEND (else
@@ -45,9 +58,15 @@ DSV4_API const char *dsv4_version(void);
  * thread count. A zero-initialized dsv4_ctx_options asks for every default. */
 typedef struct dsv4_ctx dsv4_ctx;
 
+/* The most CPU threads a context takes. Per-thread buffers (the indexer's top-k lists) are planned
+ * for every thread, so an absurd count would plan absurd memory: an option above it is refused, a
+ * $DSV4_THREADS outside [1, DSV4_MAX_THREADS] (or not a plain decimal number) is ignored with a
+ * warning. */
+#define DSV4_MAX_THREADS 1024
+
 typedef struct dsv4_ctx_options {
     const char *backend; /* NULL: $DSV4_BACKEND or "cpu" */
-    int threads;         /* 0: $DSV4_THREADS or all cores */
+    int threads;         /* 0: $DSV4_THREADS or all cores; at most DSV4_MAX_THREADS (more is refused) */
     int device;          /* device ordinal for accelerator backends */
     /* cpu backend: cap its kernels at "scalar", "avx2" or "avx512" (a cap only: a machine without
      * the ISA runs a lower one). NULL: $DSV4_CPU_ISA, else the best present. */

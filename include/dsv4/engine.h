@@ -39,6 +39,8 @@ typedef struct dsv4_engine_options {
     int logits_rows;     /* rows of the engine's logits buffer used by dsv4_engine_generate
                             (>= 1 + max_mtp); 0: 1 + max_mtp. More rows let `prompt_logits`
                             deliver the prompt in chunks of that many. */
+    dsv4_load_mode load; /* how the checkpoint is loaded (dsv4_model_open_options.load): DSV4_LOAD_COPY
+                            for a process that must not die of SIGBUS if a shard is truncated */
 } dsv4_engine_options;
 
 /* Open the checkpoint in `model_dir` (dsv4_model_open) and plan every buffer. ctx NULL = default. */
@@ -95,7 +97,12 @@ DSV4_API dsv4_status dsv4_engine_forward(dsv4_engine *e, int seq, const int32_t 
  * restricted to the smallest set of most likely tokens whose mass reaches top_p (top_p >= 1: all),
  * then the reference's Gumbel-max form argmax_i p_i / E_i with E_i ~ Exp(1) drawn from the
  * seeded generator (xoshiro256**, seeded through splitmix64). A zero-initialized dsv4_sampling is
- * greedy decoding. */
+ * greedy decoding.
+ * Non-finite logits, the same rule on every path: -Inf masks the token out (probability 0, never
+ * the argmax); a NaN or +Inf logit anywhere in the row, or a row with no finite logit, fails with
+ * DSV4_ERR_RANGE naming the logit (a model does not produce them unless its weights or inputs are
+ * broken, and any token picked from such a row would be garbage). Generation and steps check every
+ * row they sample (main and MTP logits) this way and name the sequence and position. */
 typedef struct dsv4_sampling {
     float temperature; /* >= 0 */
     float top_p;       /* (0, 1]; values >= 1 keep every token; 0: 1 */

@@ -102,7 +102,7 @@ DSV4_API void dsv4_config_tiny(dsv4_model_config *cfg);
  * kind comes from layer_types and its ratio from compress_rates of that kind, as transformers
  * reads them (compress_ratios alone: the official rule, CSA where the ratio is 4). A key the
  * library does not know, and that transformers configs do not carry as a matter of course, gets a
- * warning on stderr naming it. */
+ * warning naming it (dsv4_set_warning_handler). */
 DSV4_API dsv4_status dsv4_config_parse(const char *json, size_t len, const char *source, dsv4_model_config *out);
 /* `path` is config.json or a directory holding it. */
 DSV4_API dsv4_status dsv4_config_load(const char *path, dsv4_model_config *out);
@@ -135,12 +135,25 @@ typedef struct dsv4_tensor_entry {
     int64_t shape[DSV4_MAX_DIMS];
     uint64_t nbytes;
     uint64_t file_offset;   /* absolute offset of the first byte in the file */
-    const void *data;       /* read-only, memory-mapped */
+    const void *data;       /* read-only: in the file's mapping, or its copy (DSV4_LOAD_COPY) */
 } dsv4_tensor_entry;
 
+/* How a checkpoint's files come into memory.
+ *   DSV4_LOAD_MAP   memory-mapped read-only, used in place (the default: no copy, pages read on
+ *                   first use). A file that shrinks while it is mapped (truncated, or rewritten
+ *                   in place by another program) makes the next read of a page past its new end
+ *                   raise SIGBUS, which kills the process unless it handles that signal: the
+ *                   mapping cannot report an error.
+ *   DSV4_LOAD_COPY  read into memory at open (the whole file, once): needs the memory, but
+ *                   nothing done to the files afterwards can reach the process. A file that
+ *                   changes size while it is read fails the open with DSV4_ERR_IO. For servers. */
+typedef enum dsv4_load_mode { DSV4_LOAD_MAP = 0, DSV4_LOAD_COPY = 1 } dsv4_load_mode;
+
 /* Open a checkpoint: a directory with model.safetensors.index.json (sharded) or model.safetensors,
- * or one .safetensors file. Every file is validated and memory-mapped read-only. */
+ * or one .safetensors file. Every file is validated and memory-mapped read-only
+ * (dsv4_checkpoint_open_mode: mapped or copied). */
 DSV4_API dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out);
+DSV4_API dsv4_status dsv4_checkpoint_open_mode(const char *path, dsv4_load_mode mode, dsv4_checkpoint **out);
 DSV4_API void dsv4_checkpoint_close(dsv4_checkpoint *ck);
 DSV4_API int64_t dsv4_checkpoint_count(const dsv4_checkpoint *ck);
 DSV4_API int dsv4_checkpoint_file_count(const dsv4_checkpoint *ck);
@@ -171,7 +184,9 @@ typedef struct dsv4_compressor_weights {
 } dsv4_compressor_weights;
 
 /* Float parameters (norms, mHC, sinks, ape, biases) are F32 or BF16 as the file stores them;
- * tensors a block does not have keep data == NULL. */
+ * tensors a block does not have keep data == NULL. Every view's data is aligned for its dtype:
+ * the checkpoint's bytes in place, or an aligned copy made at open where the file put a tensor
+ * at an offset its dtype cannot be read from (a padded safetensors header). */
 typedef struct dsv4_layer_weights {
     int index;         /* block index: 0..n_layers-1, then n_layers.. for MTP blocks */
     int is_mtp;
@@ -214,6 +229,7 @@ typedef struct dsv4_model_open_options {
     /* 0: any missing, unexpected or mistyped tensor fails the open (with the first one named).
      * 1: the open succeeds and the problems are listed by dsv4_model_issue (for `dsv4 inspect`). */
     int allow_issues;
+    dsv4_load_mode load; /* DSV4_LOAD_MAP (0) or DSV4_LOAD_COPY (see there) */
 } dsv4_model_open_options;
 
 typedef enum dsv4_issue_kind {
@@ -229,7 +245,8 @@ typedef struct dsv4_model_issue_info {
     const char *message; /* one line naming the file and the tensor */
 } dsv4_model_issue_info;
 
-/* `dir` holds config.json and the safetensors (see dsv4_checkpoint_open). options may be NULL. */
+/* `dir`, a directory, holds config.json and the safetensors (see dsv4_checkpoint_open); a path
+ * that is not a directory is DSV4_ERR_INVALID_ARG. options may be NULL. */
 DSV4_API dsv4_status dsv4_model_open(const char *dir, const dsv4_model_open_options *options, dsv4_model **out);
 DSV4_API void dsv4_model_close(dsv4_model *m);
 DSV4_API const dsv4_model_config *dsv4_model_get_config(const dsv4_model *m);

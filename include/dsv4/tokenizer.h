@@ -9,7 +9,11 @@
  *      or plain strings; every split behaviour, `invert`) and a final `ByteLevel` step;
  *   4. byte-level BPE: merges applied by rank (lowest first, leftmost on ties), with a cache.
  * Text that is not valid UTF-8 is accepted: every maximal run of ill-formed bytes is its own piece
- * (byte-level BPE of those bytes, no pre-tokenizer), so decode(encode(x)) == x for any bytes x.
+ * (byte-level BPE of those bytes, no pre-tokenizer). The round trip: decode(encode(x)) == x for
+ * any bytes x when the file's ByteLevel step has "add_prefix_space": false (DeepSeek-V4's does).
+ * With true, every piece that reaches that step without a leading space (the text between added
+ * tokens, after the Split steps) gets one, as tokenizers does, and decoding gives it back: "a"
+ * decodes as " a".
  * Anything else in the file (other models, normalizers, pre-tokenizers, decoders, post-processors,
  * added tokens with lstrip / rstrip / single_word) is rejected at load with DSV4_ERR_UNSUPPORTED;
  * a file whose added-token ids differ from those tokenizers would give them, with DSV4_ERR_FORMAT.

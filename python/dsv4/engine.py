@@ -16,7 +16,7 @@ _P = ctypes.c_void_p
 @c_struct("dsv4_engine_options")
 class EngineOptions(ctypes.Structure):
     _fields_ = [("max_context", ctypes.c_int64), ("max_seqs", ctypes.c_int), ("max_batch", ctypes.c_int),
-                ("max_mtp", ctypes.c_int), ("logits_rows", ctypes.c_int)]
+                ("max_mtp", ctypes.c_int), ("logits_rows", ctypes.c_int), ("load", ctypes.c_int)]
 
 
 @c_struct("dsv4_engine_memory")

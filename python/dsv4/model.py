@@ -58,7 +58,7 @@ class IssueInfo(ctypes.Structure):
 
 @c_struct("dsv4_model_open_options")
 class OpenOptions(ctypes.Structure):
-    _fields_ = [("allow_issues", ctypes.c_int)]
+    _fields_ = [("allow_issues", ctypes.c_int), ("load", ctypes.c_int)]
 
 
 _P = ctypes.c_void_p

@@ -111,7 +111,7 @@ int cli_session_open(cli_session *s, const char *cmd, const cli_gen_args *a, int
         dsv4_ctx_options co = {.backend = a->backend, .threads = (int)a->threads};
         if (dsv4_ctx_create(&co, &s->ctx) != DSV4_OK) goto fail;
     }
-    dsv4_engine_options eo = {a->max_context, (int)max_seqs, (int)a->max_batch, (int)a->mtp, (int)logits_rows};
+    dsv4_engine_options eo = {a->max_context, (int)max_seqs, (int)a->max_batch, (int)a->mtp, (int)logits_rows, DSV4_LOAD_MAP};
     int tty = cli_stderr_tty();
     double t0 = now();
     if (tty) fprintf(stderr, "loading %s ...", a->model), fflush(stderr);

@@ -1,5 +1,7 @@
 /* dsv4 inspect DIR: the config in short, the tensors by dtype, and what is missing, unexpected
- * or mistyped. Exit status 0 when the checkpoint matches its config, 1 otherwise. */
+ * or mistyped; with --values also every tensor holding NaN / Inf elements or NaN scales. Exit
+ * status 0 when the checkpoint matches its config (and, with --values, every value is a number),
+ * 1 otherwise. */
 #include "cli.h"
 
 #include <stdio.h>
@@ -65,20 +67,75 @@ static void print_tensors(const dsv4_checkpoint *ck)
     for (int k = 0; k < nd; k++) printf("  %-8s %8lld tensors %16lld bytes\n", names[k], cnt[k], bytes[k]);
 }
 
+/* --values: every element of every tensor whose dtype can hold a non-number (F32, BF16 and F16
+ * NaN / Inf, E4M3 NaN codes, UE8M0 0xFF scales: the NaN scale makes its whole block NaN). Prints
+ * one line per such tensor; returns how many there are. Data is read bytewise: a tensor may sit at
+ * any offset of its file. */
+static int64_t scan_values(const dsv4_checkpoint *ck)
+{
+    int64_t bad_tensors = 0, n = dsv4_checkpoint_count(ck);
+    for (int64_t i = 0; i < n; i++) {
+        dsv4_tensor_entry e;
+        if (dsv4_checkpoint_entry(ck, i, &e) != DSV4_OK) continue;
+        const uint8_t *b = e.data;
+        uint64_t nan = 0, inf = 0, first = 0, count = 0;
+        int width = !strcmp(e.st_dtype, "F32") ? 4 : !strcmp(e.st_dtype, "BF16") || !strcmp(e.st_dtype, "F16") ? 2
+                  : !strcmp(e.st_dtype, "F8_E4M3") || !strcmp(e.st_dtype, "F8_E8M0") ? 1 : 0;
+        if (!width) continue;
+        count = e.nbytes / (uint64_t)width;
+        for (uint64_t k = 0; k < count; k++) {
+            int is_nan = 0, is_inf = 0;
+            if (width == 4) {
+                uint32_t x = (uint32_t)b[4 * k] | (uint32_t)b[4 * k + 1] << 8 | (uint32_t)b[4 * k + 2] << 16 | (uint32_t)b[4 * k + 3] << 24;
+                is_nan = (x & 0x7F800000u) == 0x7F800000u && (x & 0x7FFFFFu);
+                is_inf = (x & 0x7FFFFFFFu) == 0x7F800000u;
+            } else if (width == 2) {
+                uint16_t x = (uint16_t)(b[2 * k] | b[2 * k + 1] << 8);
+                const uint16_t em = e.st_dtype[1] == 'F' ? 0x7F80u : 0x7C00u; /* BF16 : F16 */
+                is_nan = (x & em) == em && (x & (uint16_t)~em & 0x7FFFu);
+                is_inf = (x & 0x7FFFu) == em;
+            } else if (!strcmp(e.st_dtype, "F8_E4M3")) {
+                is_nan = (b[k] & 0x7F) == 0x7F; /* E4M3FN has no Inf */
+            } else {
+                is_nan = b[k] == 0xFF; /* UE8M0 */
+            }
+            if ((is_nan || is_inf) && !nan && !inf) first = k;
+            nan += (uint64_t)is_nan;
+            inf += (uint64_t)is_inf;
+        }
+        if (!nan && !inf) continue;
+        bad_tensors++;
+        printf("  non-finite  %s: tensor '%s' (%s): %llu NaN, %llu Inf of %llu elements, the first at element %llu\n", e.file,
+               e.name, e.st_dtype, (unsigned long long)nan, (unsigned long long)inf, (unsigned long long)count,
+               (unsigned long long)first);
+    }
+    return bad_tensors;
+}
+
+static int values_report(const dsv4_checkpoint *ck)
+{
+    int64_t bad = scan_values(ck);
+    printf("values: %s", bad ? "" : "every element is a number\n");
+    if (bad) printf("%lld tensor%s with non-finite elements or NaN scales\n", (long long)bad, bad > 1 ? "s" : "");
+    return bad ? 1 : 0;
+}
+
 int dsv4_cmd_inspect(int argc, char **argv)
 {
-    int all = 0;
+    int all = 0, values = 0;
     const cli_opt own[] = {{"all", 'a', CLI_FLAG, &all, 0, 0, NULL, "list every problem (default: the first 20 of each kind)"},
+                           {"values", 0, CLI_FLAG, &values, 0, 0, NULL, "also every tensor holding NaN / Inf elements or NaN scales"},
                            {0}};
     const cli_opt *tables[] = {own, NULL};
-    const cli_cmd cmd = {"inspect", "DIR [--all]",
+    const cli_cmd cmd = {"inspect", "DIR [--all] [--values]",
                          "A checkpoint: the config in short, the tensors by dtype, and what is missing, unexpected or\n"
-                         "mistyped. Exit status 0 when the checkpoint matches its config, 1 otherwise.",
+                         "mistyped; with --values also every tensor holding NaN / Inf elements or NaN scales. Exit status 0\n"
+                         "when the checkpoint matches its config (and, with --values, every value is a number), 1 otherwise.",
                          1, 1, tables, NULL};
     int pos, rc = cli_parse(&cmd, argc, argv, &pos);
     if (rc != CLI_PARSED) return rc;
     const char *dir = argv[pos];
-    dsv4_model_open_options opt = {1};
+    dsv4_model_open_options opt = {1, DSV4_LOAD_MAP};
     dsv4_model *m = NULL;
     if (dsv4_model_open(dir, &opt, &m) != DSV4_OK) {
         char why[1024];
@@ -87,6 +144,7 @@ int dsv4_cmd_inspect(int argc, char **argv)
         if (dsv4_checkpoint_open(dir, &ck) == DSV4_OK) {
             printf("model: %s\n", dir);
             print_tensors(ck);
+            if (values) values_report(ck);
             dsv4_checkpoint_close(ck);
         }
         fprintf(stderr, "dsv4 inspect: %s\n", why);
@@ -97,11 +155,12 @@ int dsv4_cmd_inspect(int argc, char **argv)
     print_tensors(dsv4_model_get_checkpoint(m));
     const dsv4_model_weights *w = dsv4_model_get_weights(m);
     printf("weights: %d blocks + %d MTP bound, experts %s\n", w->n_layers, w->n_mtp, dsv4_weight_format_name(w->expert_format));
+    const int bad_values = values ? values_report(dsv4_model_get_checkpoint(m)) : 0;
     int n = dsv4_model_issue_count(m);
     if (!n) {
         printf("problems: none\n");
         dsv4_model_close(m);
-        return 0;
+        return bad_values;
     }
     static const char *const kinds[] = {"missing", "unexpected", "wrong dtype", "wrong shape"};
     int per_kind[4] = {0, 0, 0, 0}, stored = 0;

@@ -112,11 +112,14 @@ dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream);
          : dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: backend '%s' does not implement it", op, (b)->name))
 
 /* CPU facts (core/cpu.c). */
+/* Host memory: MemAvailable of /proc/meminfo (what can be had without swapping) in *available,
+ * the physical memory in *total; 0 where unknown. */
+void dsv4_host_memory(uint64_t *available, uint64_t *total);
 /* The best level this machine has. */
 dsv4_isa dsv4_cpu_isa_best(void);
 /* The level a context runs: the best one, capped by `name` ("scalar", "avx2", "avx512"), or when
  * name is NULL by $DSV4_CPU_ISA (tests run every path on one machine that way). An unknown name
- * is DSV4_ERR_INVALID_ARG; an unknown $DSV4_CPU_ISA is a warning on stderr and no cap. */
+ * is DSV4_ERR_INVALID_ARG; an unknown $DSV4_CPU_ISA is a warning (dsv4_warn) and no cap. */
 dsv4_status dsv4_cpu_isa_resolve(const char *name, dsv4_isa *out);
 /* At a level: AVX-512 BF16 dot products (vdpbf16ps), AVX-512 VNNI present and allowed. */
 int dsv4_cpu_isa_bf16(dsv4_isa isa);

@@ -3,6 +3,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -55,7 +56,7 @@ dsv4_status dsv4_cpu_isa_resolve(const char *name, dsv4_isa *out)
     } else {
         const char *env = getenv("DSV4_CPU_ISA");
         if (env && *env && !parse_isa(env, &cap)) {
-            fprintf(stderr, "dsv4: warning: DSV4_CPU_ISA='%s' is not one of scalar, avx2, avx512; not capping\n", env);
+            dsv4_warn("DSV4_CPU_ISA='%s' is not one of scalar, avx2, avx512; not capping", env);
             cap = DSV4_ISA_AVX512;
         }
     }
@@ -98,16 +99,44 @@ const char *dsv4_cpu_isa(void)
     return dsv4_cpu_isa_name(isa);
 }
 
-int dsv4_default_threads(void)
+void dsv4_host_memory(uint64_t *available, uint64_t *total)
 {
-    const char *s = getenv("DSV4_THREADS");
-    if (s && *s) {
-        int n = atoi(s);
-        if (n > 0) return n;
-    }
-    /* the cores this process may run on (a taskset or a container's cpuset counts) */
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    *total = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+    *available = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return;
+    char line[256];
+    unsigned long long kib;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+            *available = (uint64_t)kib * 1024;
+            break;
+        }
+    fclose(f);
+}
+
+/* the cores this process may run on (a taskset or a container's cpuset counts) */
+static int usable_cores(void)
+{
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+int dsv4_default_threads(void)
+{
+    int procs = usable_cores();
+    const char *s = getenv("DSV4_THREADS");
+    if (s && *s) {
+        char *end = NULL;
+        errno = 0;
+        long n = strtol(s, &end, 10);
+        if (*end || errno || n < 1 || n > DSV4_MAX_THREADS || !(*s >= '0' && *s <= '9'))
+            dsv4_warn("DSV4_THREADS='%s' is not a thread count in [1, %d]; using all %d cores", s, DSV4_MAX_THREADS, procs);
+        else
+            return (int)n;
+    }
+    return procs > DSV4_MAX_THREADS ? DSV4_MAX_THREADS : procs;
 }

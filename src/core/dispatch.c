@@ -107,7 +107,8 @@ static dsv4_status ctx_init(dsv4_ctx *c, const dsv4_ctx_options *o)
     const dsv4_backend *b = NULL;
     DSV4_TRY(backend_lookup(name, &b));
     int threads = o ? o->threads : 0;
-    if (threads < 0) return dsv4_fail(DSV4_ERR_INVALID_ARG, "context: threads must be >= 0 (got %d)", threads);
+    if (threads < 0 || threads > DSV4_MAX_THREADS)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "context: threads must be in [0, %d] (got %d)", DSV4_MAX_THREADS, threads);
     c->backend = b;
     c->exec.threads = threads > 0 ? threads : dsv4_default_threads();
     c->exec.pool = NULL;

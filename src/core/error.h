@@ -11,6 +11,9 @@
 #endif
 
 dsv4_status dsv4_fail(dsv4_status status, const char *fmt, ...) DSV4_PRINTF(2, 3);
+/* A warning through the process-wide handler (dsv4_set_warning_handler); never touches the
+ * thread's error message. */
+void dsv4_warn(const char *fmt, ...) DSV4_PRINTF(1, 2);
 
 /* Return early on failure. */
 #define DSV4_TRY(expr)                          \

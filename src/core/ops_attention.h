@@ -87,7 +87,9 @@ struct dsv4_attention_ops {
                                   uint16_t *out, int64_t ld_out);
 
     /* Scratch bytes sparse_mla_decode / sparse_attn_bf16 need for t queries of h heads whose
-     * scopes have `width` index columns in total. Must not depend on the thread count. */
+     * scopes have `width` index columns in total. Must not depend on the thread count, and must
+     * never decrease as t or width grows: callers plan the largest call once and use the buffer
+     * for every smaller one (tests/c/test_backend_ops.c sweeps it). */
     size_t (*decode_workspace)(const dsv4_exec *ex, int64_t t, int64_t h, int64_t width);
 
     /* Sparse MLA decode over one or two FP8 scopes (n_scopes 1 or 2); see dsv4_attn_args. */

@@ -94,6 +94,8 @@ struct dsv4_indexer_ops {
     /* scores [T, N] (row stride ld), n_valid [T] (NULL: N for all). */
     dsv4_status (*topk)(const dsv4_exec *ex, const float *scores, int64_t ld, int64_t tokens, int64_t n,
                         const int32_t *n_valid, int64_t ld_valid, const dsv4_topk_out *out);
+    /* Bytes of topk's workspace; never decreases as tokens or topk grows (callers plan the
+     * largest call once). */
     size_t (*workspace_size)(const dsv4_exec *ex, int64_t tokens, int64_t topk);
 };
 

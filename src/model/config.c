@@ -391,7 +391,7 @@ static int key_row(const char *key)
 }
 
 /* Every top-level key: null only where the row allows it (null never means the default), and a
- * warning on stderr for a key of no row that is not known to be ignorable. Also notes the
+ * warning (dsv4_warn) for a key of no row that is not known to be ignorable. Also notes the
  * naming: *reference / *transformers = a spelling only that naming has is present. */
 static dsv4_status check_keys(const cfg_parser *p, int *reference, int *transformers)
 {
@@ -403,6 +403,9 @@ static dsv4_status check_keys(const cfg_parser *p, int *reference, int *transfor
         char q[64];
         mj_quote(key, d->nodes[i].count, q, sizeof q);
         int k = key_row(key);
+        if (!strcmp(key, "weight_map"))
+            return dsv4_fail(DSV4_ERR_FORMAT, "%s: has a \"weight_map\": a shard index (model.safetensors.index.json), not config.json",
+                             p->src);
         if (k >= 0) {
             if (d->nodes[v].type == MJ_NULL && !(keys[k].flags & KF_NULLABLE))
                 return dsv4_fail(DSV4_ERR_FORMAT, "%s: \"%s\" is null; give a value or leave the key out (null is not the default)",
@@ -416,7 +419,7 @@ static dsv4_status check_keys(const cfg_parser *p, int *reference, int *transfor
         } else {
             size_t j = 0, n_ign = sizeof known_ignored / sizeof known_ignored[0];
             while (j < n_ign && strcmp(known_ignored[j], key)) j++;
-            if (j == n_ign && !d->nodes[i].has_nul) fprintf(stderr, "dsv4: %s: unknown config key \"%s\" ignored\n", p->src, q);
+            if (j == n_ign && !d->nodes[i].has_nul) dsv4_warn("%s: unknown config key \"%s\" ignored", p->src, q);
         }
         i = d->nodes[v].end;
     }

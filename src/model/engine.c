@@ -6,6 +6,7 @@
  * after dsv4_engine_create except the block tables of a new sequence. */
 #include "model/engine_internal.h"
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "dsv4/device.h"
 #include "dsv4/tensor_ops.h"
@@ -171,22 +172,6 @@ static dsv4_status wo_a_weight(dsv4_engine *e, arena *conv, const dsv4_linear_we
     return st;
 }
 
-/* An index table as the kernels load it: the mapped tensor when its data is aligned for its dtype
- * (a safetensors header may be padded to any length, so the data area can start at any byte),
- * else a contiguous copy. */
-static dsv4_status aligned_table(arena *conv, const dsv4_tensor *src, dsv4_tensor *dst)
-{
-    *dst = *src;
-    if (!src->data) return DSV4_OK;
-    const size_t sz = dsv4_dtype_size(src->dtype);
-    if (!((uintptr_t)src->data % sz)) return DSV4_OK;
-    const int64_t n = numel(src);
-    void *buf = take(conv, (uint64_t)n * sz);
-    *dst = view(buf, src->dtype, src->ndim, src->shape);
-    if (buf) memcpy(buf, src->data, (size_t)n * sz); /* mapped contiguous (the checkpoint's layout) */
-    return DSV4_OK;
-}
-
 static const dsv4_tensor *opt_t(const dsv4_tensor *t) { return t->data ? t : NULL; }
 
 static dsv4_ffn_weights ffn_of(const dsv4_expert_weights *x)
@@ -281,30 +266,22 @@ static dsv4_status plan_block(ws_plan *p, const eng_layer *L)
 
 /* The sparse attention: SWA scope of width W, plus a compressed scope of width 0 (none yet), topk
  * (CSA) or 1 .. max_context/ratio (HCA: every entry so far). */
+/* Attention calls take up to max_batch queries over the window plus one scope: the index_topk
+ * entries of a CSA layer or up to max_context / ratio of an HCA layer. Both workspace queries
+ * never decrease with their sizes (src/core/ops_attention.h, ops_indexer.h), so the largest call
+ * bounds them all: two queries, whatever max_context and max_batch are. */
 static dsv4_status plan_attention(ws_plan *p)
 {
     dsv4_engine *e = p->e;
-    uint8_t *width = calloc((size_t)e->cwidth + 1, 1);
-    if (!width) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
-    width[0] = 1;
-    int csa = 0;
-    for (int b = 0; b < e->n_blocks; b++) {
-        const eng_layer *L = &e->layers[b];
-        if (L->kind == DSV4_ATTN_CSA) width[e->cfg->index_topk] = csa = 1;
-        if (L->kind == DSV4_ATTN_HCA)
-            for (int64_t c = 1; c <= e->opt.max_context / L->ratio; c++) width[c] = 1;
-    }
-    dsv4_status st = DSV4_OK;
-    for (int64_t T = 1; T <= e->opt.max_batch && st == DSV4_OK; T++) {
-        for (int64_t c = 0; c <= e->cwidth && st == DSV4_OK; c++) {
-            size_t b = 0;
-            if (width[c]) st = dsv4_sparse_mla_decode_workspace(e->ctx, T, e->H, e->W, c, &b);
-            p->bytes = max_sz(p->bytes, b);
+    size_t b = 0;
+    DSV4_TRY(dsv4_sparse_mla_decode_workspace(e->ctx, e->opt.max_batch, e->H, e->W, e->cwidth, &b));
+    p->bytes = max_sz(p->bytes, b);
+    for (int l = 0; l < e->n_blocks; l++)
+        if (e->layers[l].kind == DSV4_ATTN_CSA) {
+            p->bytes = max_sz(p->bytes, dsv4_indexer_workspace_size(e->ctx, e->opt.max_batch, e->cfg->index_topk));
+            break;
         }
-        if (csa && st == DSV4_OK) p->bytes = max_sz(p->bytes, dsv4_indexer_workspace_size(e->ctx, T, e->cfg->index_topk));
-    }
-    free(width);
-    return st;
+    return DSV4_OK;
 }
 
 static dsv4_status plan_workspace(dsv4_engine *e, size_t *bytes)
@@ -346,8 +323,24 @@ static dsv4_status embed_table(dsv4_engine *e, arena *conv)
     return DSV4_OK;
 }
 
+static int64_t tid2eid_at(const dsv4_tensor *t, int64_t v, int64_t j)
+{
+    const int sz = t->dtype == DSV4_I64 ? 8 : 4;
+    const uint8_t *at = (const uint8_t *)t->data + (v * t->stride[0] + j * t->stride[1]) * sz;
+    if (sz == 8) {
+        int64_t x;
+        memcpy(&x, at, 8); /* mapped in place: maybe unaligned */
+        return x;
+    }
+    int32_t y;
+    memcpy(&y, at, 4);
+    return y;
+}
+
 /* Hash routing reads tid2eid[token] in the middle of a forward pass: every entry is checked here,
- * once, so that no token can make a forward fail after earlier layers changed the caches. */
+ * once, so that no token can make a forward fail after earlier layers changed the caches. A
+ * token's experts are distinct (its k routing weights go to k different experts, as for learned
+ * routing's top-k). */
 static dsv4_status check_tid2eid(const dsv4_engine *e, int b)
 {
     const dsv4_tensor *t = &e->w->layers[b].tid2eid;
@@ -358,21 +351,17 @@ static dsv4_status check_tid2eid(const dsv4_engine *e, int b)
     if (t->ndim != 2 || t->shape[0] < e->cfg->vocab_size)
         return dsv4_fail(DSV4_ERR_SHAPE, "engine: block %d: ffn.gate.tid2eid needs [%lld, k] rows", b,
                          (long long)e->cfg->vocab_size);
-    const int sz = t->dtype == DSV4_I64 ? 8 : 4;
     for (int64_t v = 0; v < t->shape[0]; v++)
         for (int64_t j = 0; j < t->shape[1]; j++) {
-            const uint8_t *at = (const uint8_t *)t->data + (v * t->stride[0] + j * t->stride[1]) * sz;
-            int64_t x;
-            if (sz == 8) {
-                memcpy(&x, at, 8);
-            } else {
-                int32_t y;
-                memcpy(&y, at, 4);
-                x = y;
-            }
+            const int64_t x = tid2eid_at(t, v, j);
             if (x < 0 || x >= E)
                 return dsv4_fail(DSV4_ERR_FORMAT, "engine: block %d: ffn.gate.tid2eid[%lld][%lld] = %lld is not an expert in [0, %lld)",
                                  b, (long long)v, (long long)j, (long long)x, (long long)E);
+            for (int64_t i = 0; i < j; i++)
+                if (tid2eid_at(t, v, i) == x)
+                    return dsv4_fail(DSV4_ERR_FORMAT,
+                                     "engine: block %d: ffn.gate.tid2eid[%lld] names expert %lld twice (entries %lld and %lld)", b,
+                                     (long long)v, (long long)x, (long long)i, (long long)j);
         }
     return DSV4_OK;
 }
@@ -397,7 +386,6 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
     DSV4_TRY(param_f32(e, conv, &w->compressor.ape, &L->ape));
     DSV4_TRY(param_f32(e, conv, &w->index_compressor.ape, &L->index_ape));
     DSV4_TRY(param_f32(e, conv, &w->gate_bias, &L->gate_bias));
-    if (w->hash_routed) DSV4_TRY(aligned_table(conv, &w->tid2eid, &L->tid2eid));
     DSV4_TRY(wo_a_weight(e, conv, &w->wo_a, &L->wo_a));
     L->experts = take(conv, (uint64_t)E * sizeof *L->experts);
     if (L->experts)
@@ -576,6 +564,9 @@ static dsv4_status resolve_options(dsv4_engine *e, const dsv4_engine_options *o)
     if (r.logits_rows == 0) r.logits_rows = 1 + r.max_mtp;
     DSV4_CHECK_ARG(r.logits_rows >= 1 + r.max_mtp && r.logits_rows <= r.max_batch,
                    "engine: logits_rows %d not in [1 + max_mtp, max_batch]", r.logits_rows);
+    if (r.max_context > c->max_position_embeddings)
+        dsv4_warn("engine: max_context %lld exceeds the model's max_position_embeddings %lld: positions past it are "
+                  "beyond what the model was trained for", (long long)r.max_context, (long long)c->max_position_embeddings);
     e->opt = r;
     return DSV4_OK;
 }
@@ -588,6 +579,44 @@ static int64_t lcm64(int64_t a, int64_t b)
         x = y, y = t;
     }
     return a / x * b;
+}
+
+static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }
+
+/* The plan against the memory it is to live in, before any of it is allocated: refused at once
+ * (with the numbers) when it exceeds what is available, a warning when it takes more than half.
+ * The context's arenas are device memory on an accelerator backend, host memory otherwise. */
+static dsv4_status check_memory(const dsv4_engine *e, const arena *A)
+{
+    uint64_t ctx_bytes = 0, host_bytes = A[A_HOST].off;
+    for (int i = 0; i < N_ARENAS; i++)
+        if (i != A_HOST) ctx_bytes += A[i].off;
+    const int on_device = dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU;
+    uint64_t avail = 0, total = 0;
+    dsv4_host_memory(&avail, &total);
+    if (!avail) avail = total;
+    char what[160];
+    snprintf(what, sizeof what, "max_context %lld x max_seqs %d, max_batch %d", (long long)e->opt.max_context,
+             e->opt.max_seqs, e->opt.max_batch);
+    struct {
+        uint64_t need, have;
+        const char *where;
+    } m[2] = {{on_device ? host_bytes : host_bytes + ctx_bytes, avail, "host memory"}, {0, 0, "device memory"}};
+    if (on_device) {
+        dsv4_device_info di;
+        if (dsv4_device_info_get(e->ctx, &di) == DSV4_OK) m[1].have = di.free_memory;
+        m[1].need = ctx_bytes;
+    }
+    for (int k = 0; k < 2; k++) {
+        if (!m[k].have || !m[k].need) continue;
+        if (m[k].need > m[k].have)
+            return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: the plan (%s) needs %.2f GiB of %s, %.2f GiB is available",
+                             what, gib(m[k].need), m[k].where, gib(m[k].have));
+        if (m[k].need > m[k].have / 2)
+            dsv4_warn("engine: the plan (%s) takes %.2f GiB, %.0f%% of the %.2f GiB of %s available", what,
+                      gib(m[k].need), 100.0 * (double)m[k].need / (double)m[k].have, gib(m[k].have), m[k].where);
+    }
+    return DSV4_OK;
 }
 
 static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
@@ -637,6 +666,7 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
     arena A[N_ARENAS];
     memset(A, 0, sizeof A);
     DSV4_TRY(layout(e, A)); /* sizes */
+    DSV4_TRY(check_memory(e, A));
     for (int i = 0; i < N_ARENAS; i++) { /* placement: one zeroed allocation per arena */
         e->mem_bytes[i] = A[i].off;
         const size_t bytes = (size_t)A[i].off + 64;
@@ -671,7 +701,8 @@ dsv4_status dsv4_engine_create(dsv4_ctx *ctx, const char *model_dir, const dsv4_
     dsv4_engine *e = calloc(1, sizeof *e);
     if (!e) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
     e->ctx = ctx;
-    dsv4_status st = dsv4_model_open(model_dir, NULL, &e->model);
+    const dsv4_model_open_options mo = {0, options ? options->load : DSV4_LOAD_MAP};
+    dsv4_status st = dsv4_model_open(model_dir, &mo, &e->model);
     if (st == DSV4_OK) st = setup(e, options);
     if (st != DSV4_OK) {
         dsv4_engine_destroy(e);

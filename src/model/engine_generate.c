@@ -17,6 +17,7 @@
 #include "core/error.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -84,7 +85,11 @@ static dsv4_status prefill(gen *g, const int32_t *prompt, int64_t n)
             continue;
         }
         int32_t x = 0;
-        dsv4_engine_sample(e, e->s.logits + (rows - 1) * e->V, &g->o->sampling, g->rng, &x);
+        char what[96];
+        snprintf(what, sizeof what, "engine_generate: sequence %d, logits at position %lld", g->sq,
+                 (long long)(e->seqs[g->sq].len - 1));
+        DSV4_TRY(eng_check_logits(e, e->s.logits + (rows - 1) * e->V, what));
+        DSV4_TRY(dsv4_engine_sample(e, e->s.logits + (rows - 1) * e->V, &g->o->sampling, g->rng, &x));
         g->st.prefill_seconds = now_s() - t0;
         emit(g, 0, &x, 1, 0, 0, t0, e->s.logits, rows, c0 + m - rows);
     }
@@ -92,10 +97,23 @@ static dsv4_status prefill(gen *g, const int32_t *prompt, int64_t n)
 }
 
 /* ---- one step of many sequences ------------------------------------------------------------ */
+/* The logits rows a step samples, checked first (eng_check_logits): n rows from `pos` of the
+ * request's sequence, of the main model or of the MTP block. */
+static dsv4_status check_rows(const dsv4_engine *e, const float *lg, int64_t n, const dsv4_step_request *r, int64_t pos,
+                              const char *model)
+{
+    for (int64_t t = 0; t < n; t++) {
+        char what[128];
+        snprintf(what, sizeof what, "engine_step: sequence %d, %slogits at position %lld", r->seq, model, (long long)(pos + t));
+        DSV4_TRY(eng_check_logits(e, lg + t * e->V, what));
+    }
+    return DSV4_OK;
+}
+
 static int32_t sample(dsv4_engine *e, const float *logits, const dsv4_step_request *r)
 {
     int32_t t = 0;
-    dsv4_engine_sample(e, logits, &r->sampling, r->rng, &t);
+    dsv4_engine_sample(e, logits, &r->sampling, r->rng, &t); /* arguments and the row were checked */
     return t;
 }
 
@@ -171,7 +189,11 @@ static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
             }
         }
         for (int i = 0; i < n; i++)
-            if (rq[i].mtp > j) s->vtok[s->segs[i].row + 1 + j] = sample(e, s->qlogits + (s->qrow[i] + j) * V, &rq[i]);
+            if (rq[i].mtp > j) {
+                const float *q = s->qlogits + (s->qrow[i] + j) * V;
+                DSV4_TRY(check_rows(e, q, 1, &rq[i], s->segs[i].start - 1 + j, "MTP "));
+                s->vtok[s->segs[i].row + 1 + j] = sample(e, q, &rq[i]);
+            }
     }
     return DSV4_OK;
 }
@@ -212,6 +234,8 @@ static dsv4_status run_step(dsv4_engine *e, dsv4_step_request *rq, int n)
         dsv4_step_request *r = &rq[i];
         const eng_seg *g = &s->segs[i];
         const float *lg = s->logits + s->lrow[i] * V;
+        if (r->mtp) DSV4_TRY(check_rows(e, lg, r->mtp + 1, r, g->start, ""));
+        else if (r->sample) DSV4_TRY(check_rows(e, lg, 1, r, g->start + g->T - 1, ""));
         if (!r->mtp) {
             if (r->sample) r->out[r->n_out++] = sample(e, lg, r);
             continue;

@@ -23,7 +23,6 @@ typedef struct eng_layer {
     dsv4_tensor sink;                   /* F32 [H] */
     dsv4_tensor ape, index_ape;         /* F32 [ratio, coff*d] */
     dsv4_tensor gate_bias;              /* F32 [E] (learned routing) */
-    dsv4_tensor tid2eid;                /* I32 or I64 [V, k] (hash routing), aligned for its dtype */
     dsv4_tensor wo_a;                   /* BF16 or F32 [G*o_lora, H*512/G] */
     dsv4_ffn_weights *experts;          /* n_routed_experts */
     dsv4_ffn_weights shared;
@@ -215,5 +214,8 @@ void eng_probs(dsv4_engine *e, const float *logits, const dsv4_sampling *s, floa
 int32_t eng_gumbel_pick(const float *p, int64_t n, uint64_t rng[4]);
 double eng_rng_uniform(uint64_t rng[4]);
 int32_t eng_argmax(const float *x, int64_t n);
+/* The sampler's rule for non-finite logits (include/dsv4/engine.h): DSV4_OK when the row can be
+ * sampled, else DSV4_ERR_RANGE with a message naming `what` (the row's sequence and position). */
+dsv4_status eng_check_logits(const dsv4_engine *e, const float *logits, const char *what);
 
 #endif

@@ -327,7 +327,7 @@ static dsv4_status moe(fwd *f, const eng_layer *L)
     dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, e->D), y = eng_t2(s->a, DSV4_BF16, T, e->D);
     dsv4_tensor ids = eng_t2(s->ids, DSV4_I32, T, k), rw = eng_t2(s->rw, DSV4_F32, T, k);
     TRY(dsv4_route(e->ctx, &x, &w->gate_weight, L->hash || !L->gate_bias.data ? NULL : &L->gate_bias,
-                   L->hash ? &L->tid2eid : NULL, L->hash ? &f->tok : NULL, (float)c->route_scale, &ids, &rw));
+                   L->hash ? &w->tid2eid : NULL, L->hash ? &f->tok : NULL, (float)c->route_scale, &ids, &rw));
     float limit = c->swiglu_limit > 0 ? (float)c->swiglu_limit : INFINITY;
     return dsv4_moe(e->ctx, &x, &ids, &rw, L->experts, (int)c->n_routed_experts, L->has_shared ? &L->shared : NULL, limit,
                     &y, e->s.ws, e->s.ws_bytes);

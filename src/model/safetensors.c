@@ -335,6 +335,13 @@ static int plain_file_name(const char *s, size_t n)
     return 1;
 }
 
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
 dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_index *out)
 {
     st_index ix;
@@ -357,8 +364,14 @@ dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_in
         goto fail;
     }
     uint32_t wm = ix.weight_map, count = d->nodes[wm].count;
+    /* The distinct file names, de-duplicated through an open-addressing table of their hashes
+     * (slots: index + 1, 0 = empty) sized for every entry: linear in the weight map. */
+    size_t slots = 16;
+    while (slots < 2 * (size_t)count) slots *= 2;
+    uint32_t *seen_at = calloc(slots, sizeof *seen_at);
     ix.files = malloc(((size_t)count + 1) * sizeof *ix.files);
-    if (!ix.files) {
+    if (!ix.files || !seen_at) {
+        free(seen_at);
         st = dsv4_fail(DSV4_ERR_NO_MEMORY, "%s: out of memory", what);
         goto fail;
     }
@@ -368,7 +381,7 @@ dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_in
         const mj_node *v = &d->nodes[k + 1];
         if (v->type != MJ_STRING) {
             st = dsv4_fail(DSV4_ERR_FORMAT, "%s: weight_map['%s'] is not a file name string", what, q);
-            goto fail;
+            break;
         }
         const char *f = mj_str(d, k + 1);
         if (!plain_file_name(f, v->count) || v->has_nul) {
@@ -376,12 +389,20 @@ dsv4_status st_parse_index(const char *text, size_t len, const char *what, st_in
             mj_quote(f, v->count, qf, sizeof qf);
             st = dsv4_fail(DSV4_ERR_FORMAT, "%s: weight_map['%s'] = \"%s\" is not a plain file name in the checkpoint directory",
                            what, q, qf);
-            goto fail;
+            break;
         }
-        int seen = 0;
-        for (int i = ix.n_files - 1; i >= 0 && !seen; i--) seen = !strcmp(ix.files[i], f);
-        if (!seen) ix.files[ix.n_files++] = f;
+        size_t h = (size_t)name_hash(f) & (slots - 1);
+        while (seen_at[h] && strcmp(ix.files[seen_at[h] - 1], f)) h = (h + 1) & (slots - 1);
+        if (seen_at[h]) continue;
+        if (ix.n_files == ST_MAX_FILES) {
+            st = dsv4_fail(DSV4_ERR_FORMAT, "%s: the weight map names more than %d shard files", what, ST_MAX_FILES);
+            break;
+        }
+        ix.files[ix.n_files++] = f;
+        seen_at[h] = (uint32_t)ix.n_files;
     }
+    free(seen_at);
+    if (st != DSV4_OK) goto fail;
     if (ix.n_files == 0) {
         st = dsv4_fail(DSV4_ERR_FORMAT, "%s: the weight map is empty", what);
         goto fail;
@@ -394,13 +415,6 @@ fail:
 }
 
 /* ---- checkpoints ---------------------------------------------------------------------------- */
-
-static uint64_t name_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
 
 /* Slots hold (index + 1) | hash tag << 32; the tag skips most string compares. */
 int64_t st_lookup(const dsv4_checkpoint *ck, const char *canon)
@@ -433,13 +447,15 @@ void dsv4_checkpoint_close(dsv4_checkpoint *ck)
 {
     if (!ck) return;
     for (int i = 0; i < ck->n_files; i++) {
-        if (ck->maps && ck->maps[i]) munmap(ck->maps[i], ck->sizes[i]);
+        if (ck->bases) free(ck->bases[i]);
+        else if (ck->maps && ck->maps[i]) munmap(ck->maps[i], ck->sizes[i]);
         if (ck->arenas) free(ck->arenas[i]);
         if (ck->paths) free(ck->paths[i]);
     }
     free(ck->paths);
     free(ck->fnames);
     free(ck->maps);
+    free(ck->bases);
     free(ck->sizes);
     free(ck->data_start);
     free(ck->arenas);
@@ -448,23 +464,56 @@ void dsv4_checkpoint_close(dsv4_checkpoint *ck)
     free(ck);
 }
 
-static dsv4_status map_file(const char *path, uint8_t **map, uint64_t *size)
+/* DSV4_LOAD_COPY: the file read into a new allocation (*base), placed so that its data area
+ * (after the 8-byte length and the header) starts 64-byte aligned. */
+static dsv4_status copy_file(const char *path, int fd, uint64_t size, uint8_t **base, uint8_t **map)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dsv4_fail(errno == ENOENT ? DSV4_ERR_NOT_FOUND : DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return dsv4_fail(DSV4_ERR_IO, "%s: not a regular file", path);
+    uint8_t len8[8] = {0};
+    uint64_t hl = 0;
+    if (size >= 8 && pread(fd, len8, 8, 0) == 8)
+        for (int k = 0; k < 8; k++) hl |= (uint64_t)len8[k] << (8 * k);
+    const size_t shift = (size_t)((64 - (8 + hl) % 64) % 64);
+    if (size > SIZE_MAX - 128) return dsv4_fail(DSV4_ERR_NO_MEMORY, "%s: %llu bytes cannot be copied", path, (unsigned long long)size);
+    uint8_t *b = malloc((size_t)size + shift + 64);
+    if (!b) return dsv4_fail(DSV4_ERR_NO_MEMORY, "%s: out of memory copying %llu bytes", path, (unsigned long long)size);
+    uint8_t *m = (uint8_t *)(((uintptr_t)b + 63) & ~(uintptr_t)63) + shift;
+    uint64_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, m + got, (size_t)(size - got < (1u << 30) ? size - got : (1u << 30)), (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            free(b);
+            return dsv4_fail(DSV4_ERR_IO, "%s: %s after %llu of %llu bytes (did the file change while it was read?)", path,
+                             r < 0 ? strerror(errno) : "end of file", (unsigned long long)got, (unsigned long long)size);
+        }
+        got += (uint64_t)r;
     }
-    *size = (uint64_t)sb.st_size;
+    char extra;
+    if (pread(fd, &extra, 1, (off_t)size) > 0) {
+        free(b);
+        return dsv4_fail(DSV4_ERR_IO, "%s: grew while it was read", path);
+    }
+    *base = b;
+    *map = m;
+    return DSV4_OK;
+}
+
+static dsv4_status map_file(const char *path, dsv4_load_mode mode, uint8_t **base, uint8_t **map, uint64_t *size)
+{
+    int fd;
+    DSV4_TRY(dsv4_open_regular(path, &fd, size));
     *map = NULL;
-    if (sb.st_size > 0) {
-        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mode == DSV4_LOAD_COPY) {
+        dsv4_status st = *size ? copy_file(path, fd, *size, base, map) : DSV4_OK;
+        close(fd);
+        return st;
+    }
+    if (*size > 0) {
+        void *m = mmap(NULL, (size_t)*size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return dsv4_fail(DSV4_ERR_IO, "%s: cannot map %llu bytes: %s", path, (unsigned long long)sb.st_size, strerror(e));
+            return dsv4_fail(DSV4_ERR_IO, "%s: cannot map %llu bytes: %s", path, (unsigned long long)*size, strerror(e));
         }
         *map = m;
     }
@@ -485,8 +534,10 @@ static char *join_path(const char *dir, const char *name)
 }
 
 /* Allocate the per-file arrays of ck for n files. */
-static dsv4_status alloc_files(dsv4_checkpoint *ck, int n)
+static dsv4_status alloc_files(dsv4_checkpoint *ck, int n, dsv4_load_mode mode)
 {
+    if (mode == DSV4_LOAD_COPY && !(ck->bases = calloc((size_t)n, sizeof *ck->bases)))
+        return dsv4_fail(DSV4_ERR_NO_MEMORY, "checkpoint: out of memory");
     ck->paths = calloc((size_t)n, sizeof *ck->paths);
     ck->fnames = calloc((size_t)n, sizeof *ck->fnames);
     ck->maps = calloc((size_t)n, sizeof *ck->maps);
@@ -504,7 +555,8 @@ static dsv4_status load_file(dsv4_checkpoint *ck, int i)
 {
     const char *slash = strrchr(ck->paths[i], '/');
     ck->fnames[i] = slash ? slash + 1 : ck->paths[i];
-    DSV4_TRY(map_file(ck->paths[i], &ck->maps[i], &ck->sizes[i]));
+    DSV4_TRY(map_file(ck->paths[i], ck->bases ? DSV4_LOAD_COPY : DSV4_LOAD_MAP, ck->bases ? &ck->bases[i] : NULL, &ck->maps[i],
+                      &ck->sizes[i]));
     st_tensor *t;
     int64_t n;
     DSV4_TRY(st_parse(ck->maps[i] ? ck->maps[i] : (const uint8_t *)"", ck->sizes[i], ck->fnames[i], (uint32_t)i, &t, &n,
@@ -587,9 +639,12 @@ static dsv4_status check_index(const dsv4_checkpoint *ck, const st_index *ix, co
     return st;
 }
 
-dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out)
+dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out) { return dsv4_checkpoint_open_mode(path, DSV4_LOAD_MAP, out); }
+
+dsv4_status dsv4_checkpoint_open_mode(const char *path, dsv4_load_mode mode, dsv4_checkpoint **out)
 {
     DSV4_CHECK_ARG(path && out, "checkpoint_open: null argument");
+    DSV4_CHECK_ARG(mode == DSV4_LOAD_MAP || mode == DSV4_LOAD_COPY, "checkpoint_open: load mode %d is neither MAP nor COPY", (int)mode);
     struct stat sb;
     if (stat(path, &sb) != 0)
         return dsv4_fail(errno == ENOENT ? DSV4_ERR_NOT_FOUND : DSV4_ERR_IO, "%s: %s", path, strerror(errno));
@@ -621,7 +676,7 @@ dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out)
         const char *slash = strrchr(index_path, '/');
         const char *what = slash ? slash + 1 : index_path;
         if ((st = st_parse_index(text, len, what, &ix)) != DSV4_OK) goto done;
-        if ((st = alloc_files(ck, ix.n_files)) != DSV4_OK) goto done;
+        if ((st = alloc_files(ck, ix.n_files, mode)) != DSV4_OK) goto done;
         char *dir = strdup(index_path);
         if (!dir) {
             st = dsv4_fail(DSV4_ERR_NO_MEMORY, "checkpoint: out of memory");
@@ -638,7 +693,7 @@ dsv4_status dsv4_checkpoint_open(const char *path, dsv4_checkpoint **out)
         if (st == DSV4_OK) st = build_hash(ck);
         if (st == DSV4_OK) st = check_index(ck, &ix, what);
     } else {
-        if ((st = alloc_files(ck, 1)) != DSV4_OK) goto done;
+        if ((st = alloc_files(ck, 1, mode)) != DSV4_OK) goto done;
         ck->paths[0] = is_dir ? join_path(path, "model.safetensors") : strdup(path);
         if (!ck->paths[0]) {
             st = dsv4_fail(DSV4_ERR_NO_MEMORY, "checkpoint: out of memory");

@@ -16,6 +16,7 @@
 
 #define ST_MAX_HEADER 100000000ull /* the format's limit on the header length */
 #define ST_MAX_NAME 1024
+#define ST_MAX_FILES 65536 /* shard files of one checkpoint, at most (DeepSeek-V4 ships 64) */
 
 typedef enum st_dtype {
     ST_BOOL, ST_U8, ST_I8, ST_F8_E5M2, ST_F8_E4M3, ST_F8_E8M0, ST_I16, ST_U16, ST_F16, ST_BF16,
@@ -67,7 +68,8 @@ struct dsv4_checkpoint {
     int n_files;
     char **paths;       /* full paths */
     const char **fnames;/* base names (into paths) */
-    uint8_t **maps;     /* whole-file read-only mappings */
+    uint8_t **maps;     /* whole files: read-only mappings, or (copies) into bases */
+    uint8_t **bases;    /* DSV4_LOAD_COPY: the allocations holding the copies; NULL when mapped */
     uint64_t *sizes, *data_start;
     char **arenas;      /* per file: names and canonical names */
     int64_t n;

@@ -39,12 +39,30 @@ static uint64_t next_u64(uint64_t s[4])
 /* uniform in [0, 1) with 53 random bits */
 double eng_rng_uniform(uint64_t rng[4]) { return (double)(next_u64(rng) >> 11) * 0x1.0p-53; }
 
+/* Rows reach these only through eng_check_logits: no NaN, no +Inf, at least one finite logit. */
 int32_t eng_argmax(const float *x, int64_t n)
 {
     int64_t best = 0;
     for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i])) best = i; /* NaN never wins */
+        if (x[i] > x[best]) best = i;
     return (int32_t)best;
+}
+
+dsv4_status eng_check_logits(const dsv4_engine *e, const float *logits, const char *what)
+{
+    int64_t finite = 0;
+    for (int64_t i = 0; i < e->V; i++) {
+        const float x = logits[i];
+        if (isfinite(x)) {
+            finite++;
+            continue;
+        }
+        if (x == -INFINITY) continue; /* a token masked out: probability 0 */
+        return dsv4_fail(DSV4_ERR_RANGE, "%s: logit %lld is %s (NaN and +Inf logits are refused: broken weights or inputs)",
+                         what, (long long)i, x != x ? "NaN" : "+Inf");
+    }
+    if (!finite) return dsv4_fail(DSV4_ERR_RANGE, "%s: every logit is -Inf: no token can be sampled", what);
+    return DSV4_OK;
 }
 
 int32_t eng_gumbel_pick(const float *p, int64_t n, uint64_t rng[4])
@@ -118,6 +136,7 @@ dsv4_status dsv4_engine_sample(dsv4_engine *e, const float *logits, const dsv4_s
     DSV4_CHECK_ARG(s->temperature >= 0.0f && isfinite(s->temperature), "engine_sample: temperature %g must be finite and >= 0",
                    (double)s->temperature);
     DSV4_CHECK_ARG(s->top_p >= 0.0f, "engine_sample: top_p %g must be >= 0 (0: 1)", (double)s->top_p);
+    DSV4_TRY(eng_check_logits(e, logits, "engine_sample"));
     if (s->temperature == 0.0f) {
         *token = eng_argmax(logits, e->V);
         return DSV4_OK;

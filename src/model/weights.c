@@ -5,10 +5,12 @@
 #include "core/json.h"
 #include "model/safetensors.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- the list ------------------------------------------------------------------------------ */
 
@@ -217,6 +219,8 @@ struct dsv4_model {
     dsv4_checkpoint *ck;
     dsv4_model_weights w;
     uint8_t *used;
+    void **copies; /* aligned copies of tensors whose mapped data is not aligned for their dtype */
+    int n_copies;
     issue *issues;
     int n_issues, n_stored;
     char dir[512];
@@ -296,6 +300,28 @@ static int64_t bind_one(dsv4_model *m, const char *canon, const int *dtypes, int
     return i;
 }
 
+/* Kernels read tensors through typed pointers, but the safetensors format places a tensor at any
+ * byte (a header may be padded to any length, and a tensor may follow one of odd size): a view
+ * whose data is not aligned for its dtype is pointed at an aligned copy instead, made here once,
+ * so that nothing downstream reads a misaligned element. */
+static dsv4_status align_view(dsv4_model *m, dsv4_tensor *t)
+{
+    const size_t sz = dsv4_dtype_size(t->dtype);
+    if (!t->data || sz <= 1 || !((uintptr_t)t->data % sz)) return DSV4_OK;
+    const size_t bytes = (size_t)dsv4_tensor_numel(t) * sz; /* mapped contiguous (the checkpoint's layout) */
+    if (m->n_copies % 64 == 0) {
+        void **g = realloc(m->copies, (size_t)(m->n_copies + 64) * sizeof *g);
+        if (!g) return dsv4_fail(DSV4_ERR_NO_MEMORY, "model: out of memory");
+        m->copies = g;
+    }
+    void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!buf) return dsv4_fail(DSV4_ERR_NO_MEMORY, "model: out of memory copying a misaligned tensor of %zu bytes", bytes);
+    memcpy(buf, t->data, bytes);
+    m->copies[m->n_copies++] = buf;
+    t->data = buf;
+    return DSV4_OK;
+}
+
 static dsv4_status bind_slot(void *user, const ws_slot *s)
 {
     dsv4_model *m = user;
@@ -304,8 +330,9 @@ static dsv4_status bind_slot(void *user, const ws_slot *s)
     if (s->kind != WS_LINEAR) {
         int is_index = s->kind == WS_INDEX;
         int64_t i = bind_one(m, s->name, is_index ? index : floats, 2, s->ndim, s->shape, "");
-        if (i >= 0) st_view(m->ck, i, (dsv4_dtype)st_dtype_to_dsv4(m->ck->t[i].dtype), s->t);
-        return DSV4_OK;
+        if (i < 0) return DSV4_OK;
+        st_view(m->ck, i, (dsv4_dtype)st_dtype_to_dsv4(m->ck->t[i].dtype), s->t);
+        return align_view(m, s->t);
     }
     char wn[160], sn[160];
     snprintf(wn, sizeof wn, "%s.weight", s->name);
@@ -326,6 +353,7 @@ static dsv4_status bind_slot(void *user, const ws_slot *s)
     if (wi >= 0) {
         int raw = st_dtype_to_dsv4(m->ck->t[wi].dtype);
         st_view(m->ck, wi, s->fmt == DSV4_WFMT_FP4 ? DSV4_FP4X2 : (dsv4_dtype)raw, &L->weight);
+        DSV4_TRY(align_view(m, &L->weight));
     }
     if (si >= 0) st_view(m->ck, si, DSV4_E8M0, &L->scale);
     return DSV4_OK;
@@ -357,6 +385,8 @@ void dsv4_model_close(dsv4_model *m)
     }
     free(m->issues);
     free(m->used);
+    for (int i = 0; i < m->n_copies; i++) free(m->copies[i]);
+    free(m->copies);
     ws_free(&m->w);
     dsv4_checkpoint_close(m->ck);
     free(m);
@@ -399,11 +429,16 @@ static dsv4_status bind_all(dsv4_model *m)
 dsv4_status dsv4_model_open(const char *dir, const dsv4_model_open_options *options, dsv4_model **out)
 {
     DSV4_CHECK_ARG(dir && out, "model_open: null argument");
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return dsv4_fail(errno == ENOENT ? DSV4_ERR_NOT_FOUND : DSV4_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) /* a file here would be read as config.json, whatever it holds */
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: not a directory (a model is the folder of config.json and the safetensors)", dir);
     dsv4_model *m = calloc(1, sizeof *m);
     if (!m) return dsv4_fail(DSV4_ERR_NO_MEMORY, "model: out of memory");
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     dsv4_status st = dsv4_config_load(dir, &m->cfg);
-    if (st == DSV4_OK) st = dsv4_checkpoint_open(dir, &m->ck);
+    if (st == DSV4_OK) st = dsv4_checkpoint_open_mode(dir, options ? options->load : DSV4_LOAD_MAP, &m->ck);
     if (st == DSV4_OK) st = bind_all(m);
     if (st == DSV4_OK && m->n_issues && !(options && options->allow_issues)) {
         const issue *first = m->n_stored ? &m->issues[0] : NULL;

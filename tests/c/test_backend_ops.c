@@ -874,6 +874,30 @@ static dsv4_status decode_on(dsv4_ctx *c, const attn_host *a, const dcase *d, in
     return s;
 }
 
+/* decode_workspace never decreases with t or width (src/core/ops_attention.h: the engine plans
+ * its largest call once): a sweep over call sizes and widths on each side of the split sizes. */
+static void attn_workspace_monotone(void)
+{
+    if (missing("attention.decode_workspace", HAS(attention, decode_workspace))) return;
+    static const int64_t heads[] = {1, 8, 64, 128};
+    int bad = 0;
+    for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++)
+        for (int64_t t = 1; t <= 48; t += 1 + t / 8)
+            for (int64_t w = 0; w <= 70000; w += 1 + w / 3) {
+                size_t a = 0, bt = 0, bw = 0;
+                dsv4_status s = dsv4_sparse_mla_decode_workspace(tc, t, heads[hi], w, 0, &a);
+                s |= dsv4_sparse_mla_decode_workspace(tc, t + 1 + t / 8, heads[hi], w, 0, &bt);
+                s |= dsv4_sparse_mla_decode_workspace(tc, t, heads[hi], w + 1 + w / 3, 0, &bw);
+                if (s != DSV4_OK || bt < a || bw < a) {
+                    if (!bad++)
+                        CHECK(0, "decode_workspace on %s: t %lld h %lld width %lld: %zu bytes, %zu at the next t, %zu at the next width",
+                              target, (long long)t, (long long)heads[hi], (long long)w, a, bt, bw);
+                }
+            }
+    CHECK(bad == 0, "decode_workspace on %s decreases in %d places", target, bad);
+    n_compared++;
+}
+
 static void attn_decode(const attn_host *a)
 {
     static const dcase cases[] = {{1, 64, 128, 256}, {3, 16, 40, 0}, {2, 128, 64, 64}, {5, 8, 70, 96}, {2, 1, 3, 5}};
@@ -1095,6 +1119,7 @@ static void run_families(void)
     attn_insert(&a);
     attn_gather_inv_rope(&a);
     attn_decode(&a);
+    attn_workspace_monotone();
     free(a.pages), free(a.rope);
     ix_compressor();
     ix_query_and_weights();

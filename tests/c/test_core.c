@@ -126,6 +126,39 @@ static void test_context_options(void)
     dsv4_ctx_destroy(c);
 }
 
+/* Thread counts: an option above DSV4_MAX_THREADS is refused (10^9 threads once planned 68 GiB
+ * of per-thread buffers); a $DSV4_THREADS that is not a count in [1, DSV4_MAX_THREADS] is ignored
+ * with a warning naming it. */
+static void test_thread_counts(void)
+{
+    dsv4_ctx *c = NULL;
+    dsv4_ctx_options o = {.backend = "cpu", .threads = DSV4_MAX_THREADS + 1};
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_ERR_INVALID_ARG);
+    CHECK(!c && strstr(dsv4_last_error(), "1024") && strstr(dsv4_last_error(), "1025"), "%s", dsv4_last_error());
+    o.threads = 1000000000;
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_ERR_INVALID_ARG);
+    o.threads = DSV4_MAX_THREADS;
+    CHECK_STATUS(dsv4_ctx_create(&o, &c), DSV4_OK);
+    CHECK(dsv4_ctx_threads(c) == DSV4_MAX_THREADS, "threads %d", dsv4_ctx_threads(c));
+    dsv4_ctx_destroy(c);
+    unsetenv("DSV4_THREADS");
+    const int all = dsv4_default_threads();
+    dsv4_set_warning_handler(test_on_warning, NULL);
+    const char *bad[] = {"1000000000", "0", "-3", "4x", " 2", "+2", "1025", "99999999999999999999"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        test_caught()->n = 0;
+        setenv("DSV4_THREADS", bad[k], 1);
+        int n = dsv4_default_threads();
+        CHECK(n == all && test_caught()->n == 1 && strstr(test_caught()->last, "DSV4_THREADS") && strstr(test_caught()->last, bad[k]),
+              "DSV4_THREADS='%s': %d threads (all %d), %d warnings: %s", bad[k], n, all, test_caught()->n, test_caught()->last);
+    }
+    test_caught()->n = 0;
+    setenv("DSV4_THREADS", "3", 1);
+    CHECK(dsv4_default_threads() == 3 && test_caught()->n == 0, "DSV4_THREADS=3");
+    unsetenv("DSV4_THREADS");
+    dsv4_set_warning_handler(dsv4_warning_stderr, NULL);
+}
+
 /* The struct layout table bindings check themselves against (src/core/abi.c). */
 static void test_abi_layout(void)
 {
@@ -246,6 +279,7 @@ int main(void)
     test_output_views();
     test_contexts();
     test_context_options();
+    test_thread_counts();
     test_abi_layout();
     test_bad_input();
     test_thread_independence();

@@ -2,7 +2,7 @@
  * routing, MTP): prefill == single-token decodes (logits, MTP logits and cache bytes, any chunking),
  * 1 vs 2 threads bit for bit, the optimized cpu backend against the scalar cpu-ref backend,
  * speculative greedy == plain greedy, memory planned once, every call size 1..max_batch and MTP
- * verification at a long context (the attention's workspace is not monotone in the call size),
+ * verification at a long context, planning at 2^24 positions in well under a second,
  * bad input -> a status, a message and an untouched sequence, a failure in the middle of the
  * layers -> a failed sequence until reset. The float64 reference comparisons are in
  * tests/python/test_engine.py. */
@@ -12,6 +12,9 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,7 +32,7 @@ static dsv4_engine *open_engine_opt(dsv4_ctx *ctx, dsv4_engine_options o)
 
 static dsv4_engine *open_engine(dsv4_ctx *ctx, int max_batch, int max_mtp)
 {
-    return open_engine_opt(ctx, (dsv4_engine_options){128, 2, max_batch, max_mtp, 0});
+    return open_engine_opt(ctx, (dsv4_engine_options){128, 2, max_batch, max_mtp, 0, DSV4_LOAD_MAP});
 }
 
 static uint8_t *export_seq(dsv4_engine *e, int seq, size_t *len)
@@ -200,7 +203,7 @@ static void test_bad_inputs(dsv4_ctx *c, const int32_t *ids)
     CHECK_STATUS(dsv4_engine_generate(e, seq2, ids, 3, &o, out, 4, &n_out, NULL), DSV4_ERR_CAPACITY);
     CHECK(dsv4_engine_memory_info(e, &m1) == DSV4_OK && m1.planned == m0.planned && m1.kv_used > 0, "memory grew");
     dsv4_engine_destroy(e);
-    dsv4_engine_options bad_opt = {128, 1, 2, 2, 0};
+    dsv4_engine_options bad_opt = {128, 1, 2, 2, 0, DSV4_LOAD_MAP};
     dsv4_engine *x = NULL;
     CHECK_STATUS(dsv4_engine_create(c, dir, &bad_opt, &x), DSV4_ERR_INVALID_ARG);
     CHECK_STATUS(dsv4_engine_create(c, "/nonexistent/dsv4-model", NULL, &x), DSV4_ERR_NOT_FOUND);
@@ -234,7 +237,7 @@ static void test_long_context_batches(dsv4_ctx *c)
 {
     enum { MB = 32, N = 1100 };
     const int64_t V = 512;
-    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){1152, 1, MB, 3, 0});
+    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){1152, 1, MB, 3, 0, DSV4_LOAD_MAP});
     if (!e) return;
     int32_t *ids = malloc(sizeof *ids * N);
     for (int i = 0; i < N; i++) ids[i] = (int32_t)(test_rand_u64() % V);
@@ -344,7 +347,7 @@ static int stop_first(void *user, const dsv4_gen_step *s)
 /* generate checks the whole prompt before it runs a chunk, and honours a stop during the prefill. */
 static void test_generate_prompt(dsv4_ctx *c, const int32_t *ids)
 {
-    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){128, 1, 16, 1, 4});
+    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){128, 1, 16, 1, 4, DSV4_LOAD_MAP});
     if (!e) return;
     int seq, calls = 0;
     int32_t prompt[12], out[4];
@@ -410,6 +413,331 @@ static void test_default_options(dsv4_ctx *c, const int32_t *ids)
     dsv4_engine_destroy(e);
 }
 
+/* ---- checkpoints as hostile files lay them out ---------------------------------------------- */
+/* dir copied to `to`, each safetensors header padded with spaces so that its data area starts at
+ * `residue` modulo 8 (the format allows any padding). */
+static void copy_padded(const char *to, int residue)
+{
+    mkdir(to, 0755);
+    DIR *h = opendir(dir);
+    struct dirent *d;
+    while (h && (d = readdir(h))) {
+        if (d->d_name[0] == '.') continue;
+        char a[600], b[600];
+        snprintf(a, sizeof a, "%s/%s", dir, d->d_name);
+        snprintf(b, sizeof b, "%s/%s", to, d->d_name);
+        size_t n;
+        uint8_t *f = (uint8_t *)test_read_file(a, &n);
+        const size_t len = strlen(d->d_name);
+        if (f && residue >= 0 && len > 12 && !strcmp(d->d_name + len - 12, ".safetensors")) {
+            uint64_t hl = 0;
+            for (int k = 0; k < 8; k++) hl |= (uint64_t)f[k] << (8 * k);
+            const uint64_t pad = ((uint64_t)residue - (8 + hl) % 8 + 8) % 8 + 8; /* at least 8 more */
+            uint8_t *g = malloc(n + pad);
+            const uint64_t nl = hl + pad;
+            for (int k = 0; k < 8; k++) g[k] = (uint8_t)(nl >> (8 * k));
+            memcpy(g + 8, f + 8, hl);
+            memset(g + 8 + hl, ' ', pad);
+            memcpy(g + 8 + nl, f + 8 + hl, n - 8 - hl);
+            test_write_file(b, g, n + pad);
+            free(g);
+        } else if (f) {
+            test_write_file(b, f, n);
+        }
+        free(f);
+    }
+    if (h) closedir(h);
+}
+
+/* The tiny model's results on 20 prompt tokens in chunks of 7 (max_batch 16, MTP 1): what a
+ * hostile variant of its files must reproduce. *V = 0 if no engine could be made. */
+static run reference_run(dsv4_ctx *c, const int32_t *ids, int64_t *V)
+{
+    run r = {0};
+    dsv4_engine *e = open_engine(c, 16, 1);
+    if (!e) return r;
+    *V = dsv4_engine_config(e)->vocab_size;
+    r = feed(e, ids, 20, 7, *V);
+    dsv4_engine_destroy(e);
+    return r;
+}
+
+/* Overwrite n bytes of tensor `name` of the checkpoint in `to`, at byte `rel` of its data. */
+static void patch_tensor(const char *to, const char *name, uint64_t rel, const void *bytes, size_t n)
+{
+    dsv4_checkpoint *ck = NULL;
+    dsv4_tensor_entry en;
+    CHECK_STATUS(dsv4_checkpoint_open(to, &ck), DSV4_OK);
+    CHECK_STATUS(dsv4_checkpoint_find(ck, name, &en), DSV4_OK);
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", to, en.file);
+    const uint64_t at = en.file_offset + rel;
+    dsv4_checkpoint_close(ck);
+    size_t len;
+    uint8_t *f = (uint8_t *)test_read_file(p, &len);
+    if (f && at + n <= len) {
+        memcpy(f + at, bytes, n);
+        test_write_file(p, f, len);
+    }
+    free(f);
+}
+
+/* A data area at any byte gives the same bytes: logits, MTP logits and caches bit for bit equal to
+ * the unpadded checkpoint's, with the header padded to an aligned (0 mod 8) and a misaligned
+ * (3 mod 8) data start. The sanitizer build (UBSan: halt_on_error) fails on any misaligned
+ * typed read: the int64 hash-routing table, BF16 norms in the compressor, F32 parameters. */
+static void test_padded_headers(dsv4_ctx *c, const int32_t *ids)
+{
+    int64_t V = 0;
+    run r0 = reference_run(c, ids, &V);
+    if (!V) return;
+    for (int residue = 0; residue < 8; residue += 3) {
+        char to[96];
+        snprintf(to, sizeof to, "%s-pad%d", dir, residue);
+        copy_padded(to, residue);
+        dsv4_model *m = NULL;
+        CHECK_STATUS(dsv4_model_open(to, NULL, &m), DSV4_OK);
+        if (m) { /* the file really puts tensors where their dtype cannot be read from; the views do not */
+            const dsv4_checkpoint *ck = dsv4_model_get_checkpoint(m);
+            int odd = 0;
+            for (int64_t i = 0; i < dsv4_checkpoint_count(ck); i++) {
+                dsv4_tensor_entry en;
+                dsv4_checkpoint_entry(ck, i, &en);
+                odd += en.dtype >= 0 && en.file_offset % dsv4_dtype_size((dsv4_dtype)en.dtype) != 0;
+            }
+            const dsv4_model_weights *w = dsv4_model_get_weights(m);
+            const dsv4_tensor *t[] = {&w->layers[0].tid2eid, &w->layers[1].compressor.norm, &w->layers[2].compressor.ape,
+                                      &w->layers[0].attn_sink, &w->norm, &w->embed};
+            for (size_t k = 0; k < sizeof t / sizeof t[0]; k++)
+                CHECK(t[k]->data && (uintptr_t)t[k]->data % dsv4_dtype_size(t[k]->dtype) == 0, "residue %d: view %zu misaligned",
+                      residue, k);
+            CHECK(residue == 0 || odd > 0, "residue %d: no tensor misaligned for its dtype", residue);
+            printf("header padded to a data start of %d mod 8: %d tensors misaligned for their dtype\n", residue, odd);
+            dsv4_model_close(m);
+        }
+        dsv4_engine *e = NULL;
+        dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_MAP};
+        CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
+        if (e) {
+            run r = feed(e, ids, 20, 7, V);
+            CHECK(same_run(&r, &r0, 20, V), "header padded to a data start of %d mod 8: results differ", residue);
+            run_free(&r);
+            dsv4_engine_destroy(e);
+        }
+        test_rm_dir(to);
+    }
+    run_free(&r0);
+}
+
+/* A hash-routing row naming one expert twice is refused at load, naming the row. */
+static void test_tid2eid_repeat(dsv4_ctx *c)
+{
+    char to[96];
+    snprintf(to, sizeof to, "%s-rep", dir);
+    copy_padded(to, -1);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_tensor_entry en;
+    int64_t x = 0, k = 0; /* row 5's first expert (I64), written again as its second */
+    CHECK_STATUS(dsv4_checkpoint_open(to, &ck), DSV4_OK);
+    if (ck && dsv4_checkpoint_find(ck, "layers.0.ffn.gate.tid2eid", &en) == DSV4_OK) {
+        k = en.shape[1];
+        memcpy(&x, (const uint8_t *)en.data + 5 * k * 8, 8);
+    }
+    dsv4_checkpoint_close(ck);
+    patch_tensor(to, "layers.0.ffn.gate.tid2eid", (uint64_t)(5 * k + 1) * 8, &x, 8);
+    dsv4_engine *e = (dsv4_engine *)(uintptr_t)0x55;
+    CHECK_STATUS(dsv4_engine_create(c, to, NULL, &e), DSV4_ERR_FORMAT);
+    CHECK(e == (dsv4_engine *)(uintptr_t)0x55 && strstr(dsv4_last_error(), "tid2eid[5] names expert") &&
+              strstr(dsv4_last_error(), "twice"),
+          "%s", dsv4_last_error());
+    /* a file path is not a model directory (it would be read as config.json) */
+    char p[600];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", to);
+    CHECK_STATUS(dsv4_engine_create(c, p, NULL, &e), DSV4_ERR_INVALID_ARG);
+    CHECK(strstr(dsv4_last_error(), "not a directory"), "%s", dsv4_last_error());
+    test_rm_dir(to);
+}
+
+/* One rule for non-finite logits on every sampling path (greedy, temperature, top-p): NaN or +Inf
+ * anywhere, or no finite logit, is DSV4_ERR_RANGE naming the logit; -Inf masks a token out. A
+ * checkpoint whose weights make the logits NaN fails generation and steps with the position named
+ * (before, every logit was NaN and greedy returned token 0 with status OK). */
+static void test_nonfinite(dsv4_ctx *c, const int32_t *ids)
+{
+    dsv4_engine *e = open_engine(c, 16, 1);
+    if (!e) return;
+    const int64_t V = dsv4_engine_config(e)->vocab_size;
+    float *row = malloc((size_t)V * sizeof *row);
+    const dsv4_sampling paths[3] = {{0.0f, 1.0f, 1}, {1.0f, 1.0f, 2}, {0.7f, 0.9f, 3}};
+    for (int p = 0; p < 3; p++) {
+        uint64_t rng[4];
+        dsv4_rng_seed(paths[p].seed, rng);
+        int32_t tok = -7;
+        for (int64_t i = 0; i < V; i++) row[i] = test_randn();
+        row[7] = NAN;
+        CHECK_STATUS(dsv4_engine_sample(e, row, &paths[p], rng, &tok), DSV4_ERR_RANGE);
+        CHECK(tok == -7 && strstr(dsv4_last_error(), "logit 7 is NaN"), "path %d: %s", p, dsv4_last_error());
+        row[7] = 0.0f;
+        row[9] = INFINITY;
+        row[10] = INFINITY;
+        CHECK_STATUS(dsv4_engine_sample(e, row, &paths[p], rng, &tok), DSV4_ERR_RANGE);
+        CHECK(tok == -7 && strstr(dsv4_last_error(), "logit 9 is +Inf"), "path %d: %s", p, dsv4_last_error());
+        for (int64_t i = 0; i < V; i++) row[i] = -INFINITY;
+        CHECK_STATUS(dsv4_engine_sample(e, row, &paths[p], rng, &tok), DSV4_ERR_RANGE);
+        CHECK(tok == -7 && strstr(dsv4_last_error(), "every logit is -Inf"), "path %d: %s", p, dsv4_last_error());
+        /* -Inf masks: only odd ids can come out; greedy takes the largest of them */
+        int64_t best = 1;
+        for (int64_t i = 0; i < V; i++) {
+            row[i] = i % 2 ? 0.1f * test_randn() : -INFINITY;
+            if (i % 2 && row[i] > row[best]) best = i;
+        }
+        int even = 0, ok = 1;
+        for (int k = 0; k < 200; k++) {
+            ok &= dsv4_engine_sample(e, row, &paths[p], rng, &tok) == DSV4_OK;
+            even += tok % 2 == 0;
+            if (p == 0) ok &= tok == best;
+        }
+        CHECK(ok && even == 0, "path %d: masked tokens sampled %d times (or greedy missed %lld)", p, even, (long long)best);
+    }
+    free(row);
+    dsv4_engine_destroy(e);
+
+    /* the final norm's first weight NaN: every logit is NaN */
+    char to[96];
+    snprintf(to, sizeof to, "%s-nan", dir);
+    copy_padded(to, -1);
+    dsv4_checkpoint *ck = NULL;
+    dsv4_tensor_entry en;
+    int f32 = 0;
+    CHECK_STATUS(dsv4_checkpoint_open(to, &ck), DSV4_OK);
+    if (ck && dsv4_checkpoint_find(ck, "norm.weight", &en) == DSV4_OK) f32 = en.dtype == DSV4_F32;
+    dsv4_checkpoint_close(ck);
+    const uint32_t nan32 = 0x7FC00000u;
+    const uint16_t nan16 = 0x7FC0u;
+    patch_tensor(to, "norm.weight", 0, f32 ? (const void *)&nan32 : (const void *)&nan16, f32 ? 4 : 2);
+    dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_MAP};
+    e = NULL;
+    CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
+    if (e) {
+        int seq = -1;
+        int32_t out[8];
+        int64_t n_out = -1;
+        dsv4_generate_options g = {4, 0, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+        CHECK_STATUS(dsv4_engine_seq_create(e, &seq), DSV4_OK);
+        CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 5, &g, out, 8, &n_out, NULL), DSV4_ERR_RANGE);
+        CHECK(n_out == -1 && strstr(dsv4_last_error(), "logits at position 4") && strstr(dsv4_last_error(), "is NaN"), "%s",
+              dsv4_last_error());
+        int s2 = -1;
+        CHECK_STATUS(dsv4_engine_seq_create(e, &s2), DSV4_OK);
+        CHECK_STATUS(dsv4_engine_forward(e, s2, ids, 3, NULL, 0, NULL, 0), DSV4_OK);
+        uint64_t rng[4];
+        dsv4_rng_seed(5, rng);
+        int32_t toks[4];
+        dsv4_step_request r = {s2, ids + 3, 1, 1, 1, {1.0f, 1.0f, 5}, rng, toks, 0, 0, 0};
+        CHECK_STATUS(dsv4_engine_step(e, &r, 1), DSV4_ERR_RANGE);
+        CHECK(strstr(dsv4_last_error(), "sequence 1") && strstr(dsv4_last_error(), "at position 3"), "%s", dsv4_last_error());
+        dsv4_engine_destroy(e);
+    }
+    test_rm_dir(to);
+}
+
+/* Shards truncated under a running engine: with DSV4_LOAD_COPY the engine keeps working, bit for
+ * bit as before; a mapped checkpoint (DSV4_LOAD_MAP) dies of SIGBUS at its next read of a lost
+ * page, which is what include/dsv4/model.h documents (shown in a child process). */
+static void truncate_shards(const char *d)
+{
+    DIR *h = opendir(d);
+    struct dirent *x;
+    while (h && (x = readdir(h))) {
+        const size_t len = strlen(x->d_name);
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", d, x->d_name);
+        if (len > 12 && !strcmp(x->d_name + len - 12, ".safetensors")) CHECK(truncate(p, 0) == 0, "truncate %s", p);
+    }
+    if (h) closedir(h);
+}
+
+static void test_copy_load(dsv4_ctx *c, const int32_t *ids)
+{
+    int64_t V = 0;
+    run r0 = reference_run(c, ids, &V);
+    if (!V) return;
+    char to[96];
+    snprintf(to, sizeof to, "%s-copy", dir);
+    copy_padded(to, -1);
+    dsv4_engine *e = NULL;
+    dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_COPY};
+    CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
+    truncate_shards(to);
+    if (e) {
+        run r = feed(e, ids, 20, 7, V);
+        CHECK(same_run(&r, &r0, 20, V), "a copied checkpoint, its files truncated: results differ");
+        run_free(&r);
+        dsv4_engine_destroy(e);
+    }
+    run_free(&r0);
+    test_rm_dir(to);
+    o.load = (dsv4_load_mode)7;
+    CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_ERR_INVALID_ARG);
+
+    copy_padded(to, -1);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(30);
+        dsv4_checkpoint *ck = NULL;
+        dsv4_tensor_entry en;
+        if (dsv4_checkpoint_open(to, &ck) != DSV4_OK || dsv4_checkpoint_find(ck, "layers.0.attn.wq_a.weight", &en) != DSV4_OK)
+            _exit(3);
+        truncate_shards(to);
+        volatile uint8_t x = ((const volatile uint8_t *)en.data)[en.nbytes - 1];
+        (void)x;
+        _exit(0); /* survived: not what a mapping does */
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    /* SIGBUS, or (the sanitizer build) AddressSanitizer's report of it and a failing exit */
+    const int sigbus = (WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS) || (WIFEXITED(status) && WEXITSTATUS(status) == 1);
+    CHECK(sigbus, "a read of a truncated mapping: status %d (SIGBUS expected)", status);
+    test_rm_dir(to);
+}
+
+/* Planning is analytic and checked against the machine: max_context 2^24 with 64 sequences
+ * (about a TiB for the tiny model) is refused at once, naming the sizes (the former per call
+ * size x scope width loop took 42 s for one such sequence, and the plan was then allocated and
+ * zeroed); a max_context beyond max_position_embeddings plans, with a warning. */
+static void test_plan_scale(dsv4_ctx *c)
+{
+    dsv4_set_warning_handler(test_on_warning, NULL);
+    dsv4_engine *e = (dsv4_engine *)(uintptr_t)0x77;
+    dsv4_engine_options o = {(int64_t)1 << 24, 64, 128, 0, 0, DSV4_LOAD_MAP};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_ERR_NO_MEMORY);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    CHECK(dt < 1.0, "planning max_context 2^24 x 64 sequences took %.2f s", dt);
+    CHECK(e == (dsv4_engine *)(uintptr_t)0x77, "output written on failure");
+    CHECK(strstr(dsv4_last_error(), "max_context 16777216 x max_seqs 64") && strstr(dsv4_last_error(), "GiB of host memory") &&
+              strstr(dsv4_last_error(), "available"),
+          "message: %s", dsv4_last_error());
+    CHECK(test_caught()->n == 1 && strstr(test_caught()->last, "max_position_embeddings 4096"), "%d warnings: %s", test_caught()->n, test_caught()->last);
+    test_caught()->n = 0;
+    o = (dsv4_engine_options){4097, 1, 8, 0, 0, DSV4_LOAD_MAP};
+    e = NULL;
+    CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_OK);
+    CHECK(test_caught()->n == 1 && strstr(test_caught()->last, "max_context 4097 exceeds the model's max_position_embeddings 4096"),
+          "%d warnings: %s", test_caught()->n, test_caught()->last);
+    dsv4_engine_destroy(e);
+    test_caught()->n = 0;
+    o.max_context = 4096;
+    e = NULL;
+    CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_OK);
+    CHECK(test_caught()->n == 0, "a plain plan warned: %s", test_caught()->last);
+    dsv4_engine_destroy(e);
+    dsv4_set_warning_handler(dsv4_warning_stderr, NULL);
+}
+
 int main(void)
 {
     test_seed();
@@ -435,6 +763,11 @@ int main(void)
     test_failed_forward(c1, ids);
     test_generate_prompt(c1, ids);
     test_default_options(c1, ids);
+    test_plan_scale(c1);
+    test_padded_headers(c1, ids);
+    test_tid2eid_repeat(c1);
+    test_nonfinite(c1, ids);
+    test_copy_load(c1, ids);
     dsv4_ctx_destroy(c1);
     dsv4_ctx_destroy(c2);
     dsv4_ctx_destroy(cr);

@@ -6,6 +6,8 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <signal.h>
+#include <time.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -57,28 +59,6 @@ static long file_size(const char *p)
     return stat(p, &sb) == 0 ? (long)sb.st_size : -1;
 }
 
-static char *read_all(const char *p, size_t *n)
-{
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
-static void write_all(const char *p, const char *data, size_t n)
-{
-    FILE *f = fopen(p, "wb");
-    if (!f) return;
-    fwrite(data, 1, n, f);
-    fclose(f);
-}
-
 static void copy_dir(const char *from, const char *to)
 {
     mkdir(to, 0755);
@@ -90,8 +70,8 @@ static void copy_dir(const char *from, const char *to)
         snprintf(a, sizeof a, "%s/%s", from, e->d_name);
         snprintf(b, sizeof b, "%s/%s", to, e->d_name);
         size_t n;
-        char *data = read_all(a, &n);
-        if (data) write_all(b, data, n);
+        char *data = test_read_file(a, &n);
+        if (data) test_write_file(b, data, n);
         free(data);
     }
     if (d) closedir(d);
@@ -562,11 +542,11 @@ static void test_make_tiny(void)
     for (int s = 1; s <= 2; s++) {
         size_t n1 = 0, n2 = 0, n3 = 0;
         snprintf(a, sizeof a, "%s/model-0000%d-of-00002.safetensors", dir, s);
-        char *x = read_all(a, &n1);
+        char *x = test_read_file(a, &n1);
         snprintf(b, sizeof b, "%s/model-0000%d-of-00002.safetensors", dir2, s);
-        char *y = read_all(b, &n2);
+        char *y = test_read_file(b, &n2);
         snprintf(b, sizeof b, "%s/model-0000%d-of-00002.safetensors", dir3, s);
-        char *z = read_all(b, &n3);
+        char *z = test_read_file(b, &n3);
         CHECK(x && y && n1 == n2 && !memcmp(x, y, n1), "shard %d differs for the same seed", s);
         CHECK(z && n1 == n3 && memcmp(x, z, n1), "shard %d is the same for another seed", s);
         free(x);
@@ -586,7 +566,7 @@ static void variant(const char *name, const char *file, const char *text, char *
     rm_dir(out);
     copy_dir(src, out);
     snprintf(p, sizeof p, "%s/%s", out, file);
-    if (text) write_all(p, text, strlen(text));
+    if (text) test_write_file(p, text, strlen(text));
     else unlink(p);
 }
 
@@ -647,7 +627,7 @@ static void test_hostile_dirs(void)
     CHECK(truncate(p, file_size(p) - 100) == 0, "truncate");
     CHECK_STATUS(dsv4_config_to_json(&c, cfg, sizeof cfg, &len), DSV4_OK);
     snprintf(p, sizeof p, "%s/config.json", dir);
-    write_all(p, cfg, len);
+    test_write_file(p, cfg, len);
     expect_open_fails(dir, DSV4_ERR_FORMAT, "model-00001-of-00002.safetensors", "truncated");
 
     /* config and checkpoint disagree: shapes, extra layers, missing layers, formats */
@@ -655,7 +635,7 @@ static void test_hostile_dirs(void)
     v.moe_inter_dim = 256;
     config_variant("shape", &v, dir, sizeof dir);
     expect_open_fails(dir, DSV4_ERR_SHAPE, "ffn.experts.0.w1.weight", "expected [256, 128]");
-    dsv4_model_open_options lenient = {1};
+    dsv4_model_open_options lenient = {1, DSV4_LOAD_MAP};
     dsv4_model *m = NULL;
     CHECK_STATUS(dsv4_model_open(dir, &lenient, &m), DSV4_OK);
     if (m) {
@@ -691,6 +671,95 @@ static void test_hostile_dirs(void)
     }
 }
 
+/* ---- hostile files: FIFOs, huge shard indexes, warnings ---------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A FIFO in the place of config.json, the index, a shard or tokenizer.json is refused at once
+ * (before the fix, opening it waited for a writer forever: alarm() turns such a hang into a
+ * failure of this test). */
+static void test_fifo_files(void)
+{
+    char dir[256], p[512];
+    const char *files[] = {"config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"};
+    alarm(60);
+    for (int k = 0; k < 3; k++) {
+        variant("fifo", files[k], NULL, dir, sizeof dir);
+        snprintf(p, sizeof p, "%s/%s", dir, files[k]);
+        CHECK(mkfifo(p, 0600) == 0, "mkfifo %s", p);
+        expect_open_fails(dir, DSV4_ERR_IO, files[k], "not a regular file");
+    }
+    dsv4_model_config c;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    CHECK_STATUS(dsv4_config_load(dir, &c), DSV4_OK); /* the config itself is fine here */
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    CHECK(mkfifo(p, 0600) == 0, "mkfifo %s", p);
+    dsv4_tokenizer *tok = NULL;
+    CHECK_STATUS(dsv4_tokenizer_load(p, &tok), DSV4_ERR_IO);
+    CHECK(has("tokenizer.json") && has("not a regular file") && !tok, "%s", dsv4_last_error());
+    alarm(0);
+    rm_dir(dir);
+}
+
+/* The shard index: 60,000 distinct shard names are de-duplicated in linear time (the quadratic
+ * scan took 17.7 s for 100,000), and more distinct files than ST_MAX_FILES (65536) are refused
+ * with a clear message, also at once. */
+static void index_of(char *ix, size_t cap, int n, size_t *len)
+{
+    size_t o = (size_t)snprintf(ix, cap, "{\"weight_map\": {");
+    for (int i = 0; i < n; i++) o += (size_t)snprintf(ix + o, cap - o, "%s\"w%d\": \"s%d\"", i ? ", " : "", i, i);
+    o += (size_t)snprintf(ix + o, cap - o, "}}");
+    *len = o;
+}
+
+static void test_index_scale(void)
+{
+    char dir[256], p[512];
+    size_t cap = (size_t)70000 * 40 + 64, len;
+    char *ix = malloc(cap);
+    index_of(ix, cap, 60000, &len);
+    variant("bigindex", "model.safetensors.index.json", ix, dir, sizeof dir);
+    double t0 = now_s();
+    expect_open_fails(dir, DSV4_ERR_NOT_FOUND, "s0", "cannot open");
+    double dt = now_s() - t0;
+    CHECK(dt < 1.0, "60,000 shard names took %.2f s", dt);
+    index_of(ix, cap, 70000, &len);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    test_write_file(p, ix, len);
+    t0 = now_s();
+    expect_open_fails(dir, DSV4_ERR_FORMAT, "model.safetensors.index.json", "more than 65536 shard files");
+    dt = now_s() - t0;
+    CHECK(dt < 1.0, "70,000 shard names took %.2f s", dt);
+    free(ix);
+    rm_dir(dir);
+}
+
+/* Warnings go to the handler: an unknown config key is reported there, and none reaches stderr
+ * once the handler is NULL (silenced). */
+static void test_warning_channel(void)
+{
+    dsv4_model_config c;
+    test_caught()->n = 0;
+    dsv4_set_warning_handler(test_on_warning, NULL);
+    CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
+    CHECK(test_caught()->n == 1 && strstr(test_caught()->last, "cfg.json: unknown config key \"my_knob\" ignored"),
+          "%d warnings, last '%s'", test_caught()->n, test_caught()->last);
+    CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
+    CHECK(test_caught()->n == 2, "a caller's handler hears every warning: %d", test_caught()->n);
+    dsv4_set_warning_handler(NULL, NULL);
+    CHECK_STATUS(parse("{\"hidden_size\": 4096, \"my_knob\": 1}", &c), DSV4_OK);
+    CHECK(test_caught()->n == 2, "silenced, yet the handler heard it");
+    dsv4_set_warning_handler(dsv4_warning_stderr, NULL);
+    /* a shard index given as config.json is named as such, not read as a config of defaults */
+    CHECK_STATUS(parse("{\"metadata\": {}, \"weight_map\": {\"embed.weight\": \"a.safetensors\"}}", &c), DSV4_ERR_FORMAT);
+    CHECK(has("cfg.json") && has("shard index"), "%s", dsv4_last_error());
+}
+
 static void test_hf_layout(void)
 {
     /* the Hugging Face checkpoint written by transformers */
@@ -715,7 +784,7 @@ static void test_hf_layout(void)
         size_t n;
         char fp[1100];
         snprintf(fp, sizeof fp, "%s/model.safetensors", hf_tiny);
-        char *file = read_all(fp, &n);
+        char *file = test_read_file(fp, &n);
         CHECK_STATUS(dsv4_checkpoint_find(dsv4_model_get_checkpoint(m), "model.embed_tokens.weight", &e), DSV4_OK);
         CHECK(file && e.file_offset + e.nbytes <= n && !memcmp(file + e.file_offset, w->embed.data, e.nbytes), "embed bytes");
         free(file);
@@ -834,6 +903,9 @@ int main(void)
     test_config_keys();
     test_make_tiny();
     test_hostile_dirs();
+    test_fifo_files();
+    test_index_scale();
+    test_warning_channel();
     test_hf_layout();
     test_write_defaults();
     test_flash_inventory();

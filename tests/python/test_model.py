@@ -547,6 +547,41 @@ def test_cli_make_tiny_and_inspect(tmp_path):
     assert r.returncode == 2
 
 
+def test_cli_inspect_values(tmp_path):
+    """`dsv4 inspect --values` passes a clean checkpoint and flags, tensor by tensor, a NaN BF16 /
+    F32 element, an Inf, a NaN E4M3 code and a 0xFF (NaN) UE8M0 scale, exiting 1."""
+    import os
+    import subprocess
+    exe = pathlib.Path(os.environ.get("DSV4_LIB", "build/libdsv4.so")).resolve().parent / "dsv4"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    d = tmp_path / "cli"
+    assert subprocess.run([str(exe), "make-tiny", "--out", str(d), "--no-tokenizer"], capture_output=True, env=env).returncode == 0
+    r = subprocess.run([str(exe), "inspect", str(d), "--values"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "every element is a number" in r.stdout, r.stdout + r.stderr
+    want = {"F8_E4M3": b"\x7f", "F8_E8M0": b"\xff", "F32": struct.pack("<f", math.inf), "BF16": b"\xc0\x7f"}
+    hit = {}
+    for f in sorted(d.glob("*.safetensors")):
+        data = bytearray(f.read_bytes())
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        for name, t in header.items():
+            if name == "__metadata__" or t["dtype"] not in want or t["dtype"] in hit:
+                continue
+            at = 8 + n + t["data_offsets"][0] + 2 * len(want[t["dtype"]])  # the third element
+            data[at:at + len(want[t["dtype"]])] = want[t["dtype"]]
+            hit[t["dtype"]] = (f.name, name)
+        f.write_bytes(bytes(data))
+    assert set(hit) == set(want), hit
+    r = subprocess.run([str(exe), "inspect", str(d), "--values"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "4 tensors with non-finite elements or NaN scales" in r.stdout, r.stdout
+    for dtype, (file, name) in hit.items():
+        line = [ln for ln in r.stdout.splitlines() if f"'{name}'" in ln]
+        assert line and file in line[0] and "the first at element 2" in line[0], (dtype, r.stdout)
+        assert ("1 Inf" if dtype == "F32" else "1 NaN") in line[0], line[0]
+
+
 def test_cli_make_tiny_ships_the_tokenizer(tmp_path):
     """`dsv4 make-tiny` writes DeepSeek-V4's tokenizer.json beside the weights with the vocabulary sized
     to it, so `dsv4 run --chat` turns text into text; without a tokenizer it says how to get one."""

@@ -1,6 +1,7 @@
 """Builds the libFuzzer targets with clang and runs each for a bounded time from its seed corpus:
 the checkpoint parsers (tests/fuzz/fuzz_model.c) and the chat format, its renderer and its reader of
-completions (tests/fuzz/fuzz_chat.c). Skipped when clang or libFuzzer is missing
+completions (tests/fuzz/fuzz_chat.c), and the tokenizer loader with encode / decode of what loads
+(tests/fuzz/fuzz_tokenizer.c). Skipped when clang or libFuzzer is missing
 (scripts/install-deps.sh installs both)."""
 import os
 import pathlib
@@ -15,6 +16,8 @@ TARGETS = {  # name: (sources, dictionary, seed corpus)
                "src/core/error.c", "src/core/file.c", "src/core/tensor.c"], "model.dict", "corpus"),
     "chat": (["tests/fuzz/fuzz_chat.c", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src/tokenizer").glob("*.c")),
               "src/core/json.c", "src/core/error.c", "src/core/file.c"], "chat.dict", "corpus_chat"),
+    "tokenizer": (["tests/fuzz/fuzz_tokenizer.c", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src/tokenizer").glob("*.c")),
+                   "src/core/json.c", "src/core/error.c", "src/core/file.c"], "tokenizer.dict", "corpus_tokenizer"),
 }
 
 
@@ -35,7 +38,7 @@ def test_fuzz(tmp_path, target):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
     exe = tmp_path / f"fuzz_{target}"
     libs = ["-lm", "-lpthread"]
-    if target == "chat":
+    if target in ("chat", "tokenizer"):
         pc = subprocess.run(["pkg-config", "--cflags", "--libs", "libpcre2-8"], capture_output=True, text=True)
         assert pc.returncode == 0, "libpcre2-8 not found by pkg-config (scripts/install-deps.sh installs it)"
         libs = pc.stdout.split() + libs

@@ -151,10 +151,17 @@ static attn_plan plan_for(int64_t t, int64_t h, int64_t width)
     return P;
 }
 
+/* A block of queries uses block * max_splits * h partials, at most WS_BUDGET bytes or one query's
+ * worth, and at most t queries' worth: the bound min(t queries, max(WS_BUDGET, one query)) is
+ * what is asked for, since it never decreases with t or width (src/core/ops_attention.h). */
 static size_t cpu_decode_workspace(const dsv4_exec *ex, int64_t t, int64_t h, int64_t width)
 {
+    (void)ex;
     attn_plan P = plan_for(t, h, width);
-    return P.max_splits > 1 && t > 0 ? (size_t)(P.block * P.max_splits * h) * DSV4_ATTN_PART * sizeof(float) : 0;
+    if (P.max_splits <= 1 || t <= 0) return 0;
+    const size_t one = (size_t)(P.max_splits * h) * DSV4_ATTN_PART * sizeof(float), all = (size_t)t * one;
+    const size_t block = one > WS_BUDGET ? one : WS_BUDGET;
+    return all < block ? all : block;
 }
 
 static int64_t splits_of(const attn_plan *P, int64_t n) { return n == 0 ? 1 : (n + P->split - 1) / P->split; }

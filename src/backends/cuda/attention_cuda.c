@@ -92,9 +92,15 @@ static size_t split_bytes(int64_t splits, int64_t t, int64_t h)
     return splits > 1 ? (size_t)splits * (size_t)t * (size_t)h * (512 + 1) * sizeof(float) + 256 : 0;
 }
 
+/* The call splits each of t queries s ways with s * t * tiles <= sms and s <= blocks, so s * t is
+ * at most min(t * blocks, sms / tiles): asked for as such, a bound that never decreases with t
+ * or width (src/core/ops_attention.h). */
 static size_t cu_decode_workspace(const dsv4_exec *ex, int64_t t, int64_t h, int64_t width)
 {
-    return split_bytes(plan_splits(dsv4_cu_sm_count(ex), t, h, width), t, h);
+    const int64_t rows = dsv4_cu_decode_rows(h), tiles = (h + rows - 1) / rows, blocks = (width + 63) / 64;
+    if (t <= 0 || blocks <= 1) return 0;
+    const int64_t most = dsv4_cu_sm_count(ex) / tiles, st = t * blocks < most ? t * blocks : most;
+    return st > 1 ? (size_t)st * (size_t)h * (512 + 1) * sizeof(float) + 256 : 0;
 }
 
 /* The warpgroup-MMA kernel is built for sm_90a only: use it on compute capability 9.0 unless the

@@ -67,8 +67,8 @@ dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex)
     if (env && *env) {
         int v = parse_decode(env);
         if (v < 0)
-            fprintf(stderr, "dsv4: warning: DSV4_CUDA_DECODE='%s' is not KERNEL[,no-pair] with KERNEL one of auto, ws2, "
-                            "ws1, v1, mma-sync; using auto\n", env);
+            dsv4_warn("DSV4_CUDA_DECODE='%s' is not KERNEL[,no-pair] with KERNEL one of auto, ws2, ws1, v1, mma-sync; using auto",
+                      env);
         else {
             kernel = v & DSV4_CU_KERNEL_MASK;
             no_pair = (v & DSV4_CU_NO_PAIR) != 0;
