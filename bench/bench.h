@@ -3,6 +3,8 @@
 #ifndef DSV4_BENCH_H
 #define DSV4_BENCH_H
 
+#include "dsv4.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,5 +52,40 @@ int bench_opt_flag(int argc, char **argv, const char *name);
 const char *bench_opt_str(int argc, char **argv, const char *name, const char *dflt);
 /* Median of n doubles (sorts in place). */
 double bench_median(double *v, int n);
+
+/* ---- one timing method over distinct copies (bench_util.c) ----
+ * `call(arg, c)` runs the measured product on copy c (0 = success). One pass: an untimed call on
+ * the last copy, then every copy once, back to back, each call timed. best = the fastest call,
+ * sustained = the pass's time / copies (both seconds per call); a pass only lowers what `r`
+ * holds, so alternating passes of two callers over rounds give each its best of the rounds. */
+typedef int (*bench_call_fn)(void *arg, int copy);
+typedef struct bench_rate {
+    double best, sustained;
+} bench_rate;
+#define BENCH_RATE_INIT {1e30, 1e30}
+int bench_time_pass(bench_call_fn call, void *arg, int copies, bench_rate *r); /* 0, or the failing call's status */
+
+/* ---- linear-layer weights at the V4-Flash shapes (linear_weights.c) ---- */
+typedef struct bench_lshape {
+    const char *name;
+    int64_t n, k, groups;       /* n: outputs per group (groups > 1: dsv4_grouped_linear) */
+    dsv4_linear_format ckpt;    /* the format of the checkpoint's weight of this shape */
+} bench_lshape;
+extern const bench_lshape bench_lshapes[]; /* every distinct linear shape of a V4-Flash block */
+extern const int bench_nlshapes;
+/* `copies` distinct copies of one weight + its scale in `fmt`, together >= min_total bytes. */
+typedef struct bench_wset {
+    dsv4_linear_format fmt;
+    int64_t rows, k, wcols, srows, scols; /* rows = groups * n */
+    size_t wbytes, sbytes;                /* one copy */
+    int copies;
+    uint8_t *w, *s;
+} bench_wset;
+/* Random codes (no NaN; BF16 finite around 1), scale bytes 118..124; exits when out of memory. */
+void bench_wset_init(bench_wset *ws, const bench_lshape *c, dsv4_linear_format fmt, size_t min_total);
+void bench_wset_view(const bench_wset *ws, int copy, dsv4_tensor *w, dsv4_tensor *s);
+/* Copy 0 dequantized to F32 [rows, k], replicated `copies` times (NULL when out of memory). */
+float *bench_wset_f32(dsv4_ctx *ctx, const bench_wset *ws, int copies);
+void bench_wset_free(bench_wset *ws);
 
 #endif
