@@ -87,5 +87,18 @@ void bench_wset_view(const bench_wset *ws, int copy, dsv4_tensor *w, dsv4_tensor
 /* Copy 0 dequantized to F32 [rows, k], replicated `copies` times (NULL when out of memory). */
 float *bench_wset_f32(dsv4_ctx *ctx, const bench_wset *ws, int copies);
 void bench_wset_free(bench_wset *ws);
+/* One dsv4 product on the copies of a bench_wset: x BF16 [m, k] (grouped: [m, groups, k]),
+ * y BF16 [m, n] ([m, groups, n]); bench_lcall_run(call, c) is a bench_call_fn on copy c. */
+typedef struct bench_lcall {
+    dsv4_ctx *ctx;
+    const bench_lshape *c;
+    const bench_wset *ws;
+    dsv4_tensor x, y;
+    void *work;
+    size_t wsb;
+} bench_lcall;
+void bench_lcall_init(bench_lcall *a, dsv4_ctx *ctx, const bench_lshape *c, const bench_wset *ws, int64_t m,
+                      uint16_t *x, uint16_t *y, void *work, size_t wsb);
+int bench_lcall_run(void *arg, int copy);
 
 #endif

@@ -40,27 +40,6 @@ typedef struct result {
     double bytes, flops, blas_bytes;
 } result;
 
-/* One product of dsv4 on copy `copy` of the quantized weights. */
-typedef struct dsv4_call {
-    dsv4_ctx *ctx;
-    const bench_lshape *c;
-    const bench_wset *ws;
-    dsv4_tensor x, y;
-    void *work;
-    size_t wsb;
-} dsv4_call;
-
-static int run_dsv4(void *arg, int copy)
-{
-    const dsv4_call *a = arg;
-    dsv4_tensor tw, tsc;
-    bench_wset_view(a->ws, copy, &tw, &tsc);
-    dsv4_tensor y = a->y;
-    const dsv4_tensor *sp = a->ws->fmt <= DSV4_LINEAR_FP4 ? &tsc : NULL;
-    return a->c->groups > 1 ? dsv4_grouped_linear(a->ctx, a->ws->fmt, &a->x, &tw, sp, &y, a->work, a->wsb)
-                            : dsv4_linear(a->ctx, a->ws->fmt, &a->x, &tw, sp, NULL, &y, a->work, a->wsb);
-}
-
 #ifdef DSV4_HAVE_BLAS
 /* OpenBLAS on copy `copy` of the F32 weights: sgemv for M = 1, sgemm otherwise, one call per group. */
 typedef struct blas_call {
@@ -116,17 +95,13 @@ static int run_case(dsv4_ctx *ctx, const bench_lshape *c, dsv4_linear_format fmt
         if (only_m && ms[mi] != only_m) continue;
         result *r = &out[n++];
         *r = (result){.c = c, .fmt = fmt, .m = ms[mi], .t = BENCH_RATE_INIT, .t_blas = BENCH_RATE_INIT};
-        dsv4_call d = {.ctx = ctx, .c = c, .ws = &ws, .work = work, .wsb = wsb};
-        const int64_t xs[3] = {r->m, c->groups, c->k}, ys[3] = {r->m, c->groups, c->n};
-        const int64_t xs2[2] = {r->m, c->k}, ys2[2] = {r->m, c->n};
-        const int nd = c->groups > 1 ? 3 : 2;
-        dsv4_tensor_init(&d.x, x, DSV4_BF16, nd, nd == 3 ? xs : xs2);
-        dsv4_tensor_init(&d.y, y, DSV4_BF16, nd, nd == 3 ? ys : ys2);
+        bench_lcall d;
+        bench_lcall_init(&d, ctx, c, &ws, r->m, x, y, work, wsb);
 #ifdef DSV4_HAVE_BLAS
         blas_call b = {.c = c, .wf = wf, .xf = xf, .yf = yf, .m = r->m};
 #endif
         for (int round = 0; round < rounds; round++) {
-            if (bench_time_pass(run_dsv4, &d, ws.copies, &r->t)) die("linear");
+            if (bench_time_pass(bench_lcall_run, &d, ws.copies, &r->t)) die("linear");
 #ifdef DSV4_HAVE_BLAS
             bench_time_pass(run_blas, &b, fcopies, &r->t_blas);
 #endif

@@ -104,3 +104,24 @@ void bench_wset_free(bench_wset *ws)
     free(ws->s);
     ws->w = ws->s = NULL;
 }
+
+void bench_lcall_init(bench_lcall *a, dsv4_ctx *ctx, const bench_lshape *c, const bench_wset *ws, int64_t m,
+                      uint16_t *x, uint16_t *y, void *work, size_t wsb)
+{
+    *a = (bench_lcall){.ctx = ctx, .c = c, .ws = ws, .work = work, .wsb = wsb};
+    const int64_t xs[3] = {m, c->groups, c->k}, ys[3] = {m, c->groups, c->n};
+    const int64_t xs2[2] = {m, c->k}, ys2[2] = {m, c->n};
+    const int nd = c->groups > 1 ? 3 : 2;
+    dsv4_tensor_init(&a->x, x, DSV4_BF16, nd, nd == 3 ? xs : xs2);
+    dsv4_tensor_init(&a->y, y, DSV4_BF16, nd, nd == 3 ? ys : ys2);
+}
+
+int bench_lcall_run(void *arg, int copy)
+{
+    bench_lcall *a = arg;
+    dsv4_tensor tw, tsc;
+    bench_wset_view(a->ws, copy, &tw, &tsc);
+    const dsv4_tensor *sp = a->ws->fmt <= DSV4_LINEAR_FP4 ? &tsc : NULL;
+    return a->c->groups > 1 ? dsv4_grouped_linear(a->ctx, a->ws->fmt, &a->x, &tw, sp, &a->y, a->work, a->wsb)
+                            : dsv4_linear(a->ctx, a->ws->fmt, &a->x, &tw, sp, NULL, &a->y, a->work, a->wsb);
+}
