@@ -44,6 +44,7 @@ double bench_fma_peak(int threads);
 double bench_dot_peak(int threads);
 /* Aligned allocation filled with a deterministic pseudo-random pattern (bench inputs only). */
 void *bench_alloc(size_t bytes);
+void *bench_alloc_or_die(size_t bytes); /* bench_alloc, or a message and exit(1) */
 void bench_fill_random_f32(float *x, size_t n, uint64_t seed, float scale);
 void bench_fill_random_u8(uint8_t *x, size_t n, uint64_t seed);
 /* `--threads N` and `--quick` style option lookup in argv. */

@@ -1,5 +1,6 @@
 #include "bench.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,6 +16,16 @@ void *bench_alloc(size_t bytes)
 {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64)) return NULL;
+    return p;
+}
+
+void *bench_alloc_or_die(size_t bytes)
+{
+    void *p = bench_alloc(bytes);
+    if (!p) {
+        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
     return p;
 }
 

@@ -22,16 +22,6 @@ const bench_lshape bench_lshapes[] = {
 };
 const int bench_nlshapes = (int)(sizeof bench_lshapes / sizeof bench_lshapes[0]);
 
-static void *alloc_or_die(size_t bytes)
-{
-    void *p = bench_alloc(bytes);
-    if (!p) {
-        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
 void bench_wset_init(bench_wset *ws, const bench_lshape *c, dsv4_linear_format fmt, size_t min_total)
 {
     ws->fmt = fmt;
@@ -48,8 +38,8 @@ void bench_wset_init(bench_wset *ws, const bench_lshape *c, dsv4_linear_format f
     ws->copies = (int)((min_total + one - 1) / one);
     if (ws->copies < 2) ws->copies = 2;
     const size_t nw = ws->wbytes * (size_t)ws->copies, ns = ws->sbytes * (size_t)ws->copies;
-    ws->w = alloc_or_die(nw);
-    ws->s = alloc_or_die(ns + 1);
+    ws->w = bench_alloc_or_die(nw);
+    ws->s = bench_alloc_or_die(ns + 1);
     bench_fill_random_u8(ws->w, nw, 7);
     if (fmt == DSV4_LINEAR_BF16) { /* finite BF16 around 1: random sign and mantissa, exponent 120..127 */
         uint16_t *h = (uint16_t *)ws->w;

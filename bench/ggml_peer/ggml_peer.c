@@ -49,13 +49,6 @@ static void die(const char *what, const char *why)
     exit(1);
 }
 
-static void *xalloc(size_t bytes)
-{
-    void *p = bench_alloc(bytes);
-    if (!p) die("out of memory", "bench_alloc");
-    return p;
-}
-
 /* A comma-separated list: does it hold `s` as a substring of one of its items ("" or NULL: all)? */
 static int listed(const char *list, const char *s)
 {
@@ -166,7 +159,7 @@ static void gpeer_init(gpeer *p, ggml_backend_t be, const bench_lshape *c, const
     p->wbytes = ggml_row_size(pr->type, c->k) * (size_t)rows;
     p->copies = (int)((min_total + p->wbytes - 1) / p->wbytes);
     if (p->copies < 2) p->copies = 2;
-    uint8_t *src = xalloc(p->wbytes);
+    uint8_t *src = bench_alloc_or_die(p->wbytes);
     if (pr->type == GGML_TYPE_MXFP4) {
         fp4_to_mxfp4(ws, src);
     } else if (pr->type == GGML_TYPE_BF16) {
@@ -175,7 +168,7 @@ static void gpeer_init(gpeer *p, ggml_backend_t be, const bench_lshape *c, const
         ggml_quantize_chunk(pr->type, f32, src, 0, rows, c->k, NULL);
     }
     /* the same logical matrix: ggml's own decoding of copy 0 against dsv4's (exact but for q8_0) */
-    float *back = xalloc((size_t)c->k * 4);
+    float *back = bench_alloc_or_die((size_t)c->k * 4);
     const struct ggml_type_traits *tt = ggml_get_type_traits(pr->type);
     double maxd = 0, maxv = 0;
     for (int64_t r = 0; r < rows; r++) {
@@ -318,8 +311,8 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     const int64_t kmax = 8192 * 8, nmax = 32768 * 8; /* bounds for x / y over the shapes */
-    uint16_t *x = xalloc((size_t)MAXM * (size_t)kmax * 2), *y = xalloc((size_t)MAXM * (size_t)nmax * 2);
-    float *xf = xalloc((size_t)MAXM * (size_t)kmax * 4);
+    uint16_t *x = bench_alloc_or_die((size_t)MAXM * (size_t)kmax * 2), *y = bench_alloc_or_die((size_t)MAXM * (size_t)nmax * 2);
+    float *xf = bench_alloc_or_die((size_t)MAXM * (size_t)kmax * 4);
     int bad = 0;
     for (int ci = 0; ci < bench_nlshapes; ci++) {
         const bench_lshape *c = &bench_lshapes[ci];
@@ -341,7 +334,7 @@ int main(int argc, char **argv)
             if (dsv4_encode_array(ctx[0], DSV4_FMT_BF16, xf, MAXM * kx, x)) die("x", dsv4_last_error());
             size_t wsb = 0;
             if (dsv4_linear_workspace_size(ctx[0], pr->fmt, MAXM * c->groups, c->k, &wsb)) die("ws", dsv4_last_error());
-            void *work = xalloc(wsb + 1);
+            void *work = bench_alloc_or_die(wsb + 1);
             for (int ti = 0; ti < nt; ti++) {
                 ggml_backend_cpu_set_n_threads(be, threads[ti]);
                 ggml_backend_cpu_set_threadpool(be, tp[ti]);
