@@ -187,7 +187,7 @@ static void gpeer_init(gpeer *p, ggml_backend_t be, const bench_lshape *c, const
     struct ggml_init_params ip = {
         .mem_size = (size_t)p->copies * ggml_tensor_overhead() + 1024, .mem_buffer = NULL, .no_alloc = true};
     p->wctx = ggml_init(ip);
-    p->w = calloc((size_t)p->copies, sizeof *p->w);
+    p->w = bench_alloc_or_die((size_t)p->copies * sizeof *p->w);
     for (int i = 0; i < p->copies; i++)
         p->w[i] = c->groups > 1 ? ggml_new_tensor_3d(p->wctx, pr->type, c->k, c->n, c->groups)
                                 : ggml_new_tensor_2d(p->wctx, pr->type, c->k, c->n);
@@ -216,7 +216,7 @@ static void gpeer_graphs(gpeer *p, const bench_lshape *c, int64_t m, struct ggml
     const size_t yoff = (ggml_nbytes(x) + align - 1) / align * align;
     ggml_backend_tensor_alloc(p->iobuf, x, base);
     free(p->g);
-    p->g = calloc((size_t)p->copies, sizeof *p->g);
+    p->g = bench_alloc_or_die((size_t)p->copies * sizeof *p->g);
     for (int i = 0; i < p->copies; i++) {
         struct ggml_tensor *y = ggml_mul_mat(p->gctx, p->w[i], x);
         ggml_backend_tensor_alloc(p->iobuf, y, base + yoff); /* every copy writes the same y */
@@ -310,7 +310,12 @@ int main(int argc, char **argv)
            "thr", "dsv4 us", "sust", "GB/s", "%read", "ggml us", "sust", "GB/s", "ratio", "sust", "diff");
     fflush(stdout);
 
-    const int64_t kmax = 8192 * 8, nmax = 32768 * 8; /* bounds for x / y over the shapes */
+    int64_t kmax = 0, nmax = 0; /* x / y elements per row over the shapes */
+    for (int ci = 0; ci < bench_nlshapes; ci++) {
+        const bench_lshape *c = &bench_lshapes[ci];
+        if (c->k * c->groups > kmax) kmax = c->k * c->groups;
+        if (c->n * c->groups > nmax) nmax = c->n * c->groups;
+    }
     uint16_t *x = bench_alloc_or_die((size_t)MAXM * (size_t)kmax * 2), *y = bench_alloc_or_die((size_t)MAXM * (size_t)nmax * 2);
     float *xf = bench_alloc_or_die((size_t)MAXM * (size_t)kmax * 4);
     int bad = 0;
@@ -343,7 +348,7 @@ int main(int argc, char **argv)
                     struct ggml_tensor *gx;
                     gpeer_graphs(&gp, c, m, &gx);
                     /* ggml's x [k, m, groups] from dsv4's [m, groups, k], the same BF16 values */
-                    float *gxd = malloc((size_t)(m * kx) * 4);
+                    float *gxd = bench_alloc_or_die((size_t)(m * kx) * 4);
                     for (int64_t r = 0; r < m; r++)
                         for (int64_t g = 0; g < c->groups; g++)
                             for (int64_t k = 0; k < c->k; k++)
@@ -367,7 +372,7 @@ int main(int argc, char **argv)
                     /* the check: copy 0 of both, y_dsv4 BF16 [m, groups, n] vs y_ggml F32 [n, m, groups] */
                     if (bench_lcall_run(&d, 0) || gpeer_run(&gp, 0)) die("product", dsv4_last_error());
                     struct ggml_tensor *gy = ggml_graph_node(gp.g[0], -1);
-                    float *gyd = malloc((size_t)(m * ny) * 4);
+                    float *gyd = bench_alloc_or_die((size_t)(m * ny) * 4);
                     ggml_backend_tensor_get(gy, gyd, 0, (size_t)(m * ny) * 4);
                     double maxd = 0, maxv = 0;
                     for (int64_t r = 0; r < m; r++)
