@@ -57,6 +57,7 @@ bench: build
 	./$(BUILD)/dsv4 bench formats
 	./$(BUILD)/dsv4 bench attention
 	./$(BUILD)/dsv4 bench linear
+	DSV4_BUILD=$(CURDIR)/$(BUILD) bash bench/ggml_peer.sh
 	./$(BUILD)/dsv4 bench layer
 	./$(BUILD)/dsv4 bench model
 	./$(BUILD)/dsv4 bench memory

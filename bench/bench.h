@@ -48,6 +48,7 @@ double bench_fma_peak(int threads);
 double bench_dot_peak(int threads);
 /* Aligned allocation filled with a deterministic pseudo-random pattern (bench inputs only). */
 void *bench_alloc(size_t bytes);
+void *bench_alloc_or_die(size_t bytes); /* bench_alloc, or a message and exit(1) */
 void bench_fill_random_f32(float *x, size_t n, uint64_t seed, float scale);
 void bench_fill_random_u8(uint8_t *x, size_t n, uint64_t seed);
 /* `--threads N` and `--quick` lookup in the checked argv a benchmark receives. */
@@ -75,5 +76,53 @@ double bench_median(double *v, int n);
  * routing) into dir; 1 on success. */
 int bench_flash_like(const char *dir);
 void bench_rm_tree(const char *dir); /* remove a temporary checkpoint folder */
+
+/* ---- one timing method over distinct copies (bench_util.c) ----
+ * `call(arg, c)` runs the measured product on copy c (0 = success). One pass: an untimed call on
+ * the last copy, then every copy once, back to back, each call timed. best = the fastest call,
+ * sustained = the pass's time / copies (both seconds per call); a pass only lowers what `r`
+ * holds, so alternating passes of two callers over rounds give each its best of the rounds. */
+typedef int (*bench_call_fn)(void *arg, int copy);
+typedef struct bench_rate {
+    double best, sustained;
+} bench_rate;
+#define BENCH_RATE_INIT {1e30, 1e30}
+int bench_time_pass(bench_call_fn call, void *arg, int copies, bench_rate *r); /* 0, or the failing call's status */
+
+/* ---- linear-layer weights at the V4-Flash shapes (linear_weights.c) ---- */
+typedef struct bench_lshape {
+    const char *name;
+    int64_t n, k, groups;       /* n: outputs per group (groups > 1: dsv4_grouped_linear) */
+    dsv4_linear_format ckpt;    /* the format of the checkpoint's weight of this shape */
+} bench_lshape;
+extern const bench_lshape bench_lshapes[]; /* every distinct linear shape of a V4-Flash block */
+extern const int bench_nlshapes;
+/* `copies` distinct copies of one weight + its scale in `fmt`, together >= min_total bytes. */
+typedef struct bench_wset {
+    dsv4_linear_format fmt;
+    int64_t rows, k, wcols, srows, scols; /* rows = groups * n */
+    size_t wbytes, sbytes;                /* one copy */
+    int copies;
+    uint8_t *w, *s;
+} bench_wset;
+/* Random codes (no NaN; BF16 finite around 1), scale bytes 118..124; exits when out of memory. */
+void bench_wset_init(bench_wset *ws, const bench_lshape *c, dsv4_linear_format fmt, size_t min_total);
+void bench_wset_view(const bench_wset *ws, int copy, dsv4_tensor *w, dsv4_tensor *s);
+/* Copy 0 dequantized to F32 [rows, k], replicated `copies` times (NULL when out of memory). */
+float *bench_wset_f32(dsv4_ctx *ctx, const bench_wset *ws, int copies);
+void bench_wset_free(bench_wset *ws);
+/* One dsv4 product on the copies of a bench_wset: x BF16 [m, k] (grouped: [m, groups, k]),
+ * y BF16 [m, n] ([m, groups, n]); bench_lcall_run(call, c) is a bench_call_fn on copy c. */
+typedef struct bench_lcall {
+    dsv4_ctx *ctx;
+    const bench_lshape *c;
+    const bench_wset *ws;
+    dsv4_tensor x, y;
+    void *work;
+    size_t wsb;
+} bench_lcall;
+void bench_lcall_init(bench_lcall *a, dsv4_ctx *ctx, const bench_lshape *c, const bench_wset *ws, int64_t m,
+                      uint16_t *x, uint16_t *y, void *work, size_t wsb);
+int bench_lcall_run(void *arg, int copy);
 
 #endif

@@ -27,16 +27,6 @@ static void die(const char *what)
     exit(1);
 }
 
-static void *alloc_or_die(size_t bytes)
-{
-    void *p = bench_alloc(bytes);
-    if (!p) {
-        fprintf(stderr, "bench layer: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
 static dsv4_tensor view(void *data, dsv4_dtype dt, int ndim, int64_t a, int64_t b, int64_t c)
 {
     dsv4_tensor t;
@@ -47,7 +37,7 @@ static dsv4_tensor view(void *data, dsv4_dtype dt, int ndim, int64_t a, int64_t 
 
 static void fill_bf16(uint16_t *p, size_t n, uint64_t seed)
 {
-    float *tmp = alloc_or_die(n * 4);
+    float *tmp = bench_alloc_or_die(n * 4);
     bench_fill_random_f32(tmp, n, seed, 2.0f);
     if (dsv4_encode_array(NULL, DSV4_FMT_BF16, tmp, (int64_t)n, p)) die("bf16");
     free(tmp);
@@ -130,14 +120,14 @@ static double section_bw(int threads, int quick)
 static void bench_mhc(dsv4_ctx *fast, dsv4_ctx *ref, int threads, double peak, int quick)
 {
     M.sites = 48; /* 48 x 1.5 MiB of fn: twice the L3 */
-    M.fn = alloc_or_die((size_t)M.sites * NMIX * N * D * 4);
-    M.hfn = alloc_or_die((size_t)M.sites * N * N * D * 4);
-    M.x = alloc_or_die((size_t)M.sites * 16 * N * D * 2);
-    M.streams = alloc_or_die((size_t)M.sites * 16 * N * D * 2);
-    M.sub = alloc_or_die((size_t)16 * D * 2);
-    M.y = alloc_or_die((size_t)16 * D * 2);
-    M.post = alloc_or_die(16 * N * 4);
-    M.comb = alloc_or_die(16 * N * N * 4);
+    M.fn = bench_alloc_or_die((size_t)M.sites * NMIX * N * D * 4);
+    M.hfn = bench_alloc_or_die((size_t)M.sites * N * N * D * 4);
+    M.x = bench_alloc_or_die((size_t)M.sites * 16 * N * D * 2);
+    M.streams = bench_alloc_or_die((size_t)M.sites * 16 * N * D * 2);
+    M.sub = bench_alloc_or_die((size_t)16 * D * 2);
+    M.y = bench_alloc_or_die((size_t)16 * D * 2);
+    M.post = bench_alloc_or_die(16 * N * 4);
+    M.comb = bench_alloc_or_die(16 * N * N * 4);
     bench_fill_random_f32(M.fn, (size_t)M.sites * NMIX * N * D, 3, 0.01f);
     bench_fill_random_f32(M.hfn, (size_t)M.sites * N * N * D, 4, 0.01f);
     bench_fill_random_f32(M.scale, 3, 5, 1.0f);
@@ -203,11 +193,11 @@ static dsv4_status run_route(const call *c)
 static void bench_router(dsv4_ctx *fast, dsv4_ctx *ref, int threads, int quick)
 {
     R.copies = 32; /* 32 x 2 MiB */
-    R.w = alloc_or_die((size_t)R.copies * E * D * 2);
-    R.x = alloc_or_die(D * 2);
-    R.y = alloc_or_die(D * 2);
-    R.nw = alloc_or_die(D * 2);
-    R.bias = alloc_or_die(E * 4);
+    R.w = bench_alloc_or_die((size_t)R.copies * E * D * 2);
+    R.x = bench_alloc_or_die(D * 2);
+    R.y = bench_alloc_or_die(D * 2);
+    R.nw = bench_alloc_or_die(D * 2);
+    R.bias = bench_alloc_or_die(E * 4);
     fill_bf16(R.w, (size_t)R.copies * E * D, 9);
     fill_bf16(R.x, D, 10);
     fill_bf16(R.nw, D, 11);
@@ -241,8 +231,8 @@ static void expert_init(expert_buf *e, dsv4_linear_format fmt, uint64_t seed)
     const int64_t rows[3] = {I_EXP, I_EXP, D}, ks[3] = {D, D, I_EXP};
     for (int m = 0; m < 3; m++) {
         int64_t wc = fp4 ? ks[m] / 2 : ks[m], sr = fp4 ? rows[m] : rows[m] / 128, sc = fp4 ? ks[m] / 32 : ks[m] / 128;
-        e->w[m] = alloc_or_die((size_t)(rows[m] * wc));
-        e->s[m] = alloc_or_die((size_t)(sr * sc));
+        e->w[m] = bench_alloc_or_die((size_t)(rows[m] * wc));
+        e->s[m] = bench_alloc_or_die((size_t)(sr * sc));
         bench_fill_random_u8(e->w[m], (size_t)(rows[m] * wc), seed * 7 + (uint64_t)m);
         if (!fp4)
             for (int64_t i = 0; i < rows[m] * wc; i++) e->w[m][i] &= 0xB7; /* no NaN codes, |w| <= 0.875 * 2^(6-7) */
@@ -324,10 +314,10 @@ static void bench_moe(dsv4_ctx *fast, int threads, int quick)
     }
     expert_init(&Q.shared[0], DSV4_LINEAR_FP8_B128, 200);
     expert_init(&Q.shared[1], DSV4_LINEAR_FP8_B128, 201);
-    Q.x = alloc_or_die(8 * D * 2);
-    Q.y = alloc_or_die(8 * D * 2);
-    Q.g = alloc_or_die(I_EXP * 2);
-    Q.u = alloc_or_die(I_EXP * 2);
+    Q.x = bench_alloc_or_die(8 * D * 2);
+    Q.y = bench_alloc_or_die(8 * D * 2);
+    Q.g = bench_alloc_or_die(I_EXP * 2);
+    Q.u = bench_alloc_or_die(I_EXP * 2);
     fill_bf16(Q.x, 8 * D, 13);
     if (dsv4_moe_workspace_size(fast, 8, TOPK, POOL, &Q.f[0], &Q.shared[0].f, &Q.ws_bytes)) die("moe workspace");
     size_t a = 0, b = 0;
@@ -335,8 +325,8 @@ static void bench_moe(dsv4_ctx *fast, int threads, int quick)
         dsv4_linear_workspace_size(fast, DSV4_LINEAR_FP4, 1, D, &b))
         die("linear workspace");
     Q.lws_bytes = a > b ? a : b;
-    Q.ws = alloc_or_die(Q.ws_bytes);
-    Q.lws = alloc_or_die(Q.lws_bytes + 1);
+    Q.ws = bench_alloc_or_die(Q.ws_bytes);
+    Q.lws = bench_alloc_or_die(Q.lws_bytes + 1);
     double routed = expert_bytes(&Q.pool[0]), shared = expert_bytes(&Q.shared[0]);
     printf("MoE, V4-Flash (D = 4096, I = 2048): 6 routed FP4 experts of a pool of %d (%.0f MiB) + the FP8 shared\n"
            "expert; weight bytes per token: routed %.1f MiB + shared %.1f MiB; work space %.1f MiB:\n",

@@ -18,7 +18,7 @@ const dsv4_bench_entry dsv4_benches[] = {
     {"bandwidth", "the read-bandwidth probe behind every roofline (all threads, 1 thread) vs the former probe and an FP8 M=1 linear", "threads passes", dsv4_bench_bandwidth},
     {"formats", "GB/s of the vectorized quantize/dequantize routines vs read bandwidth", "threads quick", dsv4_bench_formats},
     {"attention", "sparse MLA decode at V4-Flash decode shapes: GFLOP/s, GB/s vs FMA peak, read bandwidth, the two-pass design", "threads quick", dsv4_bench_attention},
-    {"linear", "quantized linear layers at V4-Flash shapes: weight GB/s vs read bandwidth and OpenBLAS", "threads quick only", dsv4_bench_linear},
+    {"linear", "linear layers, every format at every V4-Flash shape, M 1..32: best-call and sustained weight GB/s vs read bandwidth and OpenBLAS", "threads quick only m rounds", dsv4_bench_linear},
     {"linear-cuda", "linear layers on the GPU at V4-Flash shapes, every format, M 1..64: weight GB/s vs the device copy rate", "quick", dsv4_bench_linear_cuda},
     {"attention-cuda", "sparse MLA decode on the GPU: TFLOP/s, GB/s vs device copy, vs the two-pass design", "quick peak-tflops compare", dsv4_bench_attention_cuda},
     {"indexer", "lightning-indexer scoring + top-k at 16k/64k/256k entries: GB/s vs read bandwidth and an sgemm+sort peer", "threads quick", dsv4_bench_indexer},
@@ -47,5 +47,7 @@ const cli_opt bench_options[] = {
     {"tokens", 0, CLI_INT, NULL, 1, 1 << 20, "N", "tokens generated per request (default 32)"},
     {"reps", 0, CLI_INT, NULL, 1, 100, "N", "repetitions of each row (default 3)"},
     {"keep", 0, CLI_FLAG, NULL, 0, 0, NULL, "keep the temporary checkpoint"},
+    {"m", 0, CLI_INT, NULL, 1, 4096, "M", "only this row count (default: 1, 2, 4, 8, 16, 32)"},
+    {"rounds", 0, CLI_INT, NULL, 1, 100, "N", "alternating rounds (default 2)"},
     {NULL, 0, CLI_FLAG, NULL, 0, 0, NULL, NULL},
 };

@@ -2,7 +2,6 @@
 #include "dsv4.h"
 
 #include <stdio.h>
-
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -21,6 +20,16 @@ void *bench_alloc(size_t bytes)
     return p;
 }
 
+void *bench_alloc_or_die(size_t bytes)
+{
+    void *p = bench_alloc(bytes);
+    if (!p) {
+        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
 static uint64_t splitmix(uint64_t *s)
 {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -34,9 +43,15 @@ void bench_fill_random_f32(float *x, size_t n, uint64_t seed, float scale)
     for (size_t i = 0; i < n; i++) x[i] = scale * ((float)(splitmix(&seed) >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f);
 }
 
+/* Eight bytes a step: the benchmarks fill gigabytes of weight copies with it. */
 void bench_fill_random_u8(uint8_t *x, size_t n, uint64_t seed)
 {
-    for (size_t i = 0; i < n; i++) x[i] = (uint8_t)(splitmix(&seed) >> 56);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const uint64_t z = splitmix(&seed);
+        memcpy(x + i, &z, 8);
+    }
+    for (uint64_t z = splitmix(&seed); i < n; i++, z >>= 8) x[i] = (uint8_t)z;
 }
 
 int bench_opt_int(int argc, char **argv, const char *name, int dflt)
@@ -107,4 +122,24 @@ void *bench_device_alloc(dsv4_ctx *c, size_t bytes)
         exit(1);
     }
     return p;
+}
+
+int bench_time_pass(bench_call_fn call, void *arg, int copies, bench_rate *r)
+{
+    int st = call(arg, copies - 1); /* warm: code, thread pool, work space; the last copy, not the first timed */
+    if (st) return st;
+    double best = 1e30;
+    const double start = bench_now();
+    double t0 = start;
+    for (int c = 0; c < copies; c++) {
+        st = call(arg, c);
+        const double t1 = bench_now();
+        if (st) return st;
+        if (t1 - t0 < best) best = t1 - t0;
+        t0 = t1;
+    }
+    const double sustained = (t0 - start) / copies;
+    if (best < r->best) r->best = best;
+    if (sustained < r->sustained) r->sustained = sustained;
+    return 0;
 }
