@@ -63,6 +63,7 @@ typedef struct dsv4_module_host {
     const char *version; /* DSV4_VERSION_STRING of the library */
     size_t backend_size; /* sizeof(dsv4_backend) */
     dsv4_status (*fail)(dsv4_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+    void (*warn)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 } dsv4_module_host;
 typedef const dsv4_backend *(*dsv4_module_entry_fn)(const dsv4_module_host *host, char *why, size_t cap);
 

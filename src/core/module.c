@@ -37,6 +37,7 @@ static const dsv4_module_host host = {
     .version = DSV4_VERSION_STRING,
     .backend_size = sizeof(dsv4_backend),
     .fail = dsv4_fail,
+    .warn = dsv4_warn,
 };
 
 const dsv4_backend *dsv4_module_load(const char *file, char *why, size_t cap)

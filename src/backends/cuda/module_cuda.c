@@ -12,7 +12,8 @@ extern const dsv4_backend dsv4_backend_cuda;
 
 static const dsv4_module_host *host_lib;
 
-/* The backend's failures become the library's last error (the message is formatted here). */
+/* The backend's failures become the library's last error, its warnings go through the library's
+ * warning handler (the messages are formatted here). */
 dsv4_status dsv4_fail(dsv4_status status, const char *fmt, ...)
 {
     char msg[1024];
@@ -21,6 +22,16 @@ dsv4_status dsv4_fail(dsv4_status status, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     return host_lib ? host_lib->fail(status, "%s", msg) : status;
+}
+
+void dsv4_warn(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (host_lib) host_lib->warn("%s", msg);
 }
 
 /* DSV4_MODULE_ENTRY */
