@@ -622,8 +622,7 @@ int main(void)
         const int64_t shape[2] = {1, 8};
         dsv4_tensor_init(&t, (void *)&t, DSV4_BF16, 2, shape);
         t.device = DSV4_DEVICE_CUDA;
-        CHECK_STATUS(dsv4_copy_rows(cu, &t, NULL, &t), DSV4_ERR_UNSUPPORTED);
-        CHECK_STATUS(dsv4_add_bf16(cu, &t, &t, &t), DSV4_ERR_UNSUPPORTED);
+        CHECK_STATUS(dsv4_indexer_weights(cu, &t, 64, &t), DSV4_ERR_UNSUPPORTED);
     }
 
     /* inserts: n, h, n_ins, bs, pages, stride (0 = padded), fused q, rope */
