@@ -185,3 +185,18 @@ def hadamard_rotate(x):
     x = np.asarray(x, np.float64)
     n = x.shape[-1]
     return x @ hadamard(n) * n**-0.5
+
+
+def kernel_testdata():
+    """$DSV4_KERNEL_TESTDATA, else testdata/kernels of the shared folder every test uses
+    (TESTDATA: $DSV4_SHARED, default beside the checkout); without $DSV4_SHARED also a
+    shared/ inside the checkout."""
+    env = os.environ.get("DSV4_KERNEL_TESTDATA")
+    cands = [env] if env else [os.path.join(TESTDATA, "kernels")]
+    if not env and "DSV4_SHARED" not in os.environ:
+        here = os.path.dirname(os.path.abspath(__file__))
+        cands.append(os.path.join(here, "..", "..", "shared", "testdata", "kernels"))
+    for d in cands:
+        if os.path.isdir(d):
+            return os.path.normpath(d)
+    return None

@@ -15,22 +15,7 @@ import oracles as o
 from dsv4._lib import ctx
 from dsv4 import attention as A
 
-def _kernel_data():
-    """$DSV4_KERNEL_TESTDATA, else testdata/kernels of the shared folder every test uses
-    (oracles.TESTDATA: $DSV4_SHARED, default beside the checkout); without $DSV4_SHARED also a
-    shared/ inside the checkout."""
-    env = os.environ.get("DSV4_KERNEL_TESTDATA")
-    cands = [env] if env else [os.path.join(o.TESTDATA, "kernels")]
-    if not env and "DSV4_SHARED" not in os.environ:
-        here = os.path.dirname(os.path.abspath(__file__))
-        cands.append(os.path.join(here, "..", "..", "shared", "testdata", "kernels"))
-    for d in cands:
-        if os.path.isdir(d):
-            return os.path.normpath(d)
-    return None
-
-
-KD = _kernel_data()
+KD = o.kernel_testdata()
 golden = pytest.mark.skipif(KD is None, reason="testdata/kernels not found (set DSV4_SHARED or DSV4_KERNEL_TESTDATA)")
 
 

@@ -17,7 +17,8 @@ from dsv4._lib import BF16, F32, I32, U8, ctx, lib
 
 CUDA_OK, CUDA_WHY = device.available("cuda")
 needs_cuda = pytest.mark.skipif(not CUDA_OK, reason=f"no CUDA device: {CUDA_WHY}")
-KD = os.path.join(o.TESTDATA, "kernels")
+KD = o.kernel_testdata()
+golden = pytest.mark.skipif(KD is None, reason="testdata/kernels not found (set DSV4_SHARED or DSV4_KERNEL_TESTDATA)")
 
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=needs_cuda)])
@@ -70,6 +71,7 @@ def _dev_cache(arr, bs):
 
 
 @needs_cuda
+@golden
 def test_device_resident_decode_golden():
     # the cache and index data are uploaded once and reused by two calls; the outputs are
     # poisoned on the device first. Tolerances are the golden file's (README): rel L2 8e-3,
