@@ -60,6 +60,7 @@ const char *bench_opt_str(int argc, char **argv, const char *name, const char *d
 struct dsv4_ctx;
 double bench_device_copy_rate(struct dsv4_ctx *ctx);
 /* `bytes` (0 counts as 1) of the context's device memory; exits with the error on failure. */
+dsv4_tensor bench_device_view(void *p, dsv4_dtype dt, int nd, const int64_t *shape); /* a CUDA-resident view */
 void *bench_device_alloc(struct dsv4_ctx *ctx, size_t bytes);
 /* One row of a linear benchmark's table: a weight of `groups` groups of n x k in format fmt
  * (a dsv4_linear_format). */
@@ -68,6 +69,22 @@ typedef struct bench_linear_case {
     int fmt;
     int64_t n, k, groups; /* n: outputs per group */
 } bench_linear_case;
+/* The CBLAS peer (row-major = 101, no transpose = 111, transpose = 112), opened when a benchmark
+ * runs (dsv4 is not linked with it): bench_blas_open loads the first of libopenblas.so.0,
+ * libopenblas.so, libcblas.so.3, libblas.so.3 that has cblas_sgemv and cblas_sgemm; sgemv stays
+ * NULL when none does. */
+typedef struct bench_blas_lib {
+    void (*sgemv)(int order, int trans, int m, int n, float alpha, const float *a, int lda, const float *x, int incx,
+                  float beta, float *y, int incy);
+    void (*sgemm)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                  const float *b, int ldb, float beta, float *c, int ldc);
+    void (*set_threads)(int n);  /* OpenBLAS only */
+    char *(*get_config)(void);   /* OpenBLAS only */
+    const char *file;
+} bench_blas_lib;
+extern bench_blas_lib bench_blas;
+void bench_blas_open(void);
+
 /* Median of n doubles (sorts in place). */
 double bench_median(double *v, int n);
 

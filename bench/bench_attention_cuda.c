@@ -45,21 +45,13 @@ static void die(const char *what)
     exit(1);
 }
 
-static dsv4_tensor dview(void *p, dsv4_dtype dt, int nd, const int64_t *shape)
-{
-    dsv4_tensor t;
-    dsv4_tensor_init(&t, p, dt, nd, shape);
-    t.device = DSV4_DEVICE_CUDA;
-    return t;
-}
-
 /* One call of the fused decode (set s of the index arrays). */
 static void fused_call(bctx *b, const bshape *s, int set)
 {
     const int64_t qs[3] = {s->t, s->h, 512}, ls[2] = {s->t, s->h}, i0s[2] = {s->t, s->w}, i1s[2] = {s->t, s->k},
                   hs[1] = {s->h}, wss[1] = {(int64_t)b->ws_bytes};
-    dsv4_tensor q = dview(b->q, DSV4_BF16, 3, qs), o = dview(b->out, DSV4_BF16, 3, qs), l = dview(b->lse, DSV4_F32, 2, ls),
-                sk = dview(b->sink, DSV4_F32, 1, hs), w = dview(b->ws, DSV4_U8, 1, wss);
+    dsv4_tensor q = bench_device_view(b->q, DSV4_BF16, 3, qs), o = bench_device_view(b->out, DSV4_BF16, 3, qs), l = bench_device_view(b->lse, DSV4_F32, 2, ls),
+                sk = bench_device_view(b->sink, DSV4_F32, 1, hs), w = bench_device_view(b->ws, DSV4_U8, 1, wss);
     /* index sets are [NSETS][TMAX][WMAX] and [NSETS][TMAX][KMAX]: row stride is the max width */
     const int64_t st0[2] = {WMAX, 1}, st1[2] = {KMAX, 1};
     dsv4_tensor i0, i1;
@@ -77,11 +69,11 @@ static void two_pass_call(bctx *b, const bshape *s, int set)
     int64_t e = s->w + s->k, n = (int64_t)s->t * e;
     const int64_t gs[1] = {n}, rs[2] = {n, 512}, qs[3] = {s->t, s->h, 512}, ls[2] = {s->t, s->h}, ps[2] = {s->t, e},
                   hs[1] = {s->h}, wss[1] = {(int64_t)b->ws_bytes};
-    dsv4_tensor g = dview((int32_t *)b->gslots + (size_t)set * TMAX * (WMAX + KMAX), DSV4_I32, 1, gs),
-                rows = dview(b->rows, DSV4_BF16, 2, rs), q = dview(b->q, DSV4_BF16, 3, qs),
-                o = dview(b->out, DSV4_BF16, 3, qs), l = dview(b->lse, DSV4_F32, 2, ls),
-                p = dview(b->pidx, DSV4_I32, 2, ps), sk = dview(b->sink, DSV4_F32, 1, hs),
-                w = dview(b->ws, DSV4_U8, 1, wss);
+    dsv4_tensor g = bench_device_view((int32_t *)b->gslots + (size_t)set * TMAX * (WMAX + KMAX), DSV4_I32, 1, gs),
+                rows = bench_device_view(b->rows, DSV4_BF16, 2, rs), q = bench_device_view(b->q, DSV4_BF16, 3, qs),
+                o = bench_device_view(b->out, DSV4_BF16, 3, qs), l = bench_device_view(b->lse, DSV4_F32, 2, ls),
+                p = bench_device_view(b->pidx, DSV4_I32, 2, ps), sk = bench_device_view(b->sink, DSV4_F32, 1, hs),
+                w = bench_device_view(b->ws, DSV4_U8, 1, wss);
     if (dsv4_dequant_gather(b->ctx, &b->cache, &g, &rows)) die("dequant_gather");
     if (dsv4_sparse_attn_bf16(b->ctx, &q, &rows, &p, NULL, &sk, 0.044194173824159216f, &o, &l, &w)) die("attn_bf16");
 }

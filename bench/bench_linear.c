@@ -9,42 +9,10 @@
 #include "bench.h"
 #include "dsv4.h"
 
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The peer: CBLAS (row-major = 101, no transpose = 111, transpose = 112) of the first library of
- * `blas_names` that loads; sgemv NULL when none does. */
-static struct blas {
-    void (*sgemv)(int order, int trans, int m, int n, float alpha, const float *a, int lda, const float *x, int incx,
-                  float beta, float *y, int incy);
-    void (*sgemm)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
-                  const float *b, int ldb, float beta, float *c, int ldc);
-    void (*set_threads)(int n);  /* OpenBLAS only */
-    char *(*get_config)(void);   /* OpenBLAS only */
-    const char *file;
-} blas;
-
-static void blas_open(void)
-{
-    static const char *const blas_names[] = {"libopenblas.so.0", "libopenblas.so", "libcblas.so.3", "libblas.so.3"};
-    for (size_t i = 0; i < sizeof blas_names / sizeof blas_names[0]; i++) {
-        void *h = dlopen(blas_names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h) continue;
-        *(void **)&blas.sgemv = dlsym(h, "cblas_sgemv");
-        *(void **)&blas.sgemm = dlsym(h, "cblas_sgemm");
-        if (!blas.sgemv || !blas.sgemm) {
-            blas.sgemv = NULL;
-            dlclose(h);
-            continue;
-        }
-        *(void **)&blas.set_threads = dlsym(h, "openblas_set_num_threads");
-        *(void **)&blas.get_config = dlsym(h, "openblas_get_config");
-        blas.file = blas_names[i];
-        return;
-    }
-}
 
 static const int64_t ms[] = {1, 2, 4, 8, 16, 32};
 enum { NM = (int)(sizeof ms / sizeof ms[0]), MMAX = 32 };
@@ -81,9 +49,9 @@ static int run_blas(void *arg, int copy)
     for (int64_t g = 0; g < c->groups; g++) {
         const float *wg = wb + (size_t)(g * c->n * c->k);
         if (a->m == 1)
-            blas.sgemv(101, 111, (int)c->n, (int)c->k, 1.0f, wg, (int)c->k, a->xf + g * c->k, 1, 0.0f, a->yf + g * c->n, 1);
+            bench_blas.sgemv(101, 111, (int)c->n, (int)c->k, 1.0f, wg, (int)c->k, a->xf + g * c->k, 1, 0.0f, a->yf + g * c->n, 1);
         else
-            blas.sgemm(101, 111, 112, (int)a->m, (int)c->n, (int)c->k, 1.0f, a->xf + g * c->k, (int)kx, wg, (int)c->k,
+            bench_blas.sgemm(101, 111, 112, (int)a->m, (int)c->n, (int)c->k, 1.0f, a->xf + g * c->k, (int)kx, wg, (int)c->k,
                         0.0f, a->yf + g * c->n, (int)ny);
     }
     return 0;
@@ -109,7 +77,7 @@ static int run_case(dsv4_ctx *ctx, const bench_lshape *c, dsv4_linear_format fmt
     int fcopies = (int)((min_total + f32_bytes - 1) / f32_bytes);
     if (fcopies < 2) fcopies = 2;
     float *wf = NULL;
-    if (blas.sgemv && !(wf = bench_wset_f32(ctx, &ws, fcopies))) die("dequantize");
+    if (bench_blas.sgemv && !(wf = bench_wset_f32(ctx, &ws, fcopies))) die("dequantize");
     int n = 0;
     for (int mi = 0; mi < NM; mi++) {
         if (only_m && ms[mi] != only_m) continue;
@@ -156,8 +124,8 @@ int dsv4_bench_linear(int argc, char **argv)
     /* The machine is shared: read bandwidth before and after, the higher one is the roofline. */
     const double bw0 = bench_read_bandwidth(bw_bytes, threads, 5);
     const double peak = bench_fma_peak(threads);
-    blas_open();
-    if (blas.set_threads) blas.set_threads(threads);
+    bench_blas_open();
+    if (bench_blas.set_threads) bench_blas.set_threads(threads);
     dsv4_ctx *ctx = NULL;
     const dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
     if (dsv4_ctx_create(&o, &ctx)) die("context");
@@ -179,9 +147,9 @@ int dsv4_bench_linear(int argc, char **argv)
     printf("dsv4 bench linear — %d thread(s), cpu isa %s\n", threads, dsv4_cpu_isa());
     printf("memory read bandwidth (measured before / after): %.1f / %.1f GB/s, %%read uses %.1f; "
            "fp32 FMA peak: %.0f GFLOP/s\n", bw0, bw1, bw, peak);
-    if (blas.sgemv)
+    if (bench_blas.sgemv)
         printf("peer: %s (%s), sgemv (M = 1) / sgemm on the weights dequantized to F32\n",
-               blas.get_config ? blas.get_config() : "a CBLAS that is not OpenBLAS", blas.file);
+               bench_blas.get_config ? bench_blas.get_config() : "a CBLAS that is not OpenBLAS", bench_blas.file);
     else
         printf("peer: none (no CBLAS library found: libopenblas.so.0, libcblas.so.3 or libblas.so.3)\n");
     printf("each pass calls every copy once, back to back (copies > 2x L3); %d alternating rounds of dsv4 and the peer\n"

@@ -38,14 +38,6 @@ static void die(const char *what)
     exit(1);
 }
 
-static dsv4_tensor dview(void *p, dsv4_dtype dt, int nd, const int64_t *shape)
-{
-    dsv4_tensor t;
-    dsv4_tensor_init(&t, p, dt, nd, shape);
-    t.device = DSV4_DEVICE_CUDA;
-    return t;
-}
-
 /* One case's weights on the device: `copies` copies of weight + scale, random codes (no NaN),
  * scale bytes 118..124. */
 typedef struct wset {
@@ -100,14 +92,14 @@ static double time_case(dsv4_ctx *c, const lcase *lc, const wset *ws, int64_t m,
     const int nd = lc->groups > 1 ? 3 : 2;
     const int64_t xs3[3] = {m, lc->groups, lc->k}, ys3[3] = {m, lc->groups, lc->n}, xs2[2] = {m, lc->k},
                   ys2[2] = {m, lc->n};
-    dsv4_tensor tx = dview(x, DSV4_BF16, nd, nd == 3 ? xs3 : xs2), ty = dview(y, DSV4_BF16, nd, nd == 3 ? ys3 : ys2);
+    dsv4_tensor tx = bench_device_view(x, DSV4_BF16, nd, nd == 3 ? xs3 : xs2), ty = bench_device_view(y, DSV4_BF16, nd, nd == 3 ? ys3 : ys2);
     const int64_t wshape[2] = {ws->rows, ws->wcols}, sshape[2] = {ws->srows, ws->scols};
     dsv4_device_graph *g = NULL;
     for (int pass = 0; pass < 2; pass++) { /* a plain pass first: errors surface outside the capture */
         if (pass && dsv4_device_graph_begin(c)) die("graph_begin");
         for (int i = 0; i < (pass ? ws->copies : 1); i++) {
-            dsv4_tensor tw = dview(ws->w + ws->wbytes * (size_t)i, wdt[lc->fmt], 2, wshape);
-            dsv4_tensor ts = dview(ws->s + ws->sbytes * (size_t)i, DSV4_E8M0, 2, sshape);
+            dsv4_tensor tw = bench_device_view(ws->w + ws->wbytes * (size_t)i, wdt[lc->fmt], 2, wshape);
+            dsv4_tensor ts = bench_device_view(ws->s + ws->sbytes * (size_t)i, DSV4_E8M0, 2, sshape);
             const dsv4_tensor *sp = lc->fmt <= DSV4_LINEAR_FP4 ? &ts : NULL;
             dsv4_status st = nd == 3 ? dsv4_grouped_linear(c, lc->fmt, &tx, &tw, sp, &ty, work, wsb)
                                      : dsv4_linear(c, lc->fmt, &tx, &tw, sp, NULL, &ty, work, wsb);

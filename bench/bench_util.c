@@ -1,6 +1,7 @@
 #include "bench.h"
 #include "dsv4.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,4 +143,36 @@ int bench_time_pass(bench_call_fn call, void *arg, int copies, bench_rate *r)
     if (best < r->best) r->best = best;
     if (sustained < r->sustained) r->sustained = sustained;
     return 0;
+}
+
+dsv4_tensor bench_device_view(void *p, dsv4_dtype dt, int nd, const int64_t *shape)
+{
+    dsv4_tensor t;
+    dsv4_tensor_init(&t, p, dt, nd, shape);
+    t.device = DSV4_DEVICE_CUDA;
+    return t;
+}
+
+bench_blas_lib bench_blas;
+
+void bench_blas_open(void)
+{
+    static int tried;
+    if (tried++) return; /* once per process */
+    static const char *const blas_names[] = {"libopenblas.so.0", "libopenblas.so", "libcblas.so.3", "libblas.so.3"};
+    for (size_t i = 0; i < sizeof blas_names / sizeof blas_names[0]; i++) {
+        void *h = dlopen(blas_names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) continue;
+        *(void **)&bench_blas.sgemv = dlsym(h, "cblas_sgemv");
+        *(void **)&bench_blas.sgemm = dlsym(h, "cblas_sgemm");
+        if (!bench_blas.sgemv || !bench_blas.sgemm) {
+            bench_blas.sgemv = NULL;
+            dlclose(h);
+            continue;
+        }
+        *(void **)&bench_blas.set_threads = dlsym(h, "openblas_set_num_threads");
+        *(void **)&bench_blas.get_config = dlsym(h, "openblas_get_config");
+        bench_blas.file = blas_names[i];
+        return;
+    }
 }
