@@ -27,6 +27,13 @@
  * chunks (a descheduled worker then gets the caller's core). */
 #define WORKER_SPIN_NS 100000
 #define CALLER_SPIN_NS 20000
+/* A stall: the caller, done with its own chunks, waited this long and more than 4 of its chunks'
+ * time for the others. A worker that claimed a chunk and then lost its core to another process
+ * holds the caller for a scheduler slice (milliseconds); the next SOLO_LOOPS << strikes loops then
+ * run on the caller alone (docs/kernels.md §11.1). */
+#define STALL_NS 200000
+#define SOLO_LOOPS 64
+#define MAX_STRIKES 10
 #define MAX_CHUNKS (1u << 30) /* the ticket's low half; done must reach the count */
 
 struct dsv4_pool {
@@ -36,6 +43,8 @@ struct dsv4_pool {
     struct worker_arg { dsv4_pool *p; int id; } *args;
     atomic_int busy;       /* a loop is running: another one runs on its calling thread */
     uint32_t gen;          /* the caller's count of loops */
+    int solo;              /* loops left to run on the caller alone after a stall (the busy holder's) */
+    int strikes;           /* stalls in a row: each doubles the next solo stretch */
     /* the running loop (written before its ticket, read by the threads that claimed a chunk) */
     dsv4_par_team_fn fn;
     void *arg;
@@ -124,8 +133,8 @@ int dsv4_par_next(dsv4_par_loop *l, int64_t *lo, int64_t *hi)
     return 1;
 }
 
-/* Run the loop from a claimed chunk on, then count what this thread ran into done. */
-static void take_part(dsv4_pool *p, uint32_t gen, int64_t chunk, int id)
+/* Run the loop from a claimed chunk on, then count what this thread ran into done; returns that count. */
+static uint32_t take_part(dsv4_pool *p, uint32_t gen, int64_t chunk, int id)
 {
     dsv4_par_loop l = {p, gen, chunk, p->n, p->grain, 1};
     const uint32_t chunks = p->chunks;
@@ -133,6 +142,7 @@ static void take_part(dsv4_pool *p, uint32_t gen, int64_t chunk, int id)
     /* past this add the caller may publish the next loop: nothing of p's loop is read after it */
     uint32_t now = atomic_fetch_add_explicit(&p->done, l.count, memory_order_acq_rel) + l.count;
     if (now == chunks && atomic_load(&p->caller_waits)) futex_wake(&p->done, 1);
+    return l.count;
 }
 
 static void *worker_main(void *v)
@@ -226,6 +236,13 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
         fn(arg, &l, 0);
         return;
     }
+    if (p->solo > 0) { /* after a stall: this loop on the caller alone (busy held: nested ones too) */
+        p->solo--;
+        dsv4_par_loop l = {NULL, 0, 0, n, n, 0};
+        fn(arg, &l, 0);
+        atomic_store_explicit(&p->busy, 0, memory_order_release);
+        return;
+    }
     p->fn = fn;
     p->arg = arg;
     p->n = n;
@@ -237,13 +254,25 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
     atomic_fetch_add(&p->epoch, 1);
     if (atomic_load(&p->sleepers) > 0) futex_wake(&p->epoch, (int)(chunks - 1 < T - 1 ? chunks - 1 : T - 1));
     int64_t c;
-    if (claim(p, gen, &c)) take_part(p, gen, c, 0);
+    uint32_t own = 0;
+    const int64_t t0 = now_ns();
+    if (claim(p, gen, &c)) own = take_part(p, gen, c, 0);
+    const int64_t t1 = now_ns();
     uint32_t d;
     while ((d = atomic_load_explicit(&p->done, memory_order_acquire)) != (uint32_t)chunks) {
         if (spin_while(&p->done, d, CALLER_SPIN_NS)) continue;
         atomic_store(&p->caller_waits, 1);
         if (atomic_load(&p->done) == d) futex_wait(&p->done, d);
         atomic_store(&p->caller_waits, 0);
+    }
+    if (own) { /* the caller's own chunks time the others': far longer is a worker off its core */
+        const int64_t waited = now_ns() - t1, per_chunk = (t1 - t0) / own;
+        if (waited > STALL_NS && waited > 4 * per_chunk) {
+            p->solo = SOLO_LOOPS << (p->strikes < MAX_STRIKES ? p->strikes : MAX_STRIKES);
+            p->strikes++;
+        } else {
+            p->strikes = 0;
+        }
     }
     atomic_store_explicit(&p->busy, 0, memory_order_release);
 }

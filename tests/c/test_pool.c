@@ -2,13 +2,16 @@
  * any thread count, loop size and grain; team loops give distinct worker numbers below the thread
  * count to the threads running at once; a loop nested in a chunk runs on that chunk's thread; two
  * application threads sharing a context both complete; thousands of back-to-back loops (late
- * workers against the generation check); a forked child without workers still completes. */
+ * workers against the generation check); a forked child without workers still completes; a worker
+ * that holds its chunk far longer than the caller's took (as one pushed off its core by another
+ * process does) makes the next loops run on the caller alone, and the pool is used again after. */
 #include "core/pool.h"
 #include "test_util.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAXN 100003
@@ -114,6 +117,69 @@ static void *share_thread(void *v)
     return NULL;
 }
 
+/* The stall: worker 1 sits on its chunk for 50 ms while the caller, its own chunk done, waits. */
+typedef struct {
+    atomic_int other_started, other_ran, calls, bad;
+    int64_t n;
+} stall_state;
+
+static void sleep_us(long us)
+{
+    struct timespec t = {us / 1000000, us % 1000000 * 1000};
+    nanosleep(&t, NULL);
+}
+
+static void stall_fn(void *arg, dsv4_par_loop *l, int worker)
+{
+    stall_state *s = arg;
+    int64_t lo, hi;
+    while (dsv4_par_next(l, &lo, &hi)) {
+        if (worker) {
+            atomic_store(&s->other_started, 1);
+            sleep_us(50000);
+        } else { /* hold chunk 0 until a worker has the other one (bounded: about 2 s) */
+            for (int i = 0; i < 200000 && !atomic_load(&s->other_started); i++) sleep_us(10);
+        }
+    }
+}
+
+static void watch_fn(void *arg, dsv4_par_loop *l, int worker)
+{
+    stall_state *s = arg;
+    int64_t lo, hi;
+    while (dsv4_par_next(l, &lo, &hi)) {
+        atomic_fetch_add(&s->calls, 1);
+        if (worker) atomic_store(&s->other_ran, 1);
+        else if (lo != 0 || hi != s->n) atomic_store(&s->bad, 1); /* not the whole loop at once */
+    }
+}
+
+static void test_stall(void)
+{
+    dsv4_exec ex;
+    dsv4_ctx *c = make(2, &ex);
+    if (!c) return;
+    /* the caller's chunk lasts until the worker has started, so a worker slow to wake (a loaded
+     * machine) can make the 50 ms look short next to it: a few tries */
+    int solo = 0, started = 0, calls = 0;
+    for (int attempt = 0; attempt < 5 && !solo; attempt++) {
+        stall_state st = {.n = 2};
+        dsv4_par_team(&ex, 2, 1, stall_fn, &st);
+        started += atomic_load(&st.other_started);
+        stall_state w = {.n = 64};
+        dsv4_par_team(&ex, 64, 1, watch_fn, &w);
+        calls = atomic_load(&w.calls);
+        solo = calls == 1 && !atomic_load(&w.bad) && !atomic_load(&w.other_ran);
+    }
+    CHECK(started > 0, "stall: worker 1 never took the second chunk");
+    CHECK(solo, "after a stall the next loop runs whole on the caller (%d chunk calls)", calls);
+    int loops = 0;
+    stall_state r = {.n = 64};
+    for (; loops < 100000 && !atomic_load(&r.other_ran); loops++) dsv4_par_team(&ex, 64, 1, watch_fn, &r);
+    CHECK(atomic_load(&r.other_ran), "the pool is not used again after a stall (%d loops)", loops);
+    dsv4_ctx_destroy(c);
+}
+
 int main(void)
 {
     static const int threads[] = {1, 2, 3, 5, 8};
@@ -169,5 +235,6 @@ int main(void)
               "%d threads: a loop in a forked child (status %d)", T, status);
         dsv4_ctx_destroy(c);
     }
+    test_stall();
     TEST_DONE();
 }
