@@ -445,7 +445,7 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
 
 /* What routing reads gets random values in the checkpoint of bench_flash_like (its data are file
  * holes): the embedding rows of ids [0, pool), every ffn_norm (1.0), every gate (uniform in
- * [-1, 1)), and the rows [0, pool) of every hash table (k distinct experts). A token's hidden state
+ * [-1, 1)), and every row of every hash table (k distinct experts). A token's hidden state
  * then is its embedding row (the zero attention and experts add nothing), so each learned layer
  * routes it through its own random gate and each hash layer through its own random row. */
 static int route_like(const char *dir, int pool, int64_t n_experts)
@@ -476,7 +476,7 @@ static int route_like(const char *dir, int pool, int64_t n_experts)
             p->dtype = te.dtype;
             p->rows = te.shape[0];
             p->cols = te.ndim > 1 ? te.shape[1] : 1;
-            if (k == 0 || k == 3) p->rows = p->rows < pool ? p->rows : pool;
+            if (k == 0) p->rows = p->rows < pool ? p->rows : pool; /* hash tables: every row (the engine refuses a repeated expert) */
         }
     }
     dsv4_checkpoint_close(ck);
