@@ -13,24 +13,23 @@ extern const dsv4_backend dsv4_backend_cuda;
 static const dsv4_module_host *host_lib;
 
 /* The backend's failures become the library's last error, its warnings go through the library's
- * warning handler (the messages are formatted here). */
+ * warning handler; both messages are formatted here and handed over as one string. */
+#define HOST_FORMAT(msg, fmt)                                                                               \
+    char msg[1024];                                                                                         \
+    va_list ap;                                                                                             \
+    va_start(ap, fmt);                                                                                      \
+    vsnprintf(msg, sizeof msg, fmt, ap);                                                                    \
+    va_end(ap)
+
 dsv4_status dsv4_fail(dsv4_status status, const char *fmt, ...)
 {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
+    HOST_FORMAT(msg, fmt);
     return host_lib ? host_lib->fail(status, "%s", msg) : status;
 }
 
 void dsv4_warn(const char *fmt, ...)
 {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
+    HOST_FORMAT(msg, fmt);
     if (host_lib) host_lib->warn("%s", msg);
 }
 
