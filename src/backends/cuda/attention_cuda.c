@@ -157,7 +157,7 @@ static dsv4_status decode(const dsv4_exec *ex, const char *op, const dsv4_attn_a
     d.kernel = d.wgmma ? ex->variant & DSV4_CU_KERNEL_MASK : DSV4_CU_AUTO;
     d.no_pair = (ex->variant & DSV4_CU_NO_PAIR) != 0;
     d.device = ex->device;
-    int64_t splits = plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width);
+    int64_t splits = ex->variant & DSV4_CU_NO_SPLIT ? 1 : plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width);
     uintptr_t ws = ((uintptr_t)a->workspace + 255) & ~(uintptr_t)255;
     while (splits > 1 && (!a->workspace || split_bytes(splits, a->t, a->h) > a->workspace_bytes)) splits--;
     d.splits = (int)splits;
