@@ -3,7 +3,8 @@
 # and the op-by-op conformance test_backend_ops), the Python tests on backend "cuda" (the
 # attention suite with DSV4_TEST_BACKENDS=cuda and the device tests), compute-sanitizer memcheck +
 # racecheck on small cases, the SASS instruction mix, Nsight Compute profiles of one decode
-# launch, the attention benchmark next to a bf16 matmul and the linear benchmark (linear-cuda).
+# launch, the attention benchmark next to a bf16 matmul and the linear benchmark (linear-cuda); with
+# DSV4_PEER_FLASHMLA=dir also the same-run comparison with FlashMLA (step peer).
 # Without an NVIDIA GPU it says so and exits 0. Each step's log goes to $BUILD/gpu-logs (all of
 # them also to $OUT/gpu-tests.log when OUT is set); STEPS="build test_cuda ..." runs a subset,
 # STEP_TIMEOUT (seconds, default 300) bounds each step. The build needs what `make build` needs
