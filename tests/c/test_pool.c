@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -273,6 +274,38 @@ static void test_competitor(void)
     sched_setaffinity(0, sizeof all, &all);
 }
 
+/* The default thread count is the cores the process may run on (a taskset or a cpuset), not the
+ * cores online: pinned to one core, a default context has one thread; unpinned, one per core of
+ * the mask. */
+static void test_affinity(void)
+{
+    cpu_set_t all, one;
+    if (sched_getaffinity(0, sizeof all, &all) != 0) return;
+    const char *env = getenv("DSV4_THREADS");
+    char saved[64] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    unsetenv("DSV4_THREADS");
+    const int n_all = CPU_COUNT(&all) < DSV4_MAX_THREADS ? CPU_COUNT(&all) : DSV4_MAX_THREADS;
+    CHECK(dsv4_default_threads() == n_all, "default threads %d, the affinity mask has %d cores", dsv4_default_threads(),
+          n_all);
+    CPU_ZERO(&one);
+    for (int i = CPU_SETSIZE - 1; i >= 0; i--) /* the last core of the mask: not simply core 0 */
+        if (CPU_ISSET(i, &all)) {
+            CPU_SET(i, &one);
+            break;
+        }
+    if (sched_setaffinity(0, sizeof one, &one) == 0) {
+        CHECK(dsv4_default_threads() == 1, "pinned to one core: default threads %d", dsv4_default_threads());
+        dsv4_ctx *c = NULL;
+        dsv4_ctx_options o = {.backend = "cpu"};
+        CHECK(dsv4_ctx_create(&o, &c) == DSV4_OK && dsv4_ctx_threads(c) == 1, "pinned to one core: a default context has %d threads",
+              c ? dsv4_ctx_threads(c) : -1);
+        dsv4_ctx_destroy(c);
+        sched_setaffinity(0, sizeof all, &all);
+    }
+    if (env) setenv("DSV4_THREADS", saved, 1);
+}
+
 int main(void)
 {
     static const int threads[] = {1, 2, 3, 5, 8};
@@ -330,5 +363,6 @@ int main(void)
     }
     test_stall();
     test_competitor();
+    test_affinity();
     TEST_DONE();
 }
