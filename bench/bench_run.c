@@ -503,9 +503,10 @@ static int threads_vs_one(const char *dir, int threads, int rounds, int n_decode
         }
         int64_t k[DSV4_POOL_COUNTS];
         dsv4_ctx_pool_counts(ctx[0], k);
-        printf("the default's pool: %lld loops by the team, %lld on the caller alone; %lld stalls (%.1f ms); the team shrank "
-               "%lld times, %lld probes; team now %lld\n",
-               (long long)k[DSV4_POOL_LOOPS_TEAM], (long long)k[DSV4_POOL_LOOPS_ALONE], (long long)k[DSV4_POOL_STALLS],
+        printf("the default's pool: %lld loops by the team (%.1f ms), %lld on the caller alone (%.1f ms); %lld stalls (%.1f ms);\n"
+               "the team shrank %lld times, %lld probes; team now %lld\n",
+               (long long)k[DSV4_POOL_LOOPS_TEAM], (double)k[DSV4_POOL_TEAM_NS] / 1e6, (long long)k[DSV4_POOL_LOOPS_ALONE],
+               (double)k[DSV4_POOL_ALONE_NS] / 1e6, (long long)k[DSV4_POOL_STALLS],
                (double)k[DSV4_POOL_STALL_NS] / 1e6, (long long)k[DSV4_POOL_SHRINKS], (long long)k[DSV4_POOL_PROBES],
                (long long)k[DSV4_POOL_TEAM]);
     } else {

@@ -31,11 +31,13 @@
 /* The team (docs/kernels.md §11.1, "Competition"). The caller judges the team over windows of
  * WINDOW_NS (several scheduler slices, many forward steps of a small model): the workers waited on
  * a run queue (/proc's schedstat) for more than 1/CONTENDED_DIV of the window, so another process
- * holds their cores, and the team loses a thread for HOLD_NS << strikes (strikes: failed probes in
- * a row, at most MAX_STRIKES); then a window with one thread more is the probe. A stall (the
+ * holds their cores, and the team loses a thread for HOLD_NS << strikes (strikes: the shrinks, less
+ * one per clean window of the whole team, at most MAX_STRIKES); then a window of PROBE_NS with one
+ * thread more is the probe. A stall (the
  * caller, done with its chunks, waited over STALL_NS and 4 of its chunks' time for the others)
  * judges the window at once; without schedstat a stall alone is the sign. */
 #define WINDOW_NS 10000000
+#define PROBE_NS 2000000 /* a probe's window: short, as a contended one costs; still a slice or more */
 #define CONTENDED_DIV 8
 #define HOLD_NS 50000000
 #define MAX_STRIKES 6
@@ -303,7 +305,8 @@ static void open_window(dsv4_pool *p, int team, int64_t now)
 
 /* The end of a team loop at `now`: judge the window when it is over or a stall came. The team of a
  * contended window loses the threads whose core another process took (at least one) for
- * HOLD_NS << strikes, a failed probe doubling it; a clean window ends a probe (and a strike). */
+ * HOLD_NS << strikes, each shrink doubling it; a clean window ends a probe, and one of the whole
+ * team takes a strike off. */
 static void judge(dsv4_pool *p, int team, int64_t now, int stall)
 {
     const int64_t span = now - p->win_start;
@@ -311,22 +314,23 @@ static void judge(dsv4_pool *p, int team, int64_t now, int stall)
         open_window(p, team, now);
         return;
     }
-    if (!stall && span < WINDOW_NS) return;
+    const int64_t len = p->probing ? PROBE_NS : WINDOW_NS;
+    if (!stall && span < len) return;
     const int64_t q = p->win_delay >= 0 ? team_wait_ns(p, team) : -1;
     const int64_t waited = q >= 0 ? q - p->win_delay : -1;
     const int contended = waited >= 0 ? waited * CONTENDED_DIV > span : stall;
     if (contended) {
-        const int64_t lost = waited > span ? waited / span : 1;
+        const int64_t lost = span > 0 && waited > span ? waited / span : 1;
         const int next = team - lost > 1 ? team - (int)lost : 1;
-        if (p->probing || p->strikes == 0) p->strikes += p->strikes < MAX_STRIKES;
+        p->strikes += p->strikes < MAX_STRIKES;
         p->probing = 0;
         p->probe_at = now + ((int64_t)HOLD_NS << (p->strikes - 1));
         p->win_start = 0;
         p->counts[DSV4_POOL_SHRINKS]++;
         set_team(p, next);
-    } else if (span >= WINDOW_NS) {
-        if (p->probing) p->probing = 0;
-        else if (p->strikes > 0 && team == p->threads) p->strikes--;
+    } else if (span >= len) {
+        if (!p->probing && p->strikes > 0 && team == p->threads) p->strikes--;
+        p->probing = 0;
         open_window(p, team, now);
     }
 }
@@ -354,6 +358,7 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
         p->counts[DSV4_POOL_LOOPS_ALONE]++;
         dsv4_par_loop l = {NULL, 0, 0, n, n, 0};
         fn(arg, &l, 0);
+        p->counts[DSV4_POOL_ALONE_NS] += now_ns() - t0;
         atomic_store_explicit(&p->busy, 0, memory_order_release);
         return;
     }
@@ -389,6 +394,7 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
         p->counts[DSV4_POOL_STALLS]++;
         p->counts[DSV4_POOL_STALL_NS] += waited;
     }
+    p->counts[DSV4_POOL_TEAM_NS] += t2 - t0;
     judge(p, team, t2, stall);
     atomic_store_explicit(&p->busy, 0, memory_order_release);
 }
