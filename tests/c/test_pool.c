@@ -173,36 +173,33 @@ static int schedstat_readable(void)
  * not, the stall alone is the sign and the next loop runs on the caller alone. */
 static void test_stall(void)
 {
-    dsv4_exec ex;
-    dsv4_ctx *c = make(2, &ex);
-    if (!c) return;
     const int readable = schedstat_readable();
     /* the caller's chunk lasts until the worker has started, so a worker slow to wake (a loaded
-     * machine) can make the 50 ms look short next to it: a few tries */
-    int started = 0, calls = 0, solo = 0;
-    int64_t k[DSV4_POOL_COUNTS];
-    for (int attempt = 0; attempt < 5 && !solo; attempt++) {
+     * machine) can make the 50 ms look short next to it, and on a loaded machine the worker can
+     * really wait for a core after its sleep: a few tries, each on a new context */
+    int calls = 0, solo = 0, whole = 0;
+    int64_t k[DSV4_POOL_COUNTS] = {0};
+    for (int attempt = 0; attempt < 5 && !(readable ? whole : solo); attempt++) {
+        dsv4_exec ex;
+        dsv4_ctx *c = make(2, &ex);
+        if (!c) return;
         for (int w = 0; w < 2; w++) { /* the first stall opens the window, the second judges it */
             stall_state st = {.n = 2};
             dsv4_par_team(&ex, 2, 1, stall_fn, &st);
-            started += atomic_load(&st.other_started);
         }
         stall_state w = {.n = 64};
         dsv4_par_team(&ex, 64, 1, watch_fn, &w);
         calls = atomic_load(&w.calls);
         solo = calls == 1 && !atomic_load(&w.bad) && !atomic_load(&w.other_ran);
-        if (readable) break;
+        dsv4_pool_counts(ex.pool, k);
+        whole = k[DSV4_POOL_STALLS] == 2 && !solo && k[DSV4_POOL_SHRINKS] == 0 && k[DSV4_POOL_TEAM] == 2;
+        dsv4_ctx_destroy(c);
     }
-    dsv4_pool_counts(ex.pool, k);
-    CHECK(started > 0 && k[DSV4_POOL_STALLS] > 0, "stall: worker 1 never took the second chunk (%lld stalls)",
-          (long long)k[DSV4_POOL_STALLS]);
     if (readable)
-        CHECK(!solo && k[DSV4_POOL_SHRINKS] == 0 && k[DSV4_POOL_TEAM] == 2,
-              "a sleeping worker is no competition: the team stays whole (%lld shrinks, team %lld)",
-              (long long)k[DSV4_POOL_SHRINKS], (long long)k[DSV4_POOL_TEAM]);
+        CHECK(whole, "a sleeping worker is no competition: the team stays whole (%lld stalls, %lld shrinks, team %lld)",
+              (long long)k[DSV4_POOL_STALLS], (long long)k[DSV4_POOL_SHRINKS], (long long)k[DSV4_POOL_TEAM]);
     else
         CHECK(solo, "after a stall (no run-queue times here) the next loop runs whole on the caller (%d chunk calls)", calls);
-    dsv4_ctx_destroy(c);
 }
 
 /* about us microseconds of work */
@@ -256,10 +253,11 @@ static void test_competitor(void)
     CHECK(k[DSV4_POOL_SHRINKS] > 0 && k[DSV4_POOL_TEAM] == 1,
           "two threads on one core: the team shrinks to one (%lld shrinks, team %lld, %.0f ms)",
           (long long)k[DSV4_POOL_SHRINKS], (long long)k[DSV4_POOL_TEAM], ms_since(&t0));
-    const int64_t alone = k[DSV4_POOL_LOOPS_ALONE], team = k[DSV4_POOL_LOOPS_TEAM];
+    const int64_t alone = k[DSV4_POOL_LOOPS_ALONE], team = k[DSV4_POOL_LOOPS_TEAM], probes = k[DSV4_POOL_PROBES];
     dsv4_par_for(&ex, 16, 1, work_fn, NULL);
     dsv4_pool_counts(ex.pool, k);
-    CHECK(k[DSV4_POOL_LOOPS_ALONE] == alone + 1 && k[DSV4_POOL_LOOPS_TEAM] == team, "the next loop runs on the caller alone");
+    CHECK((k[DSV4_POOL_LOOPS_ALONE] == alone + 1 && k[DSV4_POOL_LOOPS_TEAM] == team) || k[DSV4_POOL_PROBES] > probes,
+          "the next loop runs on the caller alone (unless 50 ms passed first and it probed)");
     clock_gettime(CLOCK_MONOTONIC, &t0);
     do {
         dsv4_par_for(&ex, 16, 1, work_fn, NULL);
