@@ -31,11 +31,11 @@
 /* The team (docs/kernels.md §11.1, "Competition"). The caller judges the team over windows of
  * WINDOW_NS (several scheduler slices, many forward steps of a small model): the workers waited on
  * a run queue (/proc's schedstat) for more than 1/CONTENDED_DIV of the window, so another process
- * holds their cores, and the team loses a thread for HOLD_NS << strikes (strikes: the shrinks, less
- * one per clean window of the whole team, at most MAX_STRIKES); then a window of PROBE_NS with one
- * thread more is the probe. A stall (the
- * caller, done with its chunks, waited over STALL_NS and 4 of its chunks' time for the others)
- * judges the window at once; without schedstat a stall alone is the sign. */
+ * holds their cores, and the team loses a thread for HOLD_NS << (strikes - 1) (strikes: the
+ * shrinks, less one per clean window of the whole team, at most MAX_STRIKES); then a window of
+ * PROBE_NS with one thread more is the probe. A stall (the caller, done with its chunks, waited
+ * over STALL_NS and 4 of its chunks' time for the others) judges the window at once; without
+ * schedstat a stall alone is the sign. */
 #define WINDOW_NS 10000000
 #define PROBE_NS 2000000 /* a probe's window: short, as a contended one costs; still a slice or more */
 #define CONTENDED_DIV 8
@@ -273,7 +273,7 @@ void dsv4_pool_destroy(dsv4_pool *p)
     futex_wake(&p->parked, INT_MAX);
     for (int i = 0; i < p->n_started; i++) pthread_join(p->tid[i], NULL);
     for (int i = 0; i < p->n_started; i++)
-        if (atomic_load(&p->delay_fd[i]) >= 0) close(atomic_load(&p->delay_fd[i])); /* n_started > 0: delay_fd is there */
+        if (atomic_load(&p->delay_fd[i]) >= 0) close(atomic_load(&p->delay_fd[i])); /* started: delay_fd is there */
     free(p->tid);
     free(p->args);
     free((void *)p->delay_fd);
@@ -305,7 +305,7 @@ static void open_window(dsv4_pool *p, int team, int64_t now)
 
 /* The end of a team loop at `now`: judge the window when it is over or a stall came. The team of a
  * contended window loses the threads whose core another process took (at least one) for
- * HOLD_NS << strikes, each shrink doubling it; a clean window ends a probe, and one of the whole
+ * HOLD_NS << (strikes - 1), each shrink doubling it; a clean window ends a probe, and one of the whole
  * team takes a strike off. */
 static void judge(dsv4_pool *p, int team, int64_t now, int stall)
 {
