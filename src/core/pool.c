@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -39,6 +40,7 @@
 #define WINDOW_NS 10000000
 #define PROBE_NS 2000000 /* a probe's window: short, as a contended one costs; still a slice or more */
 #define CONTENDED_DIV 8
+#define WAKE_NS 20000 /* of each wait, the part a wake-up on an idle core takes (longer in a VM) */
 #define HOLD_NS 50000000
 #define MAX_STRIKES 6
 #define STALL_NS 200000
@@ -159,27 +161,28 @@ static uint32_t take_part(dsv4_pool *p, uint32_t gen, int64_t chunk, int id)
     return l.count;
 }
 
-/* The time this thread has waited on a run queue, in ns (/proc's schedstat: run time, run-queue
- * time, slices); -1 where it cannot be read. */
-static int64_t run_queue_ns(int fd)
+/* The time this thread has waited on a run queue, in ns, less WAKE_NS for each time it got a core
+ * (/proc's schedstat: run time, run-queue time, times run); 0 where it cannot be read. */
+static int run_queue_ns(int fd, int64_t *ns)
 {
     char buf[96];
     ssize_t len = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
-    if (len <= 0) return -1;
+    if (len <= 0) return 0;
     buf[len] = '\0';
-    char *end;
+    char *end, *next;
     strtoll(buf, &end, 10);
-    const long long q = strtoll(end, &end, 10);
-    return end > buf && q >= 0 ? (int64_t)q : -1;
+    const long long q = strtoll(end, &next, 10), runs = strtoll(next, &end, 10);
+    if (end == next || q < 0 || runs < 0) return 0;
+    *ns = (int64_t)q - (int64_t)runs * WAKE_NS;
+    return 1;
 }
 
-/* The run-queue time of the team's workers together (-1: unknown). */
+/* The same summed over the team's workers (INT64_MIN: unknown). */
 static int64_t team_wait_ns(const dsv4_pool *p, int team)
 {
-    int64_t sum = 0;
+    int64_t sum = 0, q;
     for (int i = 0; i < team - 1; i++) {
-        const int64_t q = run_queue_ns(atomic_load_explicit(&p->delay_fd[i], memory_order_acquire));
-        if (q < 0) return -1;
+        if (!run_queue_ns(atomic_load_explicit(&p->delay_fd[i], memory_order_acquire), &q)) return INT64_MIN;
         sum += q;
     }
     return sum;
@@ -316,9 +319,9 @@ static void judge(dsv4_pool *p, int team, int64_t now, int stall)
     }
     const int64_t len = p->probing ? PROBE_NS : WINDOW_NS;
     if (!stall && span < len) return;
-    const int64_t q = p->win_delay >= 0 ? team_wait_ns(p, team) : -1;
-    const int64_t waited = q >= 0 ? q - p->win_delay : -1;
-    const int contended = waited >= 0 ? waited * CONTENDED_DIV > span : stall;
+    const int64_t q = p->win_delay != INT64_MIN ? team_wait_ns(p, team) : INT64_MIN;
+    const int64_t waited = q != INT64_MIN ? q - p->win_delay : -1;
+    const int contended = q != INT64_MIN ? waited * CONTENDED_DIV > span : stall;
     if (contended) {
         const int64_t lost = span > 0 && waited > span ? waited / span : 1;
         const int next = team - lost > 1 ? team - (int)lost : 1;
