@@ -30,15 +30,15 @@
 #define WORKER_SPIN_NS 100000
 #define CALLER_SPIN_NS 20000
 /* The team (docs/kernels.md §11.1, "Competition"). The caller judges the team over windows of
- * WINDOW_NS (several scheduler slices, many forward steps of a small model): the workers waited on
- * a run queue (/proc's schedstat) for more than 1/CONTENDED_DIV of the window, so another process
- * holds their cores, and the team loses a thread for HOLD_NS << (strikes - 1) (strikes: the
- * shrinks, less one per clean window of the whole team, at most MAX_STRIKES); then a window of
- * PROBE_NS with one thread more is the probe. A stall (the caller, done with its chunks, waited
- * over STALL_NS and 4 of its chunks' time for the others) judges the window at once; without
- * schedstat a stall alone is the sign. */
+ * WINDOW_NS (several scheduler slices, many forward steps of a small model; PROBE_NS while
+ * competition was seen lately): the workers waited on a run queue (/proc's schedstat) for more
+ * than 1/CONTENDED_DIV of the window, so another process holds their cores, and the team loses a
+ * thread for HOLD_NS << (strikes - 1) (strikes: the shrinks, less one per WINDOW_NS of clean
+ * windows of the whole team, at most MAX_STRIKES); then one thread more is the probe. A stall (the
+ * caller, done with its chunks, waited over STALL_NS and 4 of its chunks' time for the others)
+ * judges the window at once; without schedstat a stall alone is the sign. */
 #define WINDOW_NS 10000000
-#define PROBE_NS 2000000 /* a probe's window: short, as a contended one costs; still a slice or more */
+#define PROBE_NS 2000000 /* the window after competition: short, as a contended one costs; a slice or more */
 #define CONTENDED_DIV 8
 #define WAKE_NS 20000 /* of each wait, the part a wake-up on an idle core takes (longer in a VM) */
 #define HOLD_NS 50000000
@@ -57,8 +57,8 @@ struct dsv4_pool {
     /* the team control, the busy holder's: the threads that take part now, the window being judged
      * (its start, 0: none; the team's run-queue wait then), when the next probe starts */
     atomic_int team;
-    int64_t win_start, win_delay, probe_at;
-    int strikes, probing;
+    int64_t win_start, win_delay, probe_at, clean_since; /* clean_since: the last probe or strike taken off */
+    int strikes;
     int64_t counts[DSV4_POOL_COUNTS];
     /* the running loop (written before its ticket, read by the threads that claimed a chunk) */
     dsv4_par_team_fn fn;
@@ -306,10 +306,11 @@ static void open_window(dsv4_pool *p, int team, int64_t now)
     p->win_delay = team_wait_ns(p, team);
 }
 
-/* The end of a team loop at `now`: judge the window when it is over or a stall came. The team of a
- * contended window loses the threads whose core another process took (at least one) for
- * HOLD_NS << (strikes - 1), each shrink doubling it; a clean window ends a probe, and one of the whole
- * team takes a strike off. */
+/* The end of a team loop at `now`: judge the window when it is over or a stall came. Windows are
+ * short (PROBE_NS) while competition was seen lately (strikes), so a probe or a return of the
+ * competitor costs little. The team of a contended window loses the threads whose core another
+ * process took (at least one) for HOLD_NS << (strikes - 1), each shrink doubling it; each
+ * WINDOW_NS of clean windows of the whole team takes a strike off. */
 static void judge(dsv4_pool *p, int team, int64_t now, int stall)
 {
     const int64_t span = now - p->win_start;
@@ -317,7 +318,7 @@ static void judge(dsv4_pool *p, int team, int64_t now, int stall)
         open_window(p, team, now);
         return;
     }
-    const int64_t len = p->probing ? PROBE_NS : WINDOW_NS;
+    const int64_t len = p->strikes > 0 ? PROBE_NS : WINDOW_NS;
     if (!stall && span < len) return;
     const int64_t q = p->win_delay != INT64_MIN ? team_wait_ns(p, team) : INT64_MIN;
     const int64_t waited = q != INT64_MIN ? q - p->win_delay : -1;
@@ -326,14 +327,15 @@ static void judge(dsv4_pool *p, int team, int64_t now, int stall)
         const int64_t lost = span > 0 && waited > span ? waited / span : 1;
         const int next = team - lost > 1 ? team - (int)lost : 1;
         p->strikes += p->strikes < MAX_STRIKES;
-        p->probing = 0;
         p->probe_at = now + ((int64_t)HOLD_NS << (p->strikes - 1));
         p->win_start = 0;
         p->counts[DSV4_POOL_SHRINKS]++;
         set_team(p, next);
     } else if (span >= len) {
-        if (!p->probing && p->strikes > 0 && team == p->threads) p->strikes--;
-        p->probing = 0;
+        if (p->strikes > 0 && team == p->threads && now - p->clean_since >= WINDOW_NS) {
+            p->strikes--;
+            p->clean_since = now;
+        }
         open_window(p, team, now);
     }
 }
@@ -353,7 +355,7 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
     const int64_t t0 = now_ns();
     if (team < T && t0 >= p->probe_at) { /* the probe: one thread more for a window */
         set_team(p, ++team);
-        p->probing = 1;
+        p->clean_since = t0;
         p->counts[DSV4_POOL_PROBES]++;
         open_window(p, team, t0);
     }
