@@ -581,49 +581,58 @@ static void layer_swiglu(void)
 }
 
 /* MoE of BF16 experts: the same sums as the products and SwiGLU above, one BF16 rounding more per
- * product; BF16 closeness as the rest of the family. */
+ * product; BF16 closeness as the rest of the family. Two cases: 4 experts, and 70 experts (more
+ * than one launch chunk of a device backend) with a shared expert of another width, an expert
+ * routed to by several tokens and some never. */
 static void layer_moe(void)
 {
     const int have = HAS(layer, moe) && HAS(linear, linear);
     if (missing("layer.moe (+ linear)", have)) return;
-    enum { T = 5, D = 128, I = 64, E = 4, K = 2 };
-    uint16_t *x = bf16_rand(T * D, 1.0f), *yr = poisoned(2 * T * D), *yt = poisoned(2 * T * D);
-    uint16_t *w13[E][2], *w2[E];
-    for (int e = 0; e < E; e++)
-        w13[e][0] = bf16_rand(I * D, 0.1f), w13[e][1] = bf16_rand(I * D, 0.1f), w2[e] = bf16_rand(D * I, 0.1f);
-    int32_t ids[T * K];
-    float wts[T * K];
-    for (int t = 0; t < T; t++) {
-        ids[t * K] = (int32_t)(test_rand_u64() % E);
-        ids[t * K + 1] = (ids[t * K] + 1 + (int32_t)(test_rand_u64() % (E - 1))) % E;
-        wts[t * K] = 0.6f, wts[t * K + 1] = 0.4f;
-    }
-    uint16_t *ys[2] = {yr, yt};
-    dsv4_ctx *cs[2] = {ref, tc};
-    dsv4_status st[2];
-    for (int side = 0; side < 2; side++) {
-        dsv4_ctx *c = cs[side];
-        dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hi = view(ids, DSV4_I32, 2, T, K, 0),
-                    hw = view(wts, DSV4_F32, 2, T, K, 0), hy = view(ys[side], DSV4_BF16, 2, T, D, 0);
-        dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
-        dsv4_tensor t1[E], t3[E], t2[E];
-        dsv4_ffn_weights ex[E];
-        for (int e = 0; e < E; e++) {
-            dsv4_tensor a = view(w13[e][0], DSV4_BF16, 2, I, D, 0), b = view(w13[e][1], DSV4_BF16, 2, I, D, 0),
-                        d = view(w2[e], DSV4_BF16, 2, D, I, 0);
-            t1[e] = on(c, &a), t3[e] = on(c, &b), t2[e] = on(c, &d);
-            ex[e] = (dsv4_ffn_weights){DSV4_LINEAR_BF16, &t1[e], NULL, &t3[e], NULL, &t2[e], NULL};
+    enum { T = 5, D = 128, I = 64, IS = 96, EMAX = 70, K = 2 };
+    for (int big = 0; big < 2; big++) {
+        const int E = big ? EMAX : 4;
+        uint16_t *x = bf16_rand(T * D, 1.0f), *yr = poisoned(2 * T * D), *yt = poisoned(2 * T * D);
+        uint16_t *w13[EMAX + 1][2], *w2[EMAX + 1]; /* [E]: the shared expert */
+        for (int e = 0; e <= E; e++) {
+            const int64_t ie = e == E ? IS : I;
+            w13[e][0] = bf16_rand(ie * D, 0.1f), w13[e][1] = bf16_rand(ie * D, 0.1f), w2[e] = bf16_rand(D * ie, 0.1f);
         }
-        size_t wsb = 0;
-        st[side] = dsv4_moe_workspace_size(c, T, K, E, &ex[0], NULL, &wsb);
-        if (st[side] == DSV4_OK) st[side] = dsv4_moe(c, &tx, &ti, &tw, ex, E, NULL, 10.0f, &ty, scratch(c, wsb), wsb);
-        back(c, &ty, ys[side]);
-        release();
+        int32_t ids[T * K];
+        float wts[T * K];
+        for (int t = 0; t < T; t++) {
+            ids[t * K] = big ? (t < 3 ? 66 : 3 * t) : (int32_t)(test_rand_u64() % E);
+            ids[t * K + 1] = (ids[t * K] + 1 + (int32_t)(test_rand_u64() % (E - 1))) % E;
+            wts[t * K] = 0.6f, wts[t * K + 1] = 0.4f;
+        }
+        uint16_t *ys[2] = {yr, yt};
+        dsv4_ctx *cs[2] = {ref, tc};
+        dsv4_status st[2];
+        for (int side = 0; side < 2; side++) {
+            dsv4_ctx *c = cs[side];
+            dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hi = view(ids, DSV4_I32, 2, T, K, 0),
+                        hw = view(wts, DSV4_F32, 2, T, K, 0), hy = view(ys[side], DSV4_BF16, 2, T, D, 0);
+            dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
+            dsv4_tensor t1[EMAX + 1], t3[EMAX + 1], t2[EMAX + 1];
+            dsv4_ffn_weights ex[EMAX + 1];
+            for (int e = 0; e <= E; e++) {
+                const int64_t ie = e == E ? IS : I;
+                dsv4_tensor a = view(w13[e][0], DSV4_BF16, 2, ie, D, 0), b = view(w13[e][1], DSV4_BF16, 2, ie, D, 0),
+                            d = view(w2[e], DSV4_BF16, 2, D, ie, 0);
+                t1[e] = on(c, &a), t3[e] = on(c, &b), t2[e] = on(c, &d);
+                ex[e] = (dsv4_ffn_weights){DSV4_LINEAR_BF16, &t1[e], NULL, &t3[e], NULL, &t2[e], NULL};
+            }
+            const dsv4_ffn_weights *sh = big ? &ex[E] : NULL;
+            size_t wsb = 0;
+            st[side] = dsv4_moe_workspace_size(c, T, K, E, &ex[0], sh, &wsb);
+            if (st[side] == DSV4_OK) st[side] = dsv4_moe(c, &tx, &ti, &tw, ex, E, sh, 10.0f, &ty, scratch(c, wsb), wsb);
+            back(c, &ty, ys[side]);
+            release();
+        }
+        ran("moe", st[1], st[0]);
+        near_bf16("moe", big ? "y (70 experts, shared)" : "y", yt, yr, T * D);
+        for (int e = 0; e <= E; e++) free(w13[e][0]), free(w13[e][1]), free(w2[e]);
+        free(x), free(yr), free(yt);
     }
-    ran("moe", st[1], st[0]);
-    near_bf16("moe", "y", yt, yr, T * D);
-    for (int e = 0; e < E; e++) free(w13[e][0]), free(w13[e][1]), free(w2[e]);
-    free(x), free(yr), free(yt);
 }
 
 /* ---- tensor family ----------------------------------------------------------------------------- */

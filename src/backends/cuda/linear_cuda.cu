@@ -234,8 +234,19 @@ DSV4_CU_INLINE void chunk(const uint4 *w, const uint32_t *sb, const uint8_t *con
     }
 }
 
-template <int FMT, bool XF32, int MT>
-__global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned)
+/* The experts of a grouped MoE launch (moe_linear below): blockIdx.y picks one. */
+template <int N> struct expert_tab {
+    const void *w[N];
+    const uint8_t *s[N];
+};
+typedef expert_tab<DSV4_CU_MOE_CHUNK> moe_tab;
+typedef expert_tab<1> no_tab;
+
+/* MOE: blockIdx.y is expert e0 + y of `tab`, its rows [off[e], off[e+1]) of x and y (read on the
+ * device), looped over in tiles of MT; otherwise group blockIdx.y, rows tile blockIdx.z. */
+template <int FMT, bool XF32, int MT, bool MOE, typename TAB>
+__global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned, TAB tab,
+                                                         const int32_t *off, int e0)
 {
     typedef fmt_traits<FMT> T;
     constexpr int VEC = T::VEC, CK = 32 * VEC, NR = rows_of(MT);
@@ -243,19 +254,24 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
     constexpr int WB16 = FMT == FMT_FP4 ? 1 : FMT == FMT_BF16 ? 4 : FMT == FMT_F32 ? 8 : 2; /* weight bytes per 2 values */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
-    const long long g = blockIdx.y, m0 = (long long)blockIdx.z * MT;
-    const int mv = (int)(p.m - m0 < MT ? p.m - m0 : MT);
+    const long long g = MOE ? 0 : blockIdx.y; /* the group of x, w and y (MOE: one weight per expert) */
+    long long mbeg = (long long)blockIdx.z * MT, mend = p.m < mbeg + MT ? p.m : mbeg + MT;
+    if (MOE) mbeg = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
     const long long nbase = ((long long)blockIdx.x * rsets + rs) * NR;
 
     const uint8_t *wr[NR];
     const uint8_t *sr[NR];
+    const uint8_t *wb = MOE ? (const uint8_t *)tab.w[blockIdx.y] : (const uint8_t *)p.w;
+    const uint8_t *sb = MOE ? tab.s[blockIdx.y] : p.scale;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         const long long nr = nbase + r < p.n ? nbase + r : p.n - 1; /* rows past n repeat the last */
         const long long grow = g * p.n + nr;
-        wr[r] = (const uint8_t *)p.w + grow * p.ws_r_bytes;
-        sr[r] = T::Q ? p.scale + (FMT == FMT_B128 ? grow / 128 : grow) * p.ss0 : nullptr;
+        wr[r] = wb + grow * p.ws_r_bytes;
+        sr[r] = T::Q ? sb + (FMT == FMT_B128 ? grow / 128 : grow) * p.ss0 : nullptr;
     }
+    for (long long m0 = mbeg; m0 < mend; m0 += MT) {
+    const int mv = (int)(mend - m0 < MT ? mend - m0 : MT);
     const uint8_t *xr[MT];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
@@ -325,26 +341,47 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
         if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
         else ((float *)p.y)[yi] = v;
     }
+    __syncthreads(); /* red is reused by the next tile */
+    }
 }
 
-template <int FMT, bool XF32>
-static cudaError_t launch_mt(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned, cudaStream_t s)
-{
-    switch (mt) {
-    case 1: linear_kernel<FMT, XF32, 1><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
-    case 2: linear_kernel<FMT, XF32, 2><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
-    case 4: linear_kernel<FMT, XF32, 4><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
-    case 8: linear_kernel<FMT, XF32, 8><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
-    default: linear_kernel<FMT, XF32, 16><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
+/* The launch of one format and activation type: a plain (grouped) product, or with `mo` an MoE
+ * chunk of experts. */
+template <int FMT, bool XF32> struct launcher {
+    template <int MT>
+    static void one(const dsv4_cu_linear *a, dim3 grid, int kw, int aligned, const dsv4_cu_moe_chunk *mo,
+                    cudaStream_t s)
+    {
+        if (mo) {
+            moe_tab t;
+            for (int i = 0; i < mo->n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
+            linear_kernel<FMT, XF32, MT, true, moe_tab><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, mo->offsets, mo->e0);
+        } else {
+            linear_kernel<FMT, XF32, MT, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, aligned, no_tab{}, nullptr, 0);
+        }
     }
-    return cudaGetLastError();
-}
+    static cudaError_t run(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned,
+                           const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+    {
+        switch (mt) {
+        case 1: one<1>(a, grid, kw, aligned, mo, s); break;
+        case 2: one<2>(a, grid, kw, aligned, mo, s); break;
+        case 4: one<4>(a, grid, kw, aligned, mo, s); break;
+        case 8: one<8>(a, grid, kw, aligned, mo, s); break;
+        default: one<16>(a, grid, kw, aligned, mo, s); break;
+        }
+        return cudaGetLastError();
+    }
+};
 
 static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream)
+/* A plain product (mo NULL) or one chunk of an MoE product: a->m is then the most rows one expert
+ * can hold (the tile choice), a->groups 1, and the rows of each expert are read on the device. */
+static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
 {
-    if (a->m == 0) return 0;
+    if (a->m == 0 || (mo && mo->n == 0)) return 0;
+    const long long groups = mo ? mo->n : a->groups;
     const int vec = a->fmt == FMT_FP4 ? 32 : a->fmt == FMT_BF16 ? 8 : a->fmt == FMT_F32 ? 4 : 16;
     const long long nchunks = (a->k + 32 * vec - 1) / (32 * vec);
     /* K is split over more warps only while the grid would not give every SM of an H200 two CTAs:
@@ -352,30 +389,38 @@ extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream)
      * on the shape alone (a constant, not the device's SM count), and with it the summation order. */
     int kw = 1;
     while (kw < WARPS && 2 * kw <= nchunks &&
-           (a->n + (WARPS / kw) * 4 - 1) / ((WARPS / kw) * 4) * a->groups < TARGET_CTAS)
+           (a->n + (WARPS / kw) * 4 - 1) / ((WARPS / kw) * 4) * groups < TARGET_CTAS)
         kw <<= 1;
     const int mt = a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
     const long long rows_per_cta = (WARPS / kw) * rows_of(mt);
-    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = (a->m + mt - 1) / mt;
-    if (gx > 0x7FFFFFFFll || a->groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
-    const dim3 grid((unsigned)gx, (unsigned)a->groups, (unsigned)gz);
+    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = mo ? 1 : (a->m + mt - 1) / mt;
+    if (gx > 0x7FFFFFFFll || groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)gx, (unsigned)groups, (unsigned)gz);
     const int xb = a->fmt <= FMT_FP4 || a->x_bf16 ? 2 : 4;
-    const int aligned = a16(a->w) && a->ws_r_bytes % 16 == 0 && a16(a->x) && (a->m == 1 || (a->xs_m * xb) % 16 == 0) &&
-                        (a->groups == 1 || (a->xs_g * xb) % 16 == 0);
+    int aligned = a16(a->w) && a->ws_r_bytes % 16 == 0 && a16(a->x) && ((a->m == 1 && !mo) || (a->xs_m * xb) % 16 == 0) &&
+                  (a->groups == 1 || (a->xs_g * xb) % 16 == 0);
+    for (int i = 0; mo && i < mo->n; i++) aligned = aligned && a16(mo->w[i]);
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
     switch (a->fmt) {
-    case FMT_B128: e = launch_mt<FMT_B128, false>(a, grid, mt, kw, aligned, s); break;
-    case FMT_MX: e = launch_mt<FMT_MX, false>(a, grid, mt, kw, aligned, s); break;
-    case FMT_FP4: e = launch_mt<FMT_FP4, false>(a, grid, mt, kw, aligned, s); break;
+    case FMT_B128: e = launcher<FMT_B128, false>::run(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_MX: e = launcher<FMT_MX, false>::run(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_FP4: e = launcher<FMT_FP4, false>::run(a, grid, mt, kw, aligned, mo, s); break;
     case FMT_BF16:
-        e = a->x_bf16 ? launch_mt<FMT_BF16, false>(a, grid, mt, kw, aligned, s)
-                      : launch_mt<FMT_BF16, true>(a, grid, mt, kw, aligned, s);
+        e = a->x_bf16 ? launcher<FMT_BF16, false>::run(a, grid, mt, kw, aligned, mo, s)
+                      : launcher<FMT_BF16, true>::run(a, grid, mt, kw, aligned, mo, s);
         break;
     default:
-        e = a->x_bf16 ? launch_mt<FMT_F32, false>(a, grid, mt, kw, aligned, s)
-                      : launch_mt<FMT_F32, true>(a, grid, mt, kw, aligned, s);
+        e = a->x_bf16 ? launcher<FMT_F32, false>::run(a, grid, mt, kw, aligned, mo, s)
+                      : launcher<FMT_F32, true>::run(a, grid, mt, kw, aligned, mo, s);
         break;
     }
     return (int)e;
+}
+
+extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream) { return linear_launch(a, nullptr, stream); }
+
+extern "C" int dsv4_cu_moe_linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
+{
+    return mo->n > DSV4_CU_MOE_CHUNK ? (int)cudaErrorInvalidValue : linear_launch(a, mo, stream);
 }
