@@ -559,6 +559,32 @@ static void layer_route(void)
         near_f32("route", "weights", wt, wr, T * K, 2.5e-5f);
         release();
     }
+    if (tb->device != DSV4_DEVICE_CPU) { /* a table in device memory: bounds kept on the device */
+        int32_t bad_tid[V * K], bad_tok[T], it[T * K];
+        float wt[T * K];
+        memcpy(bad_tid, tid, sizeof tid), memcpy(bad_tok, tok, sizeof tok);
+        bad_tok[0] = V;                 /* outside the table: every slot -1 */
+        bad_tid[bad_tok[1] * K + 2] = E; /* not an expert: that slot alone */
+        dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hg = view(gw, DSV4_BF16, 2, E, D, 0),
+                    htid = view(bad_tid, DSV4_I32, 2, V, K, 0), htok = view(bad_tok, DSV4_I32, 1, T, 0, 0),
+                    hi = view(it, DSV4_I32, 2, T, K, 0), hw = view(wt, DSV4_F32, 2, T, K, 0);
+        dsv4_tensor x_t = on(tc, &hx), g_t = on(tc, &hg), d_t = on(tc, &htid), k_t = on(tc, &htok), i_t = on(tc, &hi),
+                    w_t = on(tc, &hw);
+        CHECK_STATUS(dsv4_route(tc, &x_t, &g_t, NULL, &d_t, &k_t, 2.5f, &i_t, &w_t), DSV4_OK);
+        back(tc, &i_t, it), back(tc, &w_t, wt);
+        float sum1 = 0.0f;
+        for (int s = 0; s < K; s++) {
+            CHECK(it[s] == -1 && wt[s] == 0.0f, "route on %s: slot %d of a token outside the table: %d, %g", target,
+                  s, it[s], (double)wt[s]);
+            const int want = s == 2 ? -1 : bad_tid[bad_tok[1] * K + s];
+            CHECK(it[K + s] == want, "route on %s: token 1 slot %d: id %d, want %d", target, s, it[K + s], want);
+            sum1 += wt[K + s];
+        }
+        CHECK(wt[K + 2] == 0.0f && fabsf(sum1 - 2.5f) < 1e-5f, "route on %s: the kept slots sum to %g, want 2.5",
+              target, (double)sum1);
+        n_compared++;
+        release();
+    }
     free(x), free(gw), free(bias);
 }
 
@@ -584,17 +610,45 @@ static void layer_swiglu(void)
  * product; BF16 closeness as the rest of the family. Two cases: 4 experts, and 70 experts (more
  * than one launch chunk of a device backend) with a shared expert of another width, an expert
  * routed to by several tokens and some never. */
+enum { MT_ = 5, MD = 128, MI = 64, MIS = 96, MEMAX = 70, MK = 2 };
+
+/* dsv4_moe on c with E experts w13[e][0..1], w2[e] (e == E: the shared expert, when `shared`). */
+static dsv4_status moe_on(dsv4_ctx *c, const uint16_t *x, const int32_t *ids, const float *wts, int E,
+                          uint16_t *(*w13)[2], uint16_t **w2, int shared, uint16_t *y)
+{
+    dsv4_tensor hx = view((void *)x, DSV4_BF16, 2, MT_, MD, 0), hi = view((void *)ids, DSV4_I32, 2, MT_, MK, 0),
+                hw = view((void *)wts, DSV4_F32, 2, MT_, MK, 0), hy = view(y, DSV4_BF16, 2, MT_, MD, 0);
+    memset(y, 0xA5, 2 * MT_ * MD);
+    dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
+    dsv4_tensor t1[MEMAX + 1], t3[MEMAX + 1], t2[MEMAX + 1];
+    dsv4_ffn_weights ex[MEMAX + 1];
+    for (int e = 0; e <= E; e++) {
+        const int64_t ie = e == E ? MIS : MI;
+        dsv4_tensor a = view(w13[e][0], DSV4_BF16, 2, ie, MD, 0), b = view(w13[e][1], DSV4_BF16, 2, ie, MD, 0),
+                    d = view(w2[e], DSV4_BF16, 2, MD, ie, 0);
+        t1[e] = on(c, &a), t3[e] = on(c, &b), t2[e] = on(c, &d);
+        ex[e] = (dsv4_ffn_weights){DSV4_LINEAR_BF16, &t1[e], NULL, &t3[e], NULL, &t2[e], NULL};
+    }
+    const dsv4_ffn_weights *sh = shared ? &ex[E] : NULL;
+    size_t wsb = 0;
+    dsv4_status st = dsv4_moe_workspace_size(c, MT_, MK, E, &ex[0], sh, &wsb);
+    if (st == DSV4_OK) st = dsv4_moe(c, &tx, &ti, &tw, ex, E, sh, 10.0f, &ty, scratch(c, wsb), wsb);
+    back(c, &ty, y);
+    release();
+    return st;
+}
+
 static void layer_moe(void)
 {
     const int have = HAS(layer, moe) && HAS(linear, linear);
     if (missing("layer.moe (+ linear)", have)) return;
-    enum { T = 5, D = 128, I = 64, IS = 96, EMAX = 70, K = 2 };
+    enum { T = MT_, D = MD, K = MK };
     for (int big = 0; big < 2; big++) {
-        const int E = big ? EMAX : 4;
+        const int E = big ? MEMAX : 4;
         uint16_t *x = bf16_rand(T * D, 1.0f), *yr = poisoned(2 * T * D), *yt = poisoned(2 * T * D);
-        uint16_t *w13[EMAX + 1][2], *w2[EMAX + 1]; /* [E]: the shared expert */
+        uint16_t *w13[MEMAX + 1][2], *w2[MEMAX + 1]; /* [E]: the shared expert */
         for (int e = 0; e <= E; e++) {
-            const int64_t ie = e == E ? IS : I;
+            const int64_t ie = e == E ? MIS : MI;
             w13[e][0] = bf16_rand(ie * D, 0.1f), w13[e][1] = bf16_rand(ie * D, 0.1f), w2[e] = bf16_rand(D * ie, 0.1f);
         }
         int32_t ids[T * K];
@@ -604,32 +658,17 @@ static void layer_moe(void)
             ids[t * K + 1] = (ids[t * K] + 1 + (int32_t)(test_rand_u64() % (E - 1))) % E;
             wts[t * K] = 0.6f, wts[t * K + 1] = 0.4f;
         }
-        uint16_t *ys[2] = {yr, yt};
-        dsv4_ctx *cs[2] = {ref, tc};
-        dsv4_status st[2];
-        for (int side = 0; side < 2; side++) {
-            dsv4_ctx *c = cs[side];
-            dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hi = view(ids, DSV4_I32, 2, T, K, 0),
-                        hw = view(wts, DSV4_F32, 2, T, K, 0), hy = view(ys[side], DSV4_BF16, 2, T, D, 0);
-            dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
-            dsv4_tensor t1[EMAX + 1], t3[EMAX + 1], t2[EMAX + 1];
-            dsv4_ffn_weights ex[EMAX + 1];
-            for (int e = 0; e <= E; e++) {
-                const int64_t ie = e == E ? IS : I;
-                dsv4_tensor a = view(w13[e][0], DSV4_BF16, 2, ie, D, 0), b = view(w13[e][1], DSV4_BF16, 2, ie, D, 0),
-                            d = view(w2[e], DSV4_BF16, 2, D, ie, 0);
-                t1[e] = on(c, &a), t3[e] = on(c, &b), t2[e] = on(c, &d);
-                ex[e] = (dsv4_ffn_weights){DSV4_LINEAR_BF16, &t1[e], NULL, &t3[e], NULL, &t2[e], NULL};
-            }
-            const dsv4_ffn_weights *sh = big ? &ex[E] : NULL;
-            size_t wsb = 0;
-            st[side] = dsv4_moe_workspace_size(c, T, K, E, &ex[0], sh, &wsb);
-            if (st[side] == DSV4_OK) st[side] = dsv4_moe(c, &tx, &ti, &tw, ex, E, sh, 10.0f, &ty, scratch(c, wsb), wsb);
-            back(c, &ty, ys[side]);
-            release();
-        }
-        ran("moe", st[1], st[0]);
+        ran("moe", moe_on(tc, x, ids, wts, E, w13, w2, big, yt), moe_on(ref, x, ids, wts, E, w13, w2, big, yr));
         near_bf16("moe", big ? "y (70 experts, shared)" : "y", yt, yr, T * D);
+        if (big && tb->device != DSV4_DEVICE_CPU) {
+            /* ids in device memory: a pair outside [0, E) is dropped, as a pair of weight 0 adds +0 */
+            int32_t dev_ids[T * K];
+            memcpy(dev_ids, ids, sizeof ids);
+            dev_ids[1] = -1, dev_ids[2 * K] = E;
+            wts[1] = 0.0f, wts[2 * K] = 0.0f;
+            ran("moe", moe_on(tc, x, dev_ids, wts, E, w13, w2, 1, yt), moe_on(ref, x, ids, wts, E, w13, w2, 1, yr));
+            near_bf16("moe", "y (ids outside [0, E) on the device)", yt, yr, T * D);
+        }
         for (int e = 0; e <= E; e++) free(w13[e][0]), free(w13[e][1]), free(w2[e]);
         free(x), free(yr), free(yt);
     }

@@ -234,19 +234,20 @@ DSV4_CU_INLINE void chunk(const uint4 *w, const uint32_t *sb, const uint8_t *con
     }
 }
 
-/* The experts of a grouped MoE launch (moe_linear below): blockIdx.y picks one. */
-template <int N> struct expert_tab {
-    const void *w[N];
-    const uint8_t *s[N];
+/* The experts of an MoE launch (dsv4_cu_moe_linear_launch): blockIdx.y picks one. A kernel
+ * parameter read in place (__grid_constant__), so indexing it copies nothing. */
+struct moe_tab {
+    const void *w[DSV4_CU_MOE_CHUNK];
+    const uint8_t *s[DSV4_CU_MOE_CHUNK];
 };
-typedef expert_tab<DSV4_CU_MOE_CHUNK> moe_tab;
-typedef expert_tab<1> no_tab;
 
-/* MOE: blockIdx.y is expert e0 + y of `tab`, its rows [off[e], off[e+1]) of x and y (read on the
- * device), looped over in tiles of MT; otherwise group blockIdx.y, rows tile blockIdx.z. */
-template <int FMT, bool XF32, int MT, bool MOE, typename TAB>
-__global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned, TAB tab,
-                                                         const int32_t *off, int e0)
+/* off == NULL: group blockIdx.y, row tile blockIdx.z. Otherwise an MoE chunk (one instance serves
+ * both, for compile time): blockIdx.y is expert e0 + y of `tab`, its rows [off[e], off[e+1]) of x
+ * and y read on the device and walked in tiles of MT. */
+template <int FMT, bool XF32, int MT>
+__global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned,
+                                                         const __grid_constant__ moe_tab tab, const int32_t *off,
+                                                         int e0)
 {
     typedef fmt_traits<FMT> T;
     constexpr int VEC = T::VEC, CK = 32 * VEC, NR = rows_of(MT);
@@ -254,15 +255,16 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
     constexpr int WB16 = FMT == FMT_FP4 ? 1 : FMT == FMT_BF16 ? 4 : FMT == FMT_F32 ? 8 : 2; /* weight bytes per 2 values */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
-    const long long g = MOE ? 0 : blockIdx.y; /* the group of x, w and y (MOE: one weight per expert) */
+    const bool moe = off != nullptr;
+    const long long g = moe ? 0 : blockIdx.y; /* the group of x, w and y (MoE: one weight per expert) */
     long long mbeg = (long long)blockIdx.z * MT, mend = p.m < mbeg + MT ? p.m : mbeg + MT;
-    if (MOE) mbeg = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
+    if (moe) mbeg = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
     const long long nbase = ((long long)blockIdx.x * rsets + rs) * NR;
 
     const uint8_t *wr[NR];
     const uint8_t *sr[NR];
-    const uint8_t *wb = MOE ? (const uint8_t *)tab.w[blockIdx.y] : (const uint8_t *)p.w;
-    const uint8_t *sb = MOE ? tab.s[blockIdx.y] : p.scale;
+    const uint8_t *wb = moe ? (const uint8_t *)tab.w[blockIdx.y] : (const uint8_t *)p.w;
+    const uint8_t *sb = moe ? tab.s[blockIdx.y] : p.scale;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         const long long nr = nbase + r < p.n ? nbase + r : p.n - 1; /* rows past n repeat the last */
@@ -271,108 +273,100 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
         sr[r] = T::Q ? sb + (FMT == FMT_B128 ? grow / 128 : grow) * p.ss0 : nullptr;
     }
     for (long long m0 = mbeg; m0 < mend; m0 += MT) {
-    const int mv = (int)(mend - m0 < MT ? mend - m0 : MT);
-    const uint8_t *xr[MT];
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        const long long mi = m0 + (i < mv ? i : mv - 1);
-        xr[i] = (const uint8_t *)p.x + (mi * p.xs_m + g * p.xs_g) * XB;
-    }
-
-    float acc[NR][MT];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int i = 0; i < MT; i++) acc[r][i] = 0.0f;
-
-    const long long nchunks = (p.k + CK - 1) / CK;
-    /* three chunks in the ring: the one being used and the next two in flight */
-    uint4 wv[3][NR];
-    uint32_t sv[3][NR];
-    auto fetch = [&](long long c, uint4 *dst, uint32_t *sdst) {
-        const long long k0 = c * CK + lane * VEC;
-        const bool ok = c < nchunks && k0 < p.k;
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            dst[r] = make_uint4(0, 0, 0, 0);
-            sdst[r] = 127;
-            if (ok) {
-                const uint8_t *src = wr[r] + k0 * WB16 / 2;
-                dst[r] = aligned ? cu_ldg16_stream(src) : cu_ld16(src); /* weights bypass L1, x stays */
-                if (T::Q) sdst[r] = __ldg(sr[r] + (k0 / (FMT == FMT_B128 ? 128 : 32)) * p.ss1);
-            }
-        }
-    };
-    fetch(kwi, wv[0], sv[0]);
-    fetch(kwi + kw, wv[1], sv[1]);
-    for (long long c = kwi; c < nchunks; c += 3 * kw) {
-#pragma unroll
-        for (int st = 0; st < 3; st++) {
-            const long long cc = c + st * kw;
-            if (cc >= nchunks) break;
-            fetch(cc + 2 * kw, wv[(st + 2) % 3], sv[(st + 2) % 3]);
-            const long long k0 = cc * CK + lane * VEC;
-            if (k0 < p.k) chunk<FMT, XF32, MT>(wv[st], sv[st], xr, k0, aligned, acc);
-        }
-    }
-
-    __shared__ float red[WARPS][NR * MT];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
+        const int mv = (int)(mend - m0 < MT ? mend - m0 : MT);
+        const uint8_t *xr[MT];
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            float v = acc[r][i];
+            const long long mi = m0 + (i < mv ? i : mv - 1);
+            xr[i] = (const uint8_t *)p.x + (mi * p.xs_m + g * p.xs_g) * XB;
+        }
+
+        float acc[NR][MT];
 #pragma unroll
-            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-            if (lane == 0) red[warp][r * MT + i] = v;
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int i = 0; i < MT; i++) acc[r][i] = 0.0f;
+
+        const long long nchunks = (p.k + CK - 1) / CK;
+        /* three chunks in the ring: the one being used and the next two in flight */
+        uint4 wv[3][NR];
+        uint32_t sv[3][NR];
+        auto fetch = [&](long long c, uint4 *dst, uint32_t *sdst) {
+            const long long k0 = c * CK + lane * VEC;
+            const bool ok = c < nchunks && k0 < p.k;
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                dst[r] = make_uint4(0, 0, 0, 0);
+                sdst[r] = 127;
+                if (ok) {
+                    const uint8_t *src = wr[r] + k0 * WB16 / 2;
+                    dst[r] = aligned ? cu_ldg16_stream(src) : cu_ld16(src); /* weights bypass L1, x stays */
+                    if (T::Q) sdst[r] = __ldg(sr[r] + (k0 / (FMT == FMT_B128 ? 128 : 32)) * p.ss1);
+                }
+            }
+        };
+        fetch(kwi, wv[0], sv[0]);
+        fetch(kwi + kw, wv[1], sv[1]);
+        for (long long c = kwi; c < nchunks; c += 3 * kw) {
+#pragma unroll
+            for (int st = 0; st < 3; st++) {
+                const long long cc = c + st * kw;
+                if (cc >= nchunks) break;
+                fetch(cc + 2 * kw, wv[(st + 2) % 3], sv[(st + 2) % 3]);
+                const long long k0 = cc * CK + lane * VEC;
+                if (k0 < p.k) chunk<FMT, XF32, MT>(wv[st], sv[st], xr, k0, aligned, acc);
+            }
         }
-    __syncthreads();
-    for (int t = threadIdx.x; t < rsets * NR * MT; t += THREADS) {
-        const int set = t / (NR * MT), e = t % (NR * MT), r = e / MT, i = e % MT;
-        const long long n = ((long long)blockIdx.x * rsets + set) * NR + r;
-        if (n >= p.n || i >= mv) continue;
-        float v = red[set * kw][e];
-        for (int j = 1; j < kw; j++) v += red[set * kw + j][e];
-        if (p.bias) {
-            const long long bi = n * p.bias_s;
-            v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
+
+        __shared__ float red[WARPS][NR * MT];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                float v = acc[r][i];
+#pragma unroll
+                for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+                if (lane == 0) red[warp][r * MT + i] = v;
+            }
+        __syncthreads();
+        for (int t = threadIdx.x; t < rsets * NR * MT; t += THREADS) {
+            const int set = t / (NR * MT), e = t % (NR * MT), r = e / MT, i = e % MT;
+            const long long n = ((long long)blockIdx.x * rsets + set) * NR + r;
+            if (n >= p.n || i >= mv) continue;
+            float v = red[set * kw][e];
+            for (int j = 1; j < kw; j++) v += red[set * kw + j][e];
+            if (p.bias) {
+                const long long bi = n * p.bias_s;
+                v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
+            }
+            const long long yi = (m0 + i) * p.ys_m + g * p.ys_g + n;
+            if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
+            else ((float *)p.y)[yi] = v;
         }
-        const long long yi = (m0 + i) * p.ys_m + g * p.ys_g + n;
-        if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
-        else ((float *)p.y)[yi] = v;
-    }
-    __syncthreads(); /* red is reused by the next tile */
+        __syncthreads(); /* red is reused by the next tile */
     }
 }
 
 /* The launch of one format and activation type: a plain (grouped) product, or with `mo` an MoE
  * chunk of experts. */
-template <int FMT, bool XF32> struct launcher {
-    template <int MT>
-    static void one(const dsv4_cu_linear *a, dim3 grid, int kw, int aligned, const dsv4_cu_moe_chunk *mo,
-                    cudaStream_t s)
-    {
-        if (mo) {
-            moe_tab t;
-            for (int i = 0; i < mo->n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
-            linear_kernel<FMT, XF32, MT, true, moe_tab><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, mo->offsets, mo->e0);
-        } else {
-            linear_kernel<FMT, XF32, MT, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, aligned, no_tab{}, nullptr, 0);
-        }
+template <int FMT, bool XF32>
+static cudaError_t launch_mt(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned,
+                             const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+{
+    moe_tab t = {};
+    const int n = mo ? mo->n : 0;
+    for (int i = 0; i < n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
+    const int32_t *off = mo ? mo->offsets : nullptr;
+    const int e0 = mo ? mo->e0 : 0;
+    switch (mt) {
+    case 1: linear_kernel<FMT, XF32, 1><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
+    case 2: linear_kernel<FMT, XF32, 2><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
+    case 4: linear_kernel<FMT, XF32, 4><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
+    case 8: linear_kernel<FMT, XF32, 8><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
+    default: linear_kernel<FMT, XF32, 16><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
     }
-    static cudaError_t run(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned,
-                           const dsv4_cu_moe_chunk *mo, cudaStream_t s)
-    {
-        switch (mt) {
-        case 1: one<1>(a, grid, kw, aligned, mo, s); break;
-        case 2: one<2>(a, grid, kw, aligned, mo, s); break;
-        case 4: one<4>(a, grid, kw, aligned, mo, s); break;
-        case 8: one<8>(a, grid, kw, aligned, mo, s); break;
-        default: one<16>(a, grid, kw, aligned, mo, s); break;
-        }
-        return cudaGetLastError();
-    }
-};
+    return cudaGetLastError();
+}
 
 static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
@@ -403,16 +397,16 @@ static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, v
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
     switch (a->fmt) {
-    case FMT_B128: e = launcher<FMT_B128, false>::run(a, grid, mt, kw, aligned, mo, s); break;
-    case FMT_MX: e = launcher<FMT_MX, false>::run(a, grid, mt, kw, aligned, mo, s); break;
-    case FMT_FP4: e = launcher<FMT_FP4, false>::run(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_B128: e = launch_mt<FMT_B128, false>(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_MX: e = launch_mt<FMT_MX, false>(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_FP4: e = launch_mt<FMT_FP4, false>(a, grid, mt, kw, aligned, mo, s); break;
     case FMT_BF16:
-        e = a->x_bf16 ? launcher<FMT_BF16, false>::run(a, grid, mt, kw, aligned, mo, s)
-                      : launcher<FMT_BF16, true>::run(a, grid, mt, kw, aligned, mo, s);
+        e = a->x_bf16 ? launch_mt<FMT_BF16, false>(a, grid, mt, kw, aligned, mo, s)
+                      : launch_mt<FMT_BF16, true>(a, grid, mt, kw, aligned, mo, s);
         break;
     default:
-        e = a->x_bf16 ? launcher<FMT_F32, false>::run(a, grid, mt, kw, aligned, mo, s)
-                      : launcher<FMT_F32, true>::run(a, grid, mt, kw, aligned, mo, s);
+        e = a->x_bf16 ? launch_mt<FMT_F32, false>(a, grid, mt, kw, aligned, mo, s)
+                      : launch_mt<FMT_F32, true>(a, grid, mt, kw, aligned, mo, s);
         break;
     }
     return (int)e;
