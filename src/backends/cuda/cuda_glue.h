@@ -38,10 +38,10 @@ int dsv4_cu_sm_count(const dsv4_exec *ex);
 
 /* The routed experts' product `which` (0: w1, 1: w3, 2: w2) of the MoE block on its sorted rows
  * (linear_cuda.c): y [R, n] (BF16) = x [R, k] (BF16, contiguous) times expert e's weight on e's
- * rows [offsets[e], offsets[e+1]) (device memory), for every e < E; m_bound picks the row tile.
+ * rows [offsets[e], offsets[e+1]) (device memory), for every e < E.
  * Quantized formats stage x into ws when `stage` (w3 reuses w1's staging). */
 dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *experts, int E, int which,
-                                const int32_t *offsets, const uint16_t *x, int64_t R, int64_t m_bound, int64_t k,
+                                const int32_t *offsets, const uint16_t *x, int64_t R, int64_t k,
                                 uint16_t *y, int64_t n, void *ws, int stage);
 /* The MoE block (moe_cuda.c). */
 struct dsv4_moe_args;

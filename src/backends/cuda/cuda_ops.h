@@ -61,7 +61,7 @@ typedef struct dsv4_cu_moe_chunk {
     int e0, n;
 } dsv4_cu_moe_chunk;
 
-/* a->m: the most rows one expert can hold (it picks the row tile); a->groups must be 1. */
+/* a->m: the R sorted rows in all (> 0); a->groups must be 1, a->x BF16. */
 int dsv4_cu_moe_linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream);
 
 /* ---- tensor family (tensor_cuda.cu) ----------------------------------------------------------- */

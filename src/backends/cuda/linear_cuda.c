@@ -98,14 +98,14 @@ static const dsv4_tensor *expert_weight(const dsv4_ffn_weights *f, int which, co
 }
 
 dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *experts, int E, int which,
-                                const int32_t *offsets, const uint16_t *x, int64_t R, int64_t m_bound, int64_t k,
+                                const int32_t *offsets, const uint16_t *x, int64_t R, int64_t k,
                                 uint16_t *y, int64_t n, void *ws, int stage)
 {
     const char *op = "moe";
     const dsv4_linear_format fmt = experts[0].fmt;
     const dsv4_tensor *s0, *w0 = expert_weight(&experts[0], which, &s0);
     dsv4_cu_linear l = {
-        .fmt = (int)fmt, .groups = 1, .m = m_bound, .n = n, .k = k, .x = x, .x_bf16 = 1, .xs_m = k,
+        .fmt = (int)fmt, .groups = 1, .m = R, .n = n, .k = k, .x = x, .x_bf16 = 1, .xs_m = k,
         .ws_r_bytes = w0->stride[0] * (int64_t)elem_bytes(fmt), .ss0 = s0 ? s0->stride[0] : 0,
         .ss1 = s0 ? s0->stride[1] : 0, .y = y, .y_bf16 = 1, .ys_m = n,
     };

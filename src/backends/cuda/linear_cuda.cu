@@ -240,14 +240,16 @@ struct moe_tab {
     const void *w[DSV4_CU_MOE_CHUNK];
     const uint8_t *s[DSV4_CU_MOE_CHUNK];
 };
+struct no_tab {
+    int unused;
+};
 
-/* off == NULL: group blockIdx.y, row tile blockIdx.z. Otherwise an MoE chunk (one instance serves
- * both, for compile time): blockIdx.y is expert e0 + y of `tab`, its rows [off[e], off[e+1]) of x
- * and y read on the device and walked in tiles of MT. */
-template <int FMT, bool XF32, int MT>
+/* MOE false: group blockIdx.y, row tile blockIdx.z (one pass of the tile loop, which the compiler
+ * sees). MOE: blockIdx.y is expert e0 + y of `tab`, its rows [off[e], off[e+1]) of x and y read
+ * on the device and walked in tiles of MT. */
+template <int FMT, bool XF32, int MT, bool MOE, typename TAB>
 __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned,
-                                                         const __grid_constant__ moe_tab tab, const int32_t *off,
-                                                         int e0)
+                                                         const __grid_constant__ TAB tab, const int32_t *off, int e0)
 {
     typedef fmt_traits<FMT> T;
     constexpr int VEC = T::VEC, CK = 32 * VEC, NR = rows_of(MT);
@@ -255,16 +257,18 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
     constexpr int WB16 = FMT == FMT_FP4 ? 1 : FMT == FMT_BF16 ? 4 : FMT == FMT_F32 ? 8 : 2; /* weight bytes per 2 values */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
-    const bool moe = off != nullptr;
-    const long long g = moe ? 0 : blockIdx.y; /* the group of x, w and y (MoE: one weight per expert) */
-    long long mbeg = (long long)blockIdx.z * MT, mend = p.m < mbeg + MT ? p.m : mbeg + MT;
-    if (moe) mbeg = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
+    const long long g = MOE ? 0 : blockIdx.y; /* the group of x, w and y (MoE: one weight per expert) */
+    long long m0 = (long long)blockIdx.z * MT, mend = p.m < m0 + MT ? p.m : m0 + MT;
+    const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
+    if constexpr (MOE) {
+        m0 = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
+        if (m0 >= mend) return; /* an expert no pair chose */
+        wb = (const uint8_t *)tab.w[blockIdx.y], sb = tab.s[blockIdx.y];
+    }
     const long long nbase = ((long long)blockIdx.x * rsets + rs) * NR;
 
     const uint8_t *wr[NR];
     const uint8_t *sr[NR];
-    const uint8_t *wb = moe ? (const uint8_t *)tab.w[blockIdx.y] : (const uint8_t *)p.w;
-    const uint8_t *sb = moe ? tab.s[blockIdx.y] : p.scale;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         const long long nr = nbase + r < p.n ? nbase + r : p.n - 1; /* rows past n repeat the last */
@@ -272,7 +276,7 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
         wr[r] = wb + grow * p.ws_r_bytes;
         sr[r] = T::Q ? sb + (FMT == FMT_B128 ? grow / 128 : grow) * p.ss0 : nullptr;
     }
-    for (long long m0 = mbeg; m0 < mend; m0 += MT) {
+    do {
         const int mv = (int)(mend - m0 < MT ? mend - m0 : MT);
         const uint8_t *xr[MT];
 #pragma unroll
@@ -343,35 +347,46 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
             if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
             else ((float *)p.y)[yi] = v;
         }
-        __syncthreads(); /* red is reused by the next tile */
-    }
+        if (MOE) __syncthreads(); /* red is reused by the next tile */
+    } while (MOE && (m0 += MT) < mend);
 }
 
 /* The launch of one format and activation type: a plain (grouped) product, or with `mo` an MoE
- * chunk of experts. */
-template <int FMT, bool XF32>
-static cudaError_t launch_mt(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned,
-                             const dsv4_cu_moe_chunk *mo, cudaStream_t s)
-{
-    moe_tab t = {};
-    const int n = mo ? mo->n : 0;
-    for (int i = 0; i < n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
-    const int32_t *off = mo ? mo->offsets : nullptr;
-    const int e0 = mo ? mo->e0 : 0;
-    switch (mt) {
-    case 1: linear_kernel<FMT, XF32, 1><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
-    case 2: linear_kernel<FMT, XF32, 2><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
-    case 4: linear_kernel<FMT, XF32, 4><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
-    case 8: linear_kernel<FMT, XF32, 8><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
-    default: linear_kernel<FMT, XF32, 16><<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, off, e0); break;
+ * chunk of experts. The MoE instances are few, for compile time (each costs more than a plain
+ * one): BF16 activations (the block's rows and stagings are BF16) and row tiles of one (the
+ * decode of one token; more rows re-read the expert's weights per row, from L2). */
+
+template <int FMT, bool XF32> struct launcher {
+    template <int MT> static void one(const dsv4_cu_linear *a, dim3 grid, int kw, int aligned,
+                                      const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+    {
+        if constexpr (!XF32 && MT == 1)
+            if (mo) {
+                moe_tab t = {};
+                for (int i = 0; i < mo->n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
+                linear_kernel<FMT, XF32, MT, true, moe_tab>
+                    <<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, mo->offsets, mo->e0);
+                return;
+            }
+        linear_kernel<FMT, XF32, MT, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, aligned, no_tab{}, nullptr, 0);
     }
-    return cudaGetLastError();
-}
+    static cudaError_t run(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned,
+                           const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+    {
+        switch (mt) {
+        case 1: one<1>(a, grid, kw, aligned, mo, s); break;
+        case 2: one<2>(a, grid, kw, aligned, mo, s); break;
+        case 4: one<4>(a, grid, kw, aligned, mo, s); break;
+        case 8: one<8>(a, grid, kw, aligned, mo, s); break;
+        default: one<16>(a, grid, kw, aligned, mo, s); break;
+        }
+        return cudaGetLastError();
+    }
+};
 
 static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* A plain product (mo NULL) or one chunk of an MoE product: a->m is then the most rows one expert
- * can hold (the tile choice), a->groups 1, and the rows of each expert are read on the device. */
+/* A plain product (mo NULL) or one chunk of an MoE product (cuda_ops.h). */
 static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
 {
     if (a->m == 0 || (mo && mo->n == 0)) return 0;
@@ -385,7 +400,7 @@ static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, v
     while (kw < WARPS && 2 * kw <= nchunks &&
            (a->n + (WARPS / kw) * 4 - 1) / ((WARPS / kw) * 4) * groups < TARGET_CTAS)
         kw <<= 1;
-    const int mt = a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
+    const int mt = mo ? 1 : a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
     const long long rows_per_cta = (WARPS / kw) * rows_of(mt);
     const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = mo ? 1 : (a->m + mt - 1) / mt;
     if (gx > 0x7FFFFFFFll || groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
@@ -394,19 +409,20 @@ static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, v
     int aligned = a16(a->w) && a->ws_r_bytes % 16 == 0 && a16(a->x) && ((a->m == 1 && !mo) || (a->xs_m * xb) % 16 == 0) &&
                   (a->groups == 1 || (a->xs_g * xb) % 16 == 0);
     for (int i = 0; mo && i < mo->n; i++) aligned = aligned && a16(mo->w[i]);
+    if (mo && a->fmt > FMT_FP4 && !a->x_bf16) return (int)cudaErrorInvalidValue; /* no F32-activation instance */
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
     switch (a->fmt) {
-    case FMT_B128: e = launch_mt<FMT_B128, false>(a, grid, mt, kw, aligned, mo, s); break;
-    case FMT_MX: e = launch_mt<FMT_MX, false>(a, grid, mt, kw, aligned, mo, s); break;
-    case FMT_FP4: e = launch_mt<FMT_FP4, false>(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_B128: e = launcher<FMT_B128, false>::run(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_MX: e = launcher<FMT_MX, false>::run(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_FP4: e = launcher<FMT_FP4, false>::run(a, grid, mt, kw, aligned, mo, s); break;
     case FMT_BF16:
-        e = a->x_bf16 ? launch_mt<FMT_BF16, false>(a, grid, mt, kw, aligned, mo, s)
-                      : launch_mt<FMT_BF16, true>(a, grid, mt, kw, aligned, mo, s);
+        e = a->x_bf16 ? launcher<FMT_BF16, false>::run(a, grid, mt, kw, aligned, mo, s)
+                      : launcher<FMT_BF16, true>::run(a, grid, mt, kw, aligned, mo, s);
         break;
     default:
-        e = a->x_bf16 ? launch_mt<FMT_F32, false>(a, grid, mt, kw, aligned, mo, s)
-                      : launch_mt<FMT_F32, true>(a, grid, mt, kw, aligned, mo, s);
+        e = a->x_bf16 ? launcher<FMT_F32, false>::run(a, grid, mt, kw, aligned, mo, s)
+                      : launcher<FMT_F32, true>::run(a, grid, mt, kw, aligned, mo, s);
         break;
     }
     return (int)e;

@@ -35,11 +35,11 @@ static dsv4_status moe_run(const dsv4_exec *ex, const dsv4_moe_args *a)
                             op));
     DSV4_TRY(dsv4_cu_status(dsv4_cu_moe_gather_launch(a->x, a->ldx, a->order, a->k, R, a->D, a->xg, s), op));
     /* every expert's rows at once: g = w1·xg and u = w3·xg on one staging, h = swiglu(g, u)·w, out = w2·h */
-    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 0, a->offsets, a->xg, R, a->T, a->D, a->g, a->I, a->lin, 1));
-    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 1, a->offsets, a->xg, R, a->T, a->D, a->u, a->I, a->lin, 0));
+    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 0, a->offsets, a->xg, R, a->D, a->g, a->I, a->lin, 1));
+    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 1, a->offsets, a->xg, R, a->D, a->u, a->I, a->lin, 0));
     DSV4_TRY(dsv4_cu_status(
         dsv4_cu_swiglu_launch(a->g, a->I, a->u, a->I, a->wsorted, a->g, a->I, R, a->I, a->limit, s), op));
-    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 2, a->offsets, a->g, R, a->T, a->I, a->out, a->D, a->lin, 1));
+    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 2, a->offsets, a->g, R, a->I, a->out, a->D, a->lin, 1));
     if (a->shared) {
         const dsv4_ffn_weights *f = a->shared;
         DSV4_TRY(shared_product(ex, a, f->fmt, f->w1, f->w1_scale, a->x, a->ldx, a->D, a->sg, a->Is));
