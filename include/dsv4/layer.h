@@ -78,7 +78,8 @@ DSV4_API dsv4_status dsv4_hc_head(dsv4_ctx *ctx, const dsv4_hc_site *site, const
  *   tid2eid);
  *   ids: I32 [T, topk]; weights: F32 [T, topk]. 1 <= topk <= min(E, DSV4_ROUTE_MAX_TOPK),
  *   E <= DSV4_ROUTE_MAX_EXPERTS. Token ids outside [0, V) and table entries outside [0, E) are
- *   DSV4_ERR_RANGE. */
+ *   DSV4_ERR_RANGE; on a device backend (tables in device memory, not read by the host) such a
+ *   slot gets id -1 and weight 0 instead, the other slots normalized among themselves. */
 #define DSV4_ROUTE_MAX_TOPK 16
 #define DSV4_ROUTE_MAX_EXPERTS 1024
 
@@ -112,7 +113,9 @@ typedef struct dsv4_ffn_weights {
  * its tokens. x: BF16 [T, D]; ids: I32 [T, topk] in [0, n_experts); weights: F32 [T, topk];
  * experts: n_experts entries, all of one format and shape (each is checked, routed to or not);
  * shared: NULL or one expert (its own format and width); y: BF16 [T, D]. The backend runs the
- * whole block, the grouping included, and checks the ids itself (DSV4_ERR_RANGE). Scratch comes from `workspace` (any alignment), sized by
+ * whole block, the grouping included, and checks the ids itself (DSV4_ERR_RANGE; on a device
+ * backend, which groups on the device without a wait, a pair with an id outside [0, n_experts)
+ * contributes nothing instead). Scratch comes from `workspace` (any alignment), sized by
  * dsv4_moe_workspace_size for at least T tokens; nothing is allocated. */
 DSV4_API dsv4_status dsv4_moe_workspace_size(dsv4_ctx *ctx, int64_t T, int topk, int n_experts,
                                              const dsv4_ffn_weights *expert, const dsv4_ffn_weights *shared,

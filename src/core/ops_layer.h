@@ -63,6 +63,10 @@ typedef struct dsv4_hc_args {
     int64_t comb_out_t, comb_out_j;
 } dsv4_hc_args;
 
+/* Router (dsv4_route). With tid2eid in host memory the op layer has checked every token id and
+ * table entry; in device memory it cannot, and the entry must stay inside the table: a token id
+ * outside [0, V) or an entry outside [0, E) gives that slot id -1 and weight 0 (the other slots
+ * are normalized among themselves), which the device MoE block drops. */
 typedef struct dsv4_route_args {
     const void *x;
     int64_t ldx;
@@ -72,7 +76,7 @@ typedef struct dsv4_route_args {
     int w_bf16;
     const float *bias;       /* NULL: none */
     const void *tid2eid;     /* NULL: biased top-k */
-    int64_t ldtid;
+    int64_t ldtid, V;        /* row stride and rows of tid2eid */
     int tid_i64;
     const void *token_ids;
     int64_t tok_stride;
@@ -105,7 +109,9 @@ typedef struct dsv4_swiglu_args {
  * rejects one outside [0, E) (DSV4_ERR_RANGE, with the message "moe: ids[t][s] = e is not an
  * expert in [0, E)") before writing y; then it groups the T*k (token, slot) pairs p = t*k + s by
  * expert, runs each used expert once over all its rows (gathered), the shared expert over x, and
- * combines: y[t] = bf16(Σ over the token's pairs in ascending (expert, slot) + shared[t]). */
+ * combines: y[t] = bf16(Σ over the token's pairs in ascending (expert, slot) + shared[t]).
+ * ids in device memory cannot be checked before the launch without a wait: there a pair whose id
+ * lies outside [0, E) (the -1 of a hash slot the router could not fill) is dropped from the sums. */
 typedef struct dsv4_moe_args {
     const uint16_t *x;
     int64_t ldx;

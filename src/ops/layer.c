@@ -340,15 +340,16 @@ dsv4_status dsv4_route(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *g
     const dsv4_layer_io ins[5] = {{x, "x", NULL}, {gate_w, "gate_w", NULL}, {bias, "bias", NULL},
                                   {tid2eid, "tid2eid", NULL}, {tid2eid ? token_ids : NULL, "token_ids", NULL}};
     DSV4_TRY(dsv4_layer_no_overlap(op, outs, 2, ins, 5));
-    if (tid2eid) DSV4_TRY(check_hash(op, tid2eid, token_ids, (int)E));
+    if (tid2eid && b->device == DSV4_DEVICE_CPU) DSV4_TRY(check_hash(op, tid2eid, token_ids, (int)E));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, route, op));
     dsv4_route_args a = {x->data, x->stride[0], x->dtype == DSV4_BF16, gate_w->data, gate_w->stride[0],
-                         gate_w->dtype == DSV4_BF16, bias ? bias->data : NULL, NULL, 0, 0, NULL, 0, 0,
+                         gate_w->dtype == DSV4_BF16, bias ? bias->data : NULL, NULL, 0, 0, 0, NULL, 0, 0,
                          ids->data, ids->stride[0], weights->data, weights->stride[0], T, D, (int)E, (int)k,
                          route_scale};
     if (tid2eid) {
         a.tid2eid = tid2eid->data;
         a.ldtid = tid2eid->stride[0];
+        a.V = tid2eid->shape[0];
         a.tid_i64 = tid2eid->dtype == DSV4_I64;
         a.token_ids = token_ids->data;
         a.tok_stride = token_ids->stride[0];

@@ -559,6 +559,32 @@ static void layer_route(void)
         near_f32("route", "weights", wt, wr, T * K, 2.5e-5f);
         release();
     }
+    if (tb->device != DSV4_DEVICE_CPU) { /* a table in device memory: bounds kept on the device */
+        int32_t bad_tid[V * K], bad_tok[T], it[T * K];
+        float wt[T * K];
+        memcpy(bad_tid, tid, sizeof tid), memcpy(bad_tok, tok, sizeof tok);
+        bad_tok[0] = V;                 /* outside the table: every slot -1 */
+        bad_tid[bad_tok[1] * K + 2] = E; /* not an expert: that slot alone */
+        dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hg = view(gw, DSV4_BF16, 2, E, D, 0),
+                    htid = view(bad_tid, DSV4_I32, 2, V, K, 0), htok = view(bad_tok, DSV4_I32, 1, T, 0, 0),
+                    hi = view(it, DSV4_I32, 2, T, K, 0), hw = view(wt, DSV4_F32, 2, T, K, 0);
+        dsv4_tensor x_t = on(tc, &hx), g_t = on(tc, &hg), d_t = on(tc, &htid), k_t = on(tc, &htok), i_t = on(tc, &hi),
+                    w_t = on(tc, &hw);
+        CHECK_STATUS(dsv4_route(tc, &x_t, &g_t, NULL, &d_t, &k_t, 2.5f, &i_t, &w_t), DSV4_OK);
+        back(tc, &i_t, it), back(tc, &w_t, wt);
+        float sum1 = 0.0f;
+        for (int s = 0; s < K; s++) {
+            CHECK(it[s] == -1 && wt[s] == 0.0f, "route on %s: slot %d of a token outside the table: %d, %g", target,
+                  s, it[s], (double)wt[s]);
+            const int want = s == 2 ? -1 : bad_tid[bad_tok[1] * K + s];
+            CHECK(it[K + s] == want, "route on %s: token 1 slot %d: id %d, want %d", target, s, it[K + s], want);
+            sum1 += wt[K + s];
+        }
+        CHECK(wt[K + 2] == 0.0f && fabsf(sum1 - 2.5f) < 1e-5f, "route on %s: the kept slots sum to %g, want 2.5",
+              target, (double)sum1);
+        n_compared++;
+        release();
+    }
     free(x), free(gw), free(bias);
 }
 
@@ -590,7 +616,7 @@ static void layer_swiglu(void)
  * token's largest |y| (2^-7 each; over 150 seeds the worst excess was 0.0036 of the token's
  * largest, on avx2), and the relative L2 error of all of y at most 2e-3 (worst seen 7.3e-4; one
  * of the ten routing weights 1% off gives 3e-3, 0.3% off 2.2e-3). */
-static void near_moe(const uint16_t *a, const uint16_t *b, int T, int D)
+static void near_moe(const char *what, const uint16_t *a, const uint16_t *b, int T, int D)
 {
     n_compared++;
     double se = 0.0, sr = 0.0;
@@ -604,53 +630,76 @@ static void near_moe(const uint16_t *a, const uint16_t *b, int T, int D)
             se += (x - y) * (x - y), sr += y * y;
         }
     }
-    CHECK(bad < 0, "moe y on %s: element %d is %g, cpu-ref %g: beyond one BF16 ulp of it and of its token's largest",
-          target, bad, bad >= 0 ? dsv4_bf16_decode(a[bad]) : 0.0f, bad >= 0 ? dsv4_bf16_decode(b[bad]) : 0.0f);
-    CHECK(se <= 4e-6 * sr, "moe y on %s: relative L2 error %g from cpu-ref (bound 2e-3)", target, sqrt(se / sr));
+    CHECK(bad < 0, "moe %s on %s: element %d is %g, cpu-ref %g: beyond one BF16 ulp of it and of its token's largest",
+          what, target, bad, bad >= 0 ? dsv4_bf16_decode(a[bad]) : 0.0f, bad >= 0 ? dsv4_bf16_decode(b[bad]) : 0.0f);
+    CHECK(se <= 4e-6 * sr, "moe %s on %s: relative L2 error %g from cpu-ref (bound 2e-3)", what, target, sqrt(se / sr));
+}
+
+/* The cases: 4 experts, and on a device backend 70 experts (more than one launch chunk) with a
+ * shared expert of another width, an expert routed to by several tokens and some never, then ids
+ * outside [0, E). */
+enum { MT_ = 5, MD = 128, MI = 64, MIS = 96, MEMAX = 70, MK = 2 };
+
+/* dsv4_moe on c with E experts w13[e][0..1], w2[e] (and e == E the shared expert when `shared`). */
+static dsv4_status moe_on(dsv4_ctx *c, const uint16_t *x, const int32_t *ids, const float *wts, int E,
+                          uint16_t *(*w13)[2], uint16_t **w2, int shared, uint16_t *y)
+{
+    dsv4_tensor hx = view((void *)x, DSV4_BF16, 2, MT_, MD, 0), hi = view((void *)ids, DSV4_I32, 2, MT_, MK, 0),
+                hw = view((void *)wts, DSV4_F32, 2, MT_, MK, 0), hy = view(y, DSV4_BF16, 2, MT_, MD, 0);
+    memset(y, 0xA5, 2 * MT_ * MD);
+    dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
+    dsv4_tensor t1[MEMAX + 1], t3[MEMAX + 1], t2[MEMAX + 1];
+    dsv4_ffn_weights ex[MEMAX + 1];
+    for (int e = 0; e < E + shared; e++) {
+        const int64_t ie = e == E ? MIS : MI;
+        dsv4_tensor a = view(w13[e][0], DSV4_BF16, 2, ie, MD, 0), b = view(w13[e][1], DSV4_BF16, 2, ie, MD, 0),
+                    d = view(w2[e], DSV4_BF16, 2, MD, ie, 0);
+        t1[e] = on(c, &a), t3[e] = on(c, &b), t2[e] = on(c, &d);
+        ex[e] = (dsv4_ffn_weights){DSV4_LINEAR_BF16, &t1[e], NULL, &t3[e], NULL, &t2[e], NULL};
+    }
+    const dsv4_ffn_weights *sh = shared ? &ex[E] : NULL;
+    size_t wsb = 0;
+    dsv4_status st = dsv4_moe_workspace_size(c, MT_, MK, E, &ex[0], sh, &wsb);
+    if (st == DSV4_OK) st = dsv4_moe(c, &tx, &ti, &tw, ex, E, sh, 10.0f, &ty, scratch(c, wsb), wsb);
+    back(c, &ty, y);
+    release();
+    return st;
 }
 
 static void layer_moe(void)
 {
     const int have = HAS(layer, moe) && HAS(linear, linear);
     if (missing("layer.moe (+ linear)", have)) return;
-    enum { T = 5, D = 128, I = 64, E = 4, K = 2 };
-    uint16_t *x = bf16_rand(T * D, 1.0f), *yr = poisoned(2 * T * D), *yt = poisoned(2 * T * D);
-    uint16_t *w13[E][2], *w2[E];
-    for (int e = 0; e < E; e++)
-        w13[e][0] = bf16_rand(I * D, 0.1f), w13[e][1] = bf16_rand(I * D, 0.1f), w2[e] = bf16_rand(D * I, 0.1f);
-    int32_t ids[T * K];
-    float wts[T * K];
-    for (int t = 0; t < T; t++) {
-        ids[t * K] = (int32_t)(test_rand_u64() % E);
-        ids[t * K + 1] = (ids[t * K] + 1 + (int32_t)(test_rand_u64() % (E - 1))) % E;
-        wts[t * K] = 0.6f, wts[t * K + 1] = 0.4f;
-    }
-    uint16_t *ys[2] = {yr, yt};
-    dsv4_ctx *cs[2] = {ref, tc};
-    dsv4_status st[2];
-    for (int side = 0; side < 2; side++) {
-        dsv4_ctx *c = cs[side];
-        dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hi = view(ids, DSV4_I32, 2, T, K, 0),
-                    hw = view(wts, DSV4_F32, 2, T, K, 0), hy = view(ys[side], DSV4_BF16, 2, T, D, 0);
-        dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
-        dsv4_tensor t1[E], t3[E], t2[E];
-        dsv4_ffn_weights ex[E];
-        for (int e = 0; e < E; e++) {
-            dsv4_tensor a = view(w13[e][0], DSV4_BF16, 2, I, D, 0), b = view(w13[e][1], DSV4_BF16, 2, I, D, 0),
-                        d = view(w2[e], DSV4_BF16, 2, D, I, 0);
-            t1[e] = on(c, &a), t3[e] = on(c, &b), t2[e] = on(c, &d);
-            ex[e] = (dsv4_ffn_weights){DSV4_LINEAR_BF16, &t1[e], NULL, &t3[e], NULL, &t2[e], NULL};
+    enum { T = MT_, D = MD, K = MK };
+    for (int big = 0; big < (tb->device == DSV4_DEVICE_CPU ? 1 : 2); big++) { /* the CPU drivers are cpu-ref's */
+        const int E = big ? MEMAX : 4;
+        uint16_t *x = bf16_rand(T * D, 1.0f), *yr = poisoned(2 * T * D), *yt = poisoned(2 * T * D);
+        uint16_t *w13[MEMAX + 1][2], *w2[MEMAX + 1]; /* [E]: the shared expert */
+        for (int e = 0; e < E + big; e++) {
+            const int64_t ie = e == E ? MIS : MI;
+            w13[e][0] = bf16_rand(ie * D, 0.1f), w13[e][1] = bf16_rand(ie * D, 0.1f), w2[e] = bf16_rand(D * ie, 0.1f);
         }
-        size_t wsb = 0;
-        st[side] = dsv4_moe_workspace_size(c, T, K, E, &ex[0], NULL, &wsb);
-        if (st[side] == DSV4_OK) st[side] = dsv4_moe(c, &tx, &ti, &tw, ex, E, NULL, 10.0f, &ty, scratch(c, wsb), wsb);
-        back(c, &ty, ys[side]);
-        release();
+        int32_t ids[T * K];
+        float wts[T * K];
+        for (int t = 0; t < T; t++) {
+            ids[t * K] = big ? (t < 3 ? 66 : 3 * t) : (int32_t)(test_rand_u64() % E);
+            ids[t * K + 1] = (ids[t * K] + 1 + (int32_t)(test_rand_u64() % (E - 1))) % E;
+            wts[t * K] = 0.6f, wts[t * K + 1] = 0.4f;
+        }
+        ran("moe", moe_on(tc, x, ids, wts, E, w13, w2, big, yt), moe_on(ref, x, ids, wts, E, w13, w2, big, yr));
+        near_moe(big ? "y (70 experts, shared)" : "y", yt, yr, T, D);
+        if (big && tb->device != DSV4_DEVICE_CPU) {
+            /* ids in device memory: a pair outside [0, E) is dropped, as a pair of weight 0 adds +0 */
+            int32_t dev_ids[T * K];
+            memcpy(dev_ids, ids, sizeof ids);
+            dev_ids[1] = -1, dev_ids[2 * K] = E;
+            wts[1] = 0.0f, wts[2 * K] = 0.0f;
+            ran("moe", moe_on(tc, x, dev_ids, wts, E, w13, w2, 1, yt), moe_on(ref, x, ids, wts, E, w13, w2, 1, yr));
+            near_moe("y (ids outside [0, E) on the device)", yt, yr, T, D);
+        }
+        for (int e = 0; e < E + big; e++) free(w13[e][0]), free(w13[e][1]), free(w2[e]);
+        free(x), free(yr), free(yt);
     }
-    ran("moe", st[1], st[0]);
-    near_moe(yt, yr, T, D);
-    for (int e = 0; e < E; e++) free(w13[e][0]), free(w13[e][1]), free(w2[e]);
-    free(x), free(yr), free(yt);
 }
 
 /* ---- tensor family ----------------------------------------------------------------------------- */

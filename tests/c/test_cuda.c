@@ -9,7 +9,7 @@
  *     split and unsplit launches): out relative L2 <= 8e-3, lse within 1e-5 max(1, |lse|),
  *     +inf and exact zeros where nothing is valid;
  *   - graph capture and replay (also on a stream of the caller's), run-to-run determinism,
- *     device/host mismatches rejected.
+ *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph.
  * Without a CUDA device it checks the host fallback of the memory API, says why it skips and exits
  * 77 (CTest SKIP_RETURN_CODE: reported as skipped, not passed). */
 #include "dsv4.h"
@@ -583,6 +583,68 @@ static void test_graph(int on_stream)
     }
 }
 
+/* The router and the MoE block (FP4 experts, their stagings, a shared expert) captured in one
+ * graph: neither waits on the host (a readback or a synchronization inside would fail the
+ * capture), the MoE takes the router's ids where they lie, and the replay gives the direct
+ * call's bits. */
+static void test_graph_moe(void)
+{
+    enum { T = 4, D = 256, E = 8, K = 2, I = 128 };
+    uint16_t *x = malloc(2 * T * D), *gw = malloc(2 * E * D), *y1 = malloc(2 * T * D), *y2 = malloc(2 * T * D);
+    float bias[E];
+    for (int i = 0; i < T * D; i++) x[i] = rbf16(1.0f);
+    for (int i = 0; i < E * D; i++) gw[i] = rbf16(0.1f);
+    for (int e = 0; e < E; e++) bias[e] = 0.1f * test_randn();
+    /* E + 1 experts (the last one shared): w1, w3 [I, D/2] and w2 [D, I/2] codes, scales per 32 */
+    const size_t n13 = (size_t)I * D / 2, n2 = (size_t)D * I / 2, s13 = (size_t)I * D / 32, s2 = (size_t)D * I / 32;
+    uint8_t *codes = malloc((E + 1) * (2 * n13 + n2)), *scales = malloc((E + 1) * (2 * s13 + s2));
+    for (size_t i = 0; i < (E + 1) * (2 * n13 + n2); i++) codes[i] = (uint8_t)test_rand_u64();
+    for (size_t i = 0; i < (E + 1) * (2 * s13 + s2); i++) scales[i] = (uint8_t)(118 + rnd(8));
+    uint8_t *dcodes = dput(codes, (E + 1) * (2 * n13 + n2)), *dscales = dput(scales, (E + 1) * (2 * s13 + s2));
+    dsv4_tensor w[E + 1][3], sc[E + 1][3];
+    dsv4_ffn_weights ex[E + 1];
+    for (int e = 0; e <= E; e++) {
+        uint8_t *c = dcodes + e * (2 * n13 + n2), *q = dscales + e * (2 * s13 + s2);
+        const int64_t sh13[2] = {I, D / 2}, sh2[2] = {D, I / 2}, ss13[2] = {I, D / 32}, ss2[2] = {D, I / 32};
+        w[e][0] = view(c, DSV4_FP4X2, 2, sh13, 1), w[e][1] = view(c + n13, DSV4_FP4X2, 2, sh13, 1);
+        w[e][2] = view(c + 2 * n13, DSV4_FP4X2, 2, sh2, 1);
+        sc[e][0] = view(q, DSV4_E8M0, 2, ss13, 1), sc[e][1] = view(q + s13, DSV4_E8M0, 2, ss13, 1);
+        sc[e][2] = view(q + 2 * s13, DSV4_E8M0, 2, ss2, 1);
+        ex[e] = (dsv4_ffn_weights){DSV4_LINEAR_FP4, &w[e][0], &sc[e][0], &w[e][1], &sc[e][1], &w[e][2], &sc[e][2]};
+    }
+    size_t wsb = 0;
+    CHECK_STATUS(dsv4_moe_workspace_size(cu, T, K, E, &ex[0], &ex[E], &wsb), DSV4_OK);
+    const int64_t xs[2] = {T, D}, gs[2] = {E, D}, bs[1] = {E}, ks[2] = {T, K};
+    dsv4_tensor tx = view(dput(x, 2 * T * D), DSV4_BF16, 2, xs, 1), tg = view(dput(gw, 2 * E * D), DSV4_BF16, 2, gs, 1),
+                tb = view(dput(bias, sizeof bias), DSV4_F32, 1, bs, 1), ti = view(dput(NULL, 4 * T * K), DSV4_I32, 2, ks, 1),
+                tw = view(dput(NULL, 4 * T * K), DSV4_F32, 2, ks, 1), ty = view(dput(NULL, 2 * T * D), DSV4_BF16, 2, xs, 1);
+    void *ws = dput(NULL, wsb);
+    for (int pass = 0; pass < 2; pass++) {
+        dsv4_device_graph *g = NULL;
+        if (pass) {
+            dsv4_device_memset(cu, ty.data, 0, 2 * T * D);
+            dsv4_device_memset(cu, ti.data, 0xFF, 4 * T * K);
+            CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
+        }
+        CHECK_STATUS(dsv4_route(cu, &tx, &tg, &tb, NULL, NULL, 2.5f, &ti, &tw), DSV4_OK);
+        CHECK_STATUS(dsv4_moe(cu, &tx, &ti, &tw, ex, E, &ex[E], 10.0f, &ty, ws, wsb), DSV4_OK);
+        if (pass) {
+            CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
+            if (!g) break;
+            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+            dsv4_device_graph_destroy(g);
+        }
+        dget(pass ? y2 : y1, ty.data, 2 * T * D);
+    }
+    int nonzero = 0;
+    for (int i = 0; i < T * D; i++) nonzero += (y1[i] & 0x7FFF) != 0;
+    CHECK(nonzero > T * D / 2, "route + moe gave %d nonzero outputs of %d", nonzero, T * D);
+    CHECK(memcmp(y1, y2, 2 * T * D) == 0, "route + moe: the graph replay differs from the direct call");
+    dfree_all();
+    free(x), free(gw), free(y1), free(y2), free(codes), free(scales);
+}
+
 int main(void)
 {
     test_seed();
@@ -662,6 +724,7 @@ int main(void)
         test_graph(0);
         test_graph(1);
     }
+    test_graph_moe();
 
     dsv4_ctx_destroy(cu);
     dsv4_ctx_destroy(cu_mma);

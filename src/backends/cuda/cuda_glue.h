@@ -4,6 +4,7 @@
 #define DSV4_CUDA_GLUE_H
 
 #include "core/backend.h"
+#include "dsv4/layer.h"
 
 /* ex->stream, or the per-thread default stream of the device when NULL. */
 void *dsv4_cu_stream(const dsv4_exec *ex);
@@ -34,6 +35,17 @@ dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex);
 
 /* Multiprocessors of ex->device (132 on an H200; a guess when the query fails). */
 int dsv4_cu_sm_count(const dsv4_exec *ex);
+
+/* The routed experts' product `which` (0: w1, 1: w3, 2: w2) of the MoE block on its sorted rows
+ * (linear_cuda.c): y [R, n] (BF16) = x [R, k] (BF16, contiguous) times expert e's weight on e's
+ * rows [offsets[e], offsets[e+1]) (device memory), for every e < E.
+ * Quantized formats stage x into ws when `stage` (w3 reuses w1's staging). */
+dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *experts, int E, int which,
+                                const int32_t *offsets, const uint16_t *x, int64_t R, int64_t k,
+                                uint16_t *y, int64_t n, void *ws, int stage);
+/* The MoE block (moe_cuda.c). */
+struct dsv4_moe_args;
+dsv4_status dsv4_cu_moe(const dsv4_exec *ex, const struct dsv4_moe_args *a);
 
 extern const struct dsv4_attention_ops dsv4_cuda_attention_ops;
 extern const struct dsv4_linear_ops dsv4_cuda_linear_ops; /* linear_cuda.c */

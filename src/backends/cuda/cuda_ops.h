@@ -50,6 +50,20 @@ typedef struct dsv4_cu_linear {
 
 int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream);
 
+/* Up to DSV4_CU_MOE_CHUNK experts e0 .. e0+n-1 of one MoE product: their weights and scales (the
+ * layout, strides included, that of a->w / a->scale), and offsets [E + 1] in device memory, the
+ * sorted rows of expert e being [offsets[e], offsets[e+1]) of x (row stride xs_m) and of y. */
+#define DSV4_CU_MOE_CHUNK 64
+typedef struct dsv4_cu_moe_chunk {
+    const void *w[DSV4_CU_MOE_CHUNK];
+    const uint8_t *s[DSV4_CU_MOE_CHUNK];
+    const int32_t *offsets;
+    int e0, n;
+} dsv4_cu_moe_chunk;
+
+/* a->m: the R sorted rows in all (> 0); a->groups must be 1, a->x BF16. */
+int dsv4_cu_moe_linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream);
+
 /* ---- tensor family (tensor_cuda.cu) ----------------------------------------------------------- */
 int dsv4_cu_embed_launch(const uint16_t *table, long long ldt, long long d, const int32_t *ids, long long ids_s,
                          long long t, uint16_t *out, long long so_t, long long so_j, long long copies, void *stream);
@@ -92,6 +106,48 @@ typedef struct dsv4_cu_hc_pre {
 /* Slices of the streams the dots are cut into (< 1: D too small for y to hold the partials). */
 int dsv4_cu_hc_slices(long long D, int nmix);
 int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream);
+
+/* The router of core/ops_layer.h (dsv4_route_args, the same fields): one CTA per token. */
+#define DSV4_CU_ROUTE_MAX_EXPERTS 1024
+#define DSV4_CU_ROUTE_MAX_TOPK 16
+typedef struct dsv4_cu_route {
+    const void *x;
+    long long ldx;
+    int x_bf16;
+    const void *w;
+    long long ldw;
+    int w_bf16;
+    const float *bias;
+    const void *tid2eid;
+    long long ldtid, V;
+    int tid_i64;
+    const void *token_ids;
+    long long tok_stride;
+    int tok_i64;
+    int32_t *ids;
+    long long ldids;
+    float *weights;
+    long long ldweights;
+    long long T, D;
+    int E, topk;
+    float route_scale;
+} dsv4_cu_route;
+
+int dsv4_cu_route_launch(const dsv4_cu_route *a, void *stream);
+
+/* ---- MoE block (moe_cuda.cu): the device side of core/ops_layer.h's dsv4_moe_args ------------- */
+/* One CTA: the stable counting sort of the T*k pairs by expert (ids outside [0, E) dropped: pos
+ * -1), offsets [E + 1], order / wsorted [R] (rows past the last kept pair: order -1, weight 0). */
+int dsv4_cu_moe_group_launch(const int32_t *ids, long long ldids, const float *weights, long long ldweights,
+                             long long T, int k, int E, int32_t *offsets, int32_t *order, int32_t *pos,
+                             float *wsorted, void *stream);
+/* xg [R, D] = x[order[i] / k] (zeros where order[i] < 0). */
+int dsv4_cu_moe_gather_launch(const uint16_t *x, long long ldx, const int32_t *order, int k, long long R,
+                              long long D, uint16_t *xg, void *stream);
+/* y[t] = bf16(Σ out[pos[p]] over t's kept pairs in ascending (expert, slot) + shared[t]). */
+int dsv4_cu_moe_combine_launch(const int32_t *ids, long long ldids, const int32_t *pos, int k, int E,
+                               const uint16_t *out, const uint16_t *shared, long long T, long long D, uint16_t *y,
+                               long long ldy, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
-/* The layer family of the cuda backend (core/ops_layer.h): RMSNorm, the four mHC entries and
- * SwiGLU run on the device (layer_cuda.cu), launched on the context's stream with nothing
- * allocated, read back or waited for. The entries left NULL (route, moe) report
- * DSV4_ERR_UNSUPPORTED through the op layer. */
+/* The layer family of the cuda backend (core/ops_layer.h): RMSNorm, the four mHC entries, the
+ * router and SwiGLU run on the device (layer_cuda.cu), the MoE block on moe_cuda.cu's grouping
+ * and the linear family's kernels, all launched on the context's stream with nothing allocated,
+ * read back or waited for. */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_ops.h"
 #include "core/error.h"
@@ -56,11 +56,24 @@ static dsv4_status cu_swiglu(const dsv4_exec *ex, const dsv4_swiglu_args *a)
                                     dsv4_cu_stream(ex)));
 }
 
+_Static_assert(DSV4_CU_ROUTE_MAX_EXPERTS == DSV4_ROUTE_MAX_EXPERTS && DSV4_CU_ROUTE_MAX_TOPK == DSV4_ROUTE_MAX_TOPK,
+               "the route kernel's shared arrays follow layer.h's bounds");
+
+static dsv4_status cu_route(const dsv4_exec *ex, const dsv4_route_args *a)
+{
+    const dsv4_cu_route r = {a->x, a->ldx, a->x_bf16, a->w, a->ldw, a->w_bf16, a->bias, a->tid2eid, a->ldtid, a->V,
+                             a->tid_i64, a->token_ids, a->tok_stride, a->tok_i64, a->ids, a->ldids, a->weights,
+                             a->ldweights, a->T, a->D, a->E, a->topk, a->route_scale};
+    CU_LAUNCH(ex, "route", dsv4_cu_route_launch(&r, dsv4_cu_stream(ex)));
+}
+
 const struct dsv4_layer_ops dsv4_cuda_layer_ops = {
     .rms_norm = cu_rms,
     .hc_pre = cu_hc_pre,
     .hc_post = cu_hc_post,
     .hc_post_pre = cu_hc_post_pre,
     .hc_head = cu_hc_head,
+    .route = cu_route,
     .swiglu = cu_swiglu,
+    .moe = dsv4_cu_moe,
 };

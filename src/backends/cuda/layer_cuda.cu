@@ -254,3 +254,101 @@ extern "C" int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream)
                                                           a->post_out, a->post_t, a->comb_out, a->comb_t, a->comb_j);
     return (int)cudaGetLastError();
 }
+
+/* ---- router ------------------------------------------------------------------------------- */
+/* include/dsv4/layer.h dsv4_route: the gate dots in fp32 (a lane's strided partial sums, then a
+ * butterfly: another order than the CPU's), the score of layer_ref.c dsv4_router_score with the
+ * device's expf/log1pf (within 2 ulp of glibc's), then the selection and normalization of
+ * layer_ref.c exactly (the same total order of keys, one rounding per operation). */
+enum { RT_THREADS = 512, RT_WARPS = RT_THREADS / 32 };
+
+DSV4_CU_INLINE long long ld_index(const void *p, int i64, long long i)
+{
+    return i64 ? ((const long long *)p)[i] : (long long)((const int32_t *)p)[i];
+}
+
+DSV4_CU_INLINE float router_score(float z) { return __fsqrt_rn(z > 20.0f ? z : log1pf(expf(z))); }
+
+/* (ka, ia) ranks before (kb, ib): larger key first, ties to the lower index, NaN below numbers. */
+DSV4_CU_INLINE bool ranks_before(float ka, int ia, float kb, int ib)
+{
+    if (isnan(kb)) return !isnan(ka) || ia < ib;
+    if (isnan(ka)) return false;
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+/* Σ_k w[k]·x[k] over a warp (every lane gets it). */
+DSV4_CU_INLINE float warp_dot(const void *w, int w_bf16, const void *x, int x_bf16, long long d, int lane)
+{
+    float s = 0.0f;
+    for (long long k = lane; k < d; k += 32) s = fmaf(ld_any(w, w_bf16, k), ld_any(x, x_bf16, k), s);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    return s;
+}
+
+/* One CTA per token: the scores of every expert (or of the table's experts) in shared memory,
+ * then warp 0 selects topk rounds of a warp-wide maximum under ranks_before. */
+__global__ void __launch_bounds__(RT_THREADS) route_kernel(dsv4_cu_route a)
+{
+    __shared__ float score[DSV4_CU_ROUTE_MAX_EXPERTS];
+    __shared__ unsigned char used[DSV4_CU_ROUTE_MAX_EXPERTS];
+    __shared__ int sel[DSV4_CU_ROUTE_MAX_TOPK];
+    __shared__ float sel_w[DSV4_CU_ROUTE_MAX_TOPK];
+    const long long t = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const void *xt = (const char *)a.x + t * a.ldx * (a.x_bf16 ? 2 : 4);
+    const size_t wrow = (size_t)a.ldw * (a.w_bf16 ? 2 : 4);
+    if (a.tid2eid) {
+        const long long tok = ld_index(a.token_ids, a.tok_i64, t * a.tok_stride);
+        for (int s = warp; s < a.topk; s += RT_WARPS) {
+            const long long e = tok >= 0 && tok < a.V ? ld_index(a.tid2eid, a.tid_i64, tok * a.ldtid + s) : -1;
+            const bool ok = e >= 0 && e < a.E; /* the table in device memory: checked here */
+            const float z = ok ? warp_dot((const char *)a.w + e * wrow, a.w_bf16, xt, a.x_bf16, a.D, lane) : 0.0f;
+            if (lane == 0) sel[s] = ok ? (int)e : -1, sel_w[s] = ok ? router_score(z) : 0.0f;
+        }
+    } else {
+        for (int e = threadIdx.x; e < a.E; e += RT_THREADS) used[e] = 0;
+        for (int e = warp; e < a.E; e += RT_WARPS) {
+            const float z = warp_dot((const char *)a.w + e * wrow, a.w_bf16, xt, a.x_bf16, a.D, lane);
+            if (lane == 0) score[e] = router_score(z);
+        }
+        __syncthreads();
+        if (warp == 0)
+            for (int s = 0; s < a.topk; s++) {
+                float bk = 0.0f;
+                int bi = -1;
+                for (int e = lane; e < a.E; e += 32) {
+                    if (used[e]) continue;
+                    const float k = a.bias ? __fadd_rn(score[e], a.bias[e]) : score[e];
+                    if (bi < 0 || ranks_before(k, e, bk, bi)) bk = k, bi = e;
+                }
+#pragma unroll
+                for (int o = 16; o; o >>= 1) {
+                    const float ok = __shfl_xor_sync(0xFFFFFFFFu, bk, o);
+                    const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
+                    if (oi >= 0 && (bi < 0 || ranks_before(ok, oi, bk, bi))) bk = ok, bi = oi;
+                }
+                if (lane == 0) sel[s] = bi, sel_w[s] = score[bi], used[bi] = 1;
+                __syncwarp();
+            }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* layer_ref.c dsv4_route_normalize: the sum in slot order */
+        float sum = 0.0f;
+        for (int s = 0; s < a.topk; s++) sum = __fadd_rn(sum, sel_w[s]);
+        for (int s = 0; s < a.topk; s++) {
+            a.ids[t * a.ldids + s] = sel[s];
+            a.weights[t * a.ldweights + s] = sel[s] < 0 ? 0.0f : __fmul_rn(__fdiv_rn(sel_w[s], sum), a.route_scale);
+        }
+    }
+}
+
+extern "C" int dsv4_cu_route_launch(const dsv4_cu_route *a, void *stream)
+{
+    if (a->T == 0) return 0;
+    if (a->T > 0x7FFFFFFFll || a->E > DSV4_CU_ROUTE_MAX_EXPERTS || a->topk > DSV4_CU_ROUTE_MAX_TOPK)
+        return (int)cudaErrorInvalidConfiguration;
+    route_kernel<<<(unsigned)a->T, RT_THREADS, 0, (cudaStream_t)stream>>>(*a);
+    return (int)cudaGetLastError();
+}

@@ -91,4 +91,48 @@ static dsv4_status cu_stage(const dsv4_exec *ex, const dsv4_linear_args *a)
     return dsv4_cu_status(e, "linear_stage");
 }
 
+static const dsv4_tensor *expert_weight(const dsv4_ffn_weights *f, int which, const dsv4_tensor **scale)
+{
+    *scale = which == 0 ? f->w1_scale : which == 1 ? f->w3_scale : f->w2_scale;
+    return which == 0 ? f->w1 : which == 1 ? f->w3 : f->w2;
+}
+
+dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *experts, int E, int which,
+                                const int32_t *offsets, const uint16_t *x, int64_t R, int64_t k,
+                                uint16_t *y, int64_t n, void *ws, int stage)
+{
+    const char *op = "moe";
+    const dsv4_linear_format fmt = experts[0].fmt;
+    const dsv4_tensor *s0, *w0 = expert_weight(&experts[0], which, &s0);
+    dsv4_cu_linear l = {
+        .fmt = (int)fmt, .groups = 1, .m = R, .n = n, .k = k, .x = x, .x_bf16 = 1, .xs_m = k,
+        .ws_r_bytes = w0->stride[0] * (int64_t)elem_bytes(fmt), .ss0 = s0 ? s0->stride[0] : 0,
+        .ss1 = s0 ? s0->stride[1] : 0, .y = y, .y_bf16 = 1, .ys_m = n,
+    };
+    void *st = dsv4_cu_stream(ex);
+    int e = 0;
+    if (quantized(fmt)) {
+        dsv4_cu_stage_head *h = head_of(ws);
+        if (stage) e = dsv4_cu_stage_launch(x, 1, k, 0, R, 1, k, mx32(fmt), h, st);
+        l.x = h + 1;
+    }
+    dsv4_cu_moe_chunk c;
+    c.offsets = offsets;
+    for (int e0 = 0; e == 0 && e0 < E; e0 += DSV4_CU_MOE_CHUNK) {
+        c.e0 = e0;
+        c.n = E - e0 < DSV4_CU_MOE_CHUNK ? E - e0 : DSV4_CU_MOE_CHUNK;
+        for (int i = 0; i < c.n; i++) {
+            const dsv4_tensor *si, *wi = expert_weight(&experts[e0 + i], which, &si);
+            if (wi->stride[0] != w0->stride[0] || (si && si->stride[0] != s0->stride[0]))
+                return dsv4_fail(DSV4_ERR_UNSUPPORTED,
+                                 "%s: expert %d's weights have other row strides than expert 0's (the cuda kernel "
+                                 "takes one layout)", op, e0 + i);
+            c.w[i] = wi->data;
+            c.s[i] = si ? si->data : NULL;
+        }
+        e = dsv4_cu_moe_linear_launch(&l, &c, st);
+    }
+    return dsv4_cu_status(e, op);
+}
+
 const struct dsv4_linear_ops dsv4_cuda_linear_ops = {workspace_size, cu_linear, cu_stage};

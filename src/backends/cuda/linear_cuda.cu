@@ -234,8 +234,22 @@ DSV4_CU_INLINE void chunk(const uint4 *w, const uint32_t *sb, const uint8_t *con
     }
 }
 
-template <int FMT, bool XF32, int MT>
-__global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned)
+/* The experts of an MoE launch (dsv4_cu_moe_linear_launch): blockIdx.y picks one. A kernel
+ * parameter read in place (__grid_constant__), so indexing it copies nothing. */
+struct moe_tab {
+    const void *w[DSV4_CU_MOE_CHUNK];
+    const uint8_t *s[DSV4_CU_MOE_CHUNK];
+};
+struct no_tab {
+    int unused;
+};
+
+/* MOE false: group blockIdx.y, row tile blockIdx.z (one pass of the tile loop, which the compiler
+ * sees). MOE: blockIdx.y is expert e0 + y of `tab`, its rows [off[e], off[e+1]) of x and y read
+ * on the device and walked in tiles of MT. */
+template <int FMT, bool XF32, int MT, bool MOE, typename TAB>
+__global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned,
+                                                         const __grid_constant__ TAB tab, const int32_t *off, int e0)
 {
     typedef fmt_traits<FMT> T;
     constexpr int VEC = T::VEC, CK = 32 * VEC, NR = rows_of(MT);
@@ -243,8 +257,14 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
     constexpr int WB16 = FMT == FMT_FP4 ? 1 : FMT == FMT_BF16 ? 4 : FMT == FMT_F32 ? 8 : 2; /* weight bytes per 2 values */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
-    const long long g = blockIdx.y, m0 = (long long)blockIdx.z * MT;
-    const int mv = (int)(p.m - m0 < MT ? p.m - m0 : MT);
+    const long long g = MOE ? 0 : blockIdx.y; /* the group of x, w and y (MoE: one weight per expert) */
+    long long m0 = (long long)blockIdx.z * MT, mend = p.m < m0 + MT ? p.m : m0 + MT;
+    const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
+    if constexpr (MOE) {
+        m0 = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
+        if (m0 >= mend) return; /* an expert no pair chose */
+        wb = (const uint8_t *)tab.w[blockIdx.y], sb = tab.s[blockIdx.y];
+    }
     const long long nbase = ((long long)blockIdx.x * rsets + rs) * NR;
 
     const uint8_t *wr[NR];
@@ -253,98 +273,124 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
     for (int r = 0; r < NR; r++) {
         const long long nr = nbase + r < p.n ? nbase + r : p.n - 1; /* rows past n repeat the last */
         const long long grow = g * p.n + nr;
-        wr[r] = (const uint8_t *)p.w + grow * p.ws_r_bytes;
-        sr[r] = T::Q ? p.scale + (FMT == FMT_B128 ? grow / 128 : grow) * p.ss0 : nullptr;
+        wr[r] = wb + grow * p.ws_r_bytes;
+        sr[r] = T::Q ? sb + (FMT == FMT_B128 ? grow / 128 : grow) * p.ss0 : nullptr;
     }
-    const uint8_t *xr[MT];
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        const long long mi = m0 + (i < mv ? i : mv - 1);
-        xr[i] = (const uint8_t *)p.x + (mi * p.xs_m + g * p.xs_g) * XB;
-    }
-
-    float acc[NR][MT];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int i = 0; i < MT; i++) acc[r][i] = 0.0f;
-
-    const long long nchunks = (p.k + CK - 1) / CK;
-    /* three chunks in the ring: the one being used and the next two in flight */
-    uint4 wv[3][NR];
-    uint32_t sv[3][NR];
-    auto fetch = [&](long long c, uint4 *dst, uint32_t *sdst) {
-        const long long k0 = c * CK + lane * VEC;
-        const bool ok = c < nchunks && k0 < p.k;
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            dst[r] = make_uint4(0, 0, 0, 0);
-            sdst[r] = 127;
-            if (ok) {
-                const uint8_t *src = wr[r] + k0 * WB16 / 2;
-                dst[r] = aligned ? cu_ldg16_stream(src) : cu_ld16(src); /* weights bypass L1, x stays */
-                if (T::Q) sdst[r] = __ldg(sr[r] + (k0 / (FMT == FMT_B128 ? 128 : 32)) * p.ss1);
-            }
-        }
-    };
-    fetch(kwi, wv[0], sv[0]);
-    fetch(kwi + kw, wv[1], sv[1]);
-    for (long long c = kwi; c < nchunks; c += 3 * kw) {
-#pragma unroll
-        for (int st = 0; st < 3; st++) {
-            const long long cc = c + st * kw;
-            if (cc >= nchunks) break;
-            fetch(cc + 2 * kw, wv[(st + 2) % 3], sv[(st + 2) % 3]);
-            const long long k0 = cc * CK + lane * VEC;
-            if (k0 < p.k) chunk<FMT, XF32, MT>(wv[st], sv[st], xr, k0, aligned, acc);
-        }
-    }
-
-    __shared__ float red[WARPS][NR * MT];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
+    do {
+        const int mv = (int)(mend - m0 < MT ? mend - m0 : MT);
+        const uint8_t *xr[MT];
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            float v = acc[r][i];
+            const long long mi = m0 + (i < mv ? i : mv - 1);
+            xr[i] = (const uint8_t *)p.x + (mi * p.xs_m + g * p.xs_g) * XB;
+        }
+
+        float acc[NR][MT];
 #pragma unroll
-            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-            if (lane == 0) red[warp][r * MT + i] = v;
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int i = 0; i < MT; i++) acc[r][i] = 0.0f;
+
+        const long long nchunks = (p.k + CK - 1) / CK;
+        /* three chunks in the ring: the one being used and the next two in flight */
+        uint4 wv[3][NR];
+        uint32_t sv[3][NR];
+        auto fetch = [&](long long c, uint4 *dst, uint32_t *sdst) {
+            const long long k0 = c * CK + lane * VEC;
+            const bool ok = c < nchunks && k0 < p.k;
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                dst[r] = make_uint4(0, 0, 0, 0);
+                sdst[r] = 127;
+                if (ok) {
+                    const uint8_t *src = wr[r] + k0 * WB16 / 2;
+                    dst[r] = aligned ? cu_ldg16_stream(src) : cu_ld16(src); /* weights bypass L1, x stays */
+                    if (T::Q) sdst[r] = __ldg(sr[r] + (k0 / (FMT == FMT_B128 ? 128 : 32)) * p.ss1);
+                }
+            }
+        };
+        fetch(kwi, wv[0], sv[0]);
+        fetch(kwi + kw, wv[1], sv[1]);
+        for (long long c = kwi; c < nchunks; c += 3 * kw) {
+#pragma unroll
+            for (int st = 0; st < 3; st++) {
+                const long long cc = c + st * kw;
+                if (cc >= nchunks) break;
+                fetch(cc + 2 * kw, wv[(st + 2) % 3], sv[(st + 2) % 3]);
+                const long long k0 = cc * CK + lane * VEC;
+                if (k0 < p.k) chunk<FMT, XF32, MT>(wv[st], sv[st], xr, k0, aligned, acc);
+            }
         }
-    __syncthreads();
-    for (int t = threadIdx.x; t < rsets * NR * MT; t += THREADS) {
-        const int set = t / (NR * MT), e = t % (NR * MT), r = e / MT, i = e % MT;
-        const long long n = ((long long)blockIdx.x * rsets + set) * NR + r;
-        if (n >= p.n || i >= mv) continue;
-        float v = red[set * kw][e];
-        for (int j = 1; j < kw; j++) v += red[set * kw + j][e];
-        if (p.bias) {
-            const long long bi = n * p.bias_s;
-            v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
+
+        __shared__ float red[WARPS][NR * MT];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                float v = acc[r][i];
+#pragma unroll
+                for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+                if (lane == 0) red[warp][r * MT + i] = v;
+            }
+        __syncthreads();
+        for (int t = threadIdx.x; t < rsets * NR * MT; t += THREADS) {
+            const int set = t / (NR * MT), e = t % (NR * MT), r = e / MT, i = e % MT;
+            const long long n = ((long long)blockIdx.x * rsets + set) * NR + r;
+            if (n >= p.n || i >= mv) continue;
+            float v = red[set * kw][e];
+            for (int j = 1; j < kw; j++) v += red[set * kw + j][e];
+            if (p.bias) {
+                const long long bi = n * p.bias_s;
+                v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
+            }
+            const long long yi = (m0 + i) * p.ys_m + g * p.ys_g + n;
+            if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
+            else ((float *)p.y)[yi] = v;
         }
-        const long long yi = (m0 + i) * p.ys_m + g * p.ys_g + n;
-        if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
-        else ((float *)p.y)[yi] = v;
-    }
+        if (MOE) __syncthreads(); /* red is reused by the next tile */
+    } while (MOE && (m0 += MT) < mend);
 }
 
-template <int FMT, bool XF32>
-static cudaError_t launch_mt(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned, cudaStream_t s)
-{
-    switch (mt) {
-    case 1: linear_kernel<FMT, XF32, 1><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
-    case 2: linear_kernel<FMT, XF32, 2><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
-    case 4: linear_kernel<FMT, XF32, 4><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
-    case 8: linear_kernel<FMT, XF32, 8><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
-    default: linear_kernel<FMT, XF32, 16><<<grid, THREADS, 0, s>>>(*a, kw, aligned); break;
+/* The launch of one format and activation type: a plain (grouped) product, or with `mo` an MoE
+ * chunk of experts. The MoE instances are few, for compile time (each costs more than a plain
+ * one): BF16 activations (the block's rows and stagings are BF16) and row tiles of one (the
+ * decode of one token; more rows re-read the expert's weights per row, from L2). */
+
+template <int FMT, bool XF32> struct launcher {
+    template <int MT> static void one(const dsv4_cu_linear *a, dim3 grid, int kw, int aligned,
+                                      const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+    {
+        if constexpr (!XF32 && MT == 1)
+            if (mo) {
+                moe_tab t = {};
+                for (int i = 0; i < mo->n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
+                linear_kernel<FMT, XF32, MT, true, moe_tab>
+                    <<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, mo->offsets, mo->e0);
+                return;
+            }
+        linear_kernel<FMT, XF32, MT, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, aligned, no_tab{}, nullptr, 0);
     }
-    return cudaGetLastError();
-}
+    static cudaError_t run(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned,
+                           const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+    {
+        switch (mt) {
+        case 1: one<1>(a, grid, kw, aligned, mo, s); break;
+        case 2: one<2>(a, grid, kw, aligned, mo, s); break;
+        case 4: one<4>(a, grid, kw, aligned, mo, s); break;
+        case 8: one<8>(a, grid, kw, aligned, mo, s); break;
+        default: one<16>(a, grid, kw, aligned, mo, s); break;
+        }
+        return cudaGetLastError();
+    }
+};
 
 static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream)
+/* A plain product (mo NULL) or one chunk of an MoE product (cuda_ops.h). */
+static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
 {
-    if (a->m == 0) return 0;
+    if (a->m == 0 || (mo && mo->n == 0)) return 0;
+    const long long groups = mo ? mo->n : a->groups;
     const int vec = a->fmt == FMT_FP4 ? 32 : a->fmt == FMT_BF16 ? 8 : a->fmt == FMT_F32 ? 4 : 16;
     const long long nchunks = (a->k + 32 * vec - 1) / (32 * vec);
     /* K is split over more warps only while the grid would not give every SM of an H200 two CTAs:
@@ -352,30 +398,39 @@ extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream)
      * on the shape alone (a constant, not the device's SM count), and with it the summation order. */
     int kw = 1;
     while (kw < WARPS && 2 * kw <= nchunks &&
-           (a->n + (WARPS / kw) * 4 - 1) / ((WARPS / kw) * 4) * a->groups < TARGET_CTAS)
+           (a->n + (WARPS / kw) * 4 - 1) / ((WARPS / kw) * 4) * groups < TARGET_CTAS)
         kw <<= 1;
-    const int mt = a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
+    const int mt = mo ? 1 : a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
     const long long rows_per_cta = (WARPS / kw) * rows_of(mt);
-    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = (a->m + mt - 1) / mt;
-    if (gx > 0x7FFFFFFFll || a->groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
-    const dim3 grid((unsigned)gx, (unsigned)a->groups, (unsigned)gz);
+    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = mo ? 1 : (a->m + mt - 1) / mt;
+    if (gx > 0x7FFFFFFFll || groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)gx, (unsigned)groups, (unsigned)gz);
     const int xb = a->fmt <= FMT_FP4 || a->x_bf16 ? 2 : 4;
-    const int aligned = a16(a->w) && a->ws_r_bytes % 16 == 0 && a16(a->x) && (a->m == 1 || (a->xs_m * xb) % 16 == 0) &&
-                        (a->groups == 1 || (a->xs_g * xb) % 16 == 0);
+    int aligned = a16(a->w) && a->ws_r_bytes % 16 == 0 && a16(a->x) && ((a->m == 1 && !mo) || (a->xs_m * xb) % 16 == 0) &&
+                  (a->groups == 1 || (a->xs_g * xb) % 16 == 0);
+    for (int i = 0; mo && i < mo->n; i++) aligned = aligned && a16(mo->w[i]);
+    if (mo && a->fmt > FMT_FP4 && !a->x_bf16) return (int)cudaErrorInvalidValue; /* no F32-activation instance */
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
     switch (a->fmt) {
-    case FMT_B128: e = launch_mt<FMT_B128, false>(a, grid, mt, kw, aligned, s); break;
-    case FMT_MX: e = launch_mt<FMT_MX, false>(a, grid, mt, kw, aligned, s); break;
-    case FMT_FP4: e = launch_mt<FMT_FP4, false>(a, grid, mt, kw, aligned, s); break;
+    case FMT_B128: e = launcher<FMT_B128, false>::run(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_MX: e = launcher<FMT_MX, false>::run(a, grid, mt, kw, aligned, mo, s); break;
+    case FMT_FP4: e = launcher<FMT_FP4, false>::run(a, grid, mt, kw, aligned, mo, s); break;
     case FMT_BF16:
-        e = a->x_bf16 ? launch_mt<FMT_BF16, false>(a, grid, mt, kw, aligned, s)
-                      : launch_mt<FMT_BF16, true>(a, grid, mt, kw, aligned, s);
+        e = a->x_bf16 ? launcher<FMT_BF16, false>::run(a, grid, mt, kw, aligned, mo, s)
+                      : launcher<FMT_BF16, true>::run(a, grid, mt, kw, aligned, mo, s);
         break;
     default:
-        e = a->x_bf16 ? launch_mt<FMT_F32, false>(a, grid, mt, kw, aligned, s)
-                      : launch_mt<FMT_F32, true>(a, grid, mt, kw, aligned, s);
+        e = a->x_bf16 ? launcher<FMT_F32, false>::run(a, grid, mt, kw, aligned, mo, s)
+                      : launcher<FMT_F32, true>::run(a, grid, mt, kw, aligned, mo, s);
         break;
     }
     return (int)e;
+}
+
+extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream) { return linear_launch(a, nullptr, stream); }
+
+extern "C" int dsv4_cu_moe_linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
+{
+    return mo->n > DSV4_CU_MOE_CHUNK ? (int)cudaErrorInvalidValue : linear_launch(a, mo, stream);
 }

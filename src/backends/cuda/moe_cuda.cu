@@ -1,0 +1,136 @@
+/* The MoE block's own kernels (core/ops_layer.h dsv4_moe_args): the grouping of the (token, slot)
+ * pairs by expert, the gather of their rows and the combine, all on the device so that the block
+ * never waits on the host. The grouping is the counting sort of layer_cpu.c moe_group (stable:
+ * the pairs of one expert in pair order), the combine the sums of layer_ref.c sum_rows in the same
+ * order, so with the same expert outputs y is bit for bit cpu-ref's. */
+#include "backends/cuda/cuda_device.cuh"
+#include "backends/cuda/cuda_ops.h"
+
+enum { GROUP_THREADS = 1024, GROUP_WARPS = GROUP_THREADS / 32, ROW_THREADS = 256 };
+
+DSV4_CU_INLINE int pair_expert(const int32_t *ids, long long ldids, int k, int E, long long p)
+{
+    const int e = ids[(p / k) * ldids + p % k];
+    return e >= 0 && e < E ? e : -1;
+}
+
+/* One CTA. off[e + 1] counts expert e, the prefix sum turns off[e] into e's first row and then
+ * its cursor; the pairs are placed a chunk of GROUP_THREADS at a time, warp after warp, a warp's
+ * lanes of one expert by their rank among themselves, so every pair keeps its pair order. */
+__global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int32_t *ids, long long ldids,
+                                                                  const float *weights, long long ldweights,
+                                                                  long long T, int k, int E, int32_t *off,
+                                                                  int32_t *order, int32_t *pos, float *wsorted)
+{
+    const long long R = T * k;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int e = threadIdx.x; e <= E; e += GROUP_THREADS) off[e] = 0;
+    __syncthreads();
+    for (long long p = threadIdx.x; p < R; p += GROUP_THREADS) {
+        const int e = pair_expert(ids, ldids, k, E, p);
+        if (e >= 0) atomicAdd(&off[e + 1], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    __syncthreads();
+    const int kept = off[E];
+    for (long long c = 0; c < R; c += GROUP_THREADS) {
+        const long long p = c + threadIdx.x;
+        const int e = p < R ? pair_expert(ids, ldids, k, E, p) : -1;
+        const unsigned same = __match_any_sync(0xFFFFFFFFu, e);
+        const int rank = __popc(same & ((1u << lane) - 1u));
+        for (int w = 0; w < GROUP_WARPS; w++) {
+            if (w == warp && p < R) {
+                if (e >= 0) {
+                    const int i = off[e] + rank;
+                    order[i] = (int32_t)p;
+                    pos[p] = i;
+                    wsorted[i] = weights[(p / k) * ldweights + p % k];
+                } else {
+                    pos[p] = -1;
+                }
+            }
+            __syncwarp();
+            if (w == warp && e >= 0 && rank == 0) off[e] += __popc(same);
+            __syncthreads();
+        }
+    }
+    for (long long i = kept + threadIdx.x; i < R; i += GROUP_THREADS) order[i] = -1, wsorted[i] = 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) { /* the cursors stand at each expert's end: shift back to the starts */
+        for (int e = E; e > 0; e--) off[e] = off[e - 1];
+        off[0] = 0;
+    }
+}
+
+extern "C" int dsv4_cu_moe_group_launch(const int32_t *ids, long long ldids, const float *weights,
+                                        long long ldweights, long long T, int k, int E, int32_t *offsets,
+                                        int32_t *order, int32_t *pos, float *wsorted, void *stream)
+{
+    moe_group_kernel<<<1, GROUP_THREADS, 0, (cudaStream_t)stream>>>(ids, ldids, weights, ldweights, T, k, E, offsets,
+                                                                   order, pos, wsorted);
+    return (int)cudaGetLastError();
+}
+
+__global__ void __launch_bounds__(ROW_THREADS) moe_gather_kernel(const uint16_t *x, long long ldx,
+                                                                 const int32_t *order, int k, long long D,
+                                                                 uint16_t *xg)
+{
+    const long long i = blockIdx.x;
+    const int p = order[i];
+    const uint16_t *src = p >= 0 ? x + (long long)(p / k) * ldx : nullptr;
+    for (long long d = threadIdx.x; d < D; d += ROW_THREADS) xg[i * D + d] = src ? src[d] : (uint16_t)0;
+}
+
+extern "C" int dsv4_cu_moe_gather_launch(const uint16_t *x, long long ldx, const int32_t *order, int k, long long R,
+                                         long long D, uint16_t *xg, void *stream)
+{
+    if (R == 0) return 0;
+    if (R > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
+    moe_gather_kernel<<<(unsigned)R, ROW_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, order, k, D, xg);
+    return (int)cudaGetLastError();
+}
+
+/* One CTA per token: its kept slots sorted by (expert, slot), then per element the fp32 sum in
+ * that order, the shared expert last, rounded once. */
+__global__ void __launch_bounds__(ROW_THREADS) moe_combine_kernel(const int32_t *ids, long long ldids,
+                                                                  const int32_t *pos, int k, int E,
+                                                                  const uint16_t *out, const uint16_t *shared,
+                                                                  long long D, uint16_t *y, long long ldy)
+{
+    __shared__ int rows[DSV4_CU_ROUTE_MAX_TOPK];
+    __shared__ int nrows;
+    const long long t = blockIdx.x;
+    if (threadIdx.x == 0) {
+        int slot[DSV4_CU_ROUTE_MAX_TOPK], n = 0;
+        for (int s = 0; s < k; s++) {
+            const int e = pair_expert(ids, ldids, k, E, t * k + s);
+            if (e < 0) continue;
+            int q = n++;
+            while (q > 0 && ids[t * ldids + slot[q - 1]] > e) slot[q] = slot[q - 1], q--;
+            slot[q] = s;
+        }
+        for (int i = 0; i < n; i++) rows[i] = pos[t * k + slot[i]];
+        nrows = n;
+    }
+    __syncthreads();
+    const int n = nrows;
+    for (long long d = threadIdx.x; d < D; d += ROW_THREADS) {
+        float s = 0.0f;
+        for (int r = 0; r < n; r++) s = __fadd_rn(s, cu_bf16_f32(out[(long long)rows[r] * D + d]));
+        if (shared) s = __fadd_rn(s, cu_bf16_f32(shared[t * D + d]));
+        y[t * ldy + d] = (uint16_t)cu_f32_bf16(s);
+    }
+}
+
+extern "C" int dsv4_cu_moe_combine_launch(const int32_t *ids, long long ldids, const int32_t *pos, int k, int E,
+                                          const uint16_t *out, const uint16_t *shared, long long T, long long D,
+                                          uint16_t *y, long long ldy, void *stream)
+{
+    if (T == 0) return 0;
+    if (T > 0x7FFFFFFFll || k > DSV4_CU_ROUTE_MAX_TOPK) return (int)cudaErrorInvalidConfiguration;
+    moe_combine_kernel<<<(unsigned)T, ROW_THREADS, 0, (cudaStream_t)stream>>>(ids, ldids, pos, k, E, out, shared, D,
+                                                                             y, ldy);
+    return (int)cudaGetLastError();
+}
