@@ -114,6 +114,7 @@ typedef struct bench_lshape {
 } bench_lshape;
 extern const bench_lshape bench_lshapes[]; /* every distinct linear shape of a V4-Flash block */
 extern const int bench_nlshapes;
+extern const bench_lshape bench_lshape_head; /* the LM head, vocabulary x D */
 /* `copies` distinct copies of one weight + its scale in `fmt`, together >= min_total bytes. */
 typedef struct bench_wset {
     dsv4_linear_format fmt;

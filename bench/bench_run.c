@@ -15,7 +15,7 @@
  * With only 3 blocks the 1 GB BF16 LM head is half of what a step of this checkpoint reads, so its
  * decode rows are followed by the same step by weight class (attention, shared expert, routed
  * experts, router, norms, LM head; print_classes): bytes here and in the 43-layer V4-Flash, and
- * each class's own M = 1 kernel rate (class_rates, measured right after the decode rows), from which
+ * each class's own M = 1 kernel rate (class_rates, timed in turn with the decode), from which
  * the 43-layer decode rate is extrapolated, labelled as such.
  *   --quick: the tiny model only; --model DIR: that checkpoint only; --threads N;
  *   --max-batch B: the largest B (32); --busy N: N CPU-bound competing processes (forked spinners)
@@ -72,7 +72,7 @@ static void add_l(cost *c, const dsv4_linear_weight *w, int times, int as_bf16)
 }
 
 /* The weight classes a decode step reads, each reported with its own bytes and kernel rate. */
-enum { C_ATTN, C_SHARED, C_ROUTED, C_ROUTER, C_OTHER, C_HEAD, NCLASS, MAX_BLK = 8 };
+enum { C_ATTN, C_SHARED, C_ROUTED, C_ROUTER, C_OTHER, C_HEAD, NCLASS, MAX_BLK = 8, CLASS_ROUNDS = 2 };
 static const char *const class_name[NCLASS] = {"attention (projections, compressors, indexer)", "shared expert",
                                                "routed experts (k of them)", "router gate", "norms, mHC, embedding row",
                                                "LM head"};
@@ -277,19 +277,18 @@ static const class_product class_products[] = {
  * norms, mHC and embedding row get the probe's rate (`bw`): no product, a few MB. 0 on failure. */
 static int class_rates(int threads, double bw, double *rate)
 {
-    static const bench_lshape head = {"head 129280x4096", 129280, 4096, 1, DSV4_LINEAR_BF16};
     dsv4_ctx *ctx = NULL;
     const dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
     if (dsv4_ctx_create(&o, &ctx) != DSV4_OK) return 0;
     size_t min_total = (size_t)256 << 20;
     if (min_total < 2 * bench_llc_bytes()) min_total = 2 * bench_llc_bytes();
     double bytes[NCLASS] = {0}, secs[NCLASS] = {0};
-    uint16_t *x = bench_alloc_or_die((size_t)8 * 4096 * 2), *y = bench_alloc_or_die((size_t)head.n * 2);
+    uint16_t *x = bench_alloc_or_die((size_t)8 * 4096 * 2), *y = bench_alloc_or_die((size_t)bench_lshape_head.n * 2);
     for (int i = 0; i < 8 * 4096; i++) x[i] = dsv4_bf16_encode(0.25f * (float)(i % 7) - 0.75f);
     int ok = 1;
     for (size_t p = 0; p < sizeof class_products / sizeof *class_products && ok; p++) {
         const class_product *cp = &class_products[p];
-        const bench_lshape *sh = cp->shape < 0 ? &head : &bench_lshapes[cp->shape];
+        const bench_lshape *sh = cp->shape < 0 ? &bench_lshape_head : &bench_lshapes[cp->shape];
         bench_wset ws;
         bench_wset_init(&ws, sh, cp->fmt, min_total);
         size_t wsb = 0;
@@ -332,7 +331,7 @@ static void print_classes(const model_cost *mc, const double *rate, double bw, d
     if (have_full) add_classes(full, mc->mtp_block);
     const double th = sum_bytes(here), tf = have_full ? sum_bytes(full) : 0.0;
     printf("weight classes of a decode step (main model + the MTP block; kernel GB/s = dsv4_linear M = 1 at the class's\n"
-           "V4-Flash shapes and formats, sustained over copies > 2x the last-level cache, measured right after the decode rows):\n");
+           "V4-Flash shapes and formats, sustained over copies > 2x the last-level cache, in turn with the mtp 0 decode):\n");
     printf("%-46s %9s %6s %11s %6s %9s %7s %7s\n", "class", "MB here", "share", "MB V4-Flash", "share", "kern GB/s",
            "of read", "s share");
     for (int c = 0; c < NCLASS; c++) {
@@ -613,15 +612,25 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
     if (mc.mtp.bytes > 0)
         printf("(an MTP step of k drafts verifies k+1 tokens in one forward and reads %.1f MB more per draft: MTP block + head)\n",
                mc.mtp.bytes / 1e6);
-    if (!rc && ro->classes) { /* next to the decode rows, under the same load; the probe again */
-        double rate[NCLASS];
+    if (!rc && ro->classes) {
+        /* the class rates and the mtp 0 decode in turn, under the same load, best of CLASS_ROUNDS
+         * each; the probe again after them, the higher one is the roofline */
+        double rate[NCLASS] = {0}, best_tps = tps0;
+        for (int round = 0; round < CLASS_ROUNDS && !rc; round++) {
+            double r[NCLASS];
+            dsv4_generate_stats st;
+            rc = !class_rates(threads, bw_gbs, r) || (round > 0 && !decode(e, ids, 8, n_decode, 0, &st));
+            for (int c = 0; c < NCLASS && !rc; c++) rate[c] = r[c] > rate[c] ? r[c] : rate[c];
+            const double tps = rc || !round ? 0.0 : (double)(st.generated_tokens - 1) / st.decode_seconds;
+            best_tps = tps > best_tps ? tps : best_tps;
+        }
         const bench_bw again = bench_read_bw(0, threads, 8);
         bench_bw_print(&again);
         const double bw = again.best > bw_gbs ? again.best : bw_gbs;
-        printf("read bandwidth before / after the decode rows: %.1f / %.1f GB/s; the weight classes use %.1f\n", bw_gbs,
-               again.best, bw);
-        if (class_rates(threads, bw, rate)) print_classes(&mc, rate, bw, tps0);
-        else rc = 1;
+        rate[C_OTHER] = bw; /* no product of its own (class_rates) */
+        printf("read bandwidth before / after: %.1f / %.1f GB/s, the table uses %.1f; decode mtp 0, best of %d: %.2f tok/s\n",
+               bw_gbs, again.best, bw, CLASS_ROUNDS, best_tps);
+        if (!rc) print_classes(&mc, rate, bw, best_tps);
     }
     free(ids);
     free(logits);
