@@ -19,7 +19,9 @@
  * the 43-layer decode rate is extrapolated, labelled as such.
  *   --quick: the tiny model only; --model DIR: that checkpoint only; --threads N;
  *   --max-batch B: the largest B (32); --busy N: N CPU-bound competing processes (forked spinners)
- *   run during the model parts (the bandwidth and peaks above them are measured before). */
+ *   run during the model parts (the bandwidth and peaks above them are measured before);
+ *   --rounds R (default 7 with --busy, else 0): first, the threads against one thread on the tiny
+ *   model's decode in R interleaved rounds (threads_vs_one). */
 #define _XOPEN_SOURCE 700 /* nftw, pwrite */
 #define _DEFAULT_SOURCE   /* mincore */
 #include "bench.h"
@@ -358,6 +360,7 @@ static void print_classes(const model_cost *mc, const double *rate, double bw, d
 typedef struct run_opts {
     int threads, max_b, steps; /* largest B; timed steps per B */
     int pool;                  /* prompt and decode ids come from [0, pool) */
+    int rounds;                /* interleaved rounds of the threads against one thread (0: none) */
     double peak;               /* GFLOP/s: the faster of the fp32 FMA and the vdpbf16ps peaks */
     const char *peak_of;
     int classes;               /* the weight-class table after the decode rows (print_classes) */
@@ -639,6 +642,79 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
     return rc ? rc : batched(dir, &mc, ro, bw_gbs);
 }
 
+/* The context's threads against one thread on one model, in interleaved rounds (the modes take
+ * turns, so a change of the machine's load hits them alike): decode tok/s with mtp 0 and 2 per
+ * round for the threads, one thread, and one thread again in a second context, whose ratio to the
+ * first is the noise of the machine; min and median per mode; then what the pool's team control
+ * did (BENCHMARKS.md, "Threads on a busy machine"). */
+enum { MAX_ROUNDS = 64, MODES = 3 };
+static int threads_vs_one(const char *dir, int threads, int rounds, int n_decode)
+{
+    const int th[MODES] = {threads, 1, 1}, mtp[2] = {0, 2};
+    dsv4_ctx *ctx[MODES] = {NULL};
+    dsv4_engine *e[MODES] = {NULL};
+    dsv4_engine_options eo = {1024, 1, 64, 2, 0, DSV4_LOAD_MAP};
+    int32_t ids[8];
+    dsv4_generate_stats st;
+    int ok = 1;
+    for (int m = 0; m < MODES && ok; m++) {
+        dsv4_ctx_options co = {.threads = th[m]};
+        ok = dsv4_ctx_create(&co, &ctx[m]) == DSV4_OK && dsv4_engine_create(ctx[m], dir, &eo, &e[m]) == DSV4_OK;
+        if (ok) fill_ids(ids, 8, dsv4_engine_config(e[m])->vocab_size, 7);
+        ok = ok && decode(e[m], ids, 8, n_decode, 0, &st); /* untimed: maps the weights in */
+    }
+    double tps[MODES][2][MAX_ROUNDS], ratio[MODES][2][MAX_ROUNDS]; /* ratio: to mode 1 (one thread) */
+    printf("\n%d threads against 1, interleaved rounds: decode %d tokens, tok/s mtp 0 / mtp 2; \"1 again\" is a second\n"
+           "1-thread context: its ratio to the first is the machine's noise\n",
+           threads, n_decode);
+    printf("%5s %17s %17s %17s %15s %15s\n", "round", "default", "1 thread", "1 again", "default / 1", "1 again / 1");
+    for (int r = 0; r < rounds && ok; r++) {
+        for (int m = 0; m < MODES && ok; m++)
+            for (int k = 0; k < 2 && ok; k++) {
+                ok = decode(e[m], ids, 8, n_decode, mtp[k], &st);
+                tps[m][k][r] = (double)(st.generated_tokens - 1) / st.decode_seconds;
+            }
+        if (!ok) break;
+        for (int m = 0; m < MODES; m++)
+            for (int k = 0; k < 2; k++) ratio[m][k][r] = tps[m][k][r] / tps[1][k][r];
+        printf("%5d", r + 1);
+        for (int m = 0; m < MODES; m++) printf(" %8.1f / %6.1f", tps[m][0][r], tps[m][1][r]);
+        printf(" %7.2f / %5.2f %7.2f / %5.2f\n", ratio[0][0][r], ratio[0][1][r], ratio[2][0][r], ratio[2][1][r]);
+    }
+    if (ok) {
+        for (int row = 0; row < 2; row++) { /* min, median */
+            printf("%5s", row ? "med" : "min");
+            double v[MODES][2], q[MODES][2];
+            for (int m = 0; m < MODES; m++)
+                for (int k = 0; k < 2; k++) {
+                    v[m][k] = row ? median_of(tps[m][k], rounds) : tps[m][k][0];
+                    q[m][k] = row ? median_of(ratio[m][k], rounds) : ratio[m][k][0];
+                    for (int r = 1; r < rounds && !row; r++) {
+                        v[m][k] = fmin(v[m][k], tps[m][k][r]);
+                        q[m][k] = fmin(q[m][k], ratio[m][k][r]);
+                    }
+                }
+            for (int m = 0; m < MODES; m++) printf(" %8.1f / %6.1f", v[m][0], v[m][1]);
+            printf(" %7.2f / %5.2f %7.2f / %5.2f (of the ratios)\n", q[0][0], q[0][1], q[2][0], q[2][1]);
+        }
+        int64_t k[DSV4_POOL_COUNTS];
+        dsv4_ctx_pool_counts(ctx[0], k);
+        printf("the default's pool: %lld loops by the team (%.1f ms), %lld on the caller alone (%.1f ms); %lld stalls (%.1f ms);\n"
+               "the team shrank %lld times, %lld probes; team now %lld\n",
+               (long long)k[DSV4_POOL_LOOPS_TEAM], (double)k[DSV4_POOL_TEAM_NS] / 1e6, (long long)k[DSV4_POOL_LOOPS_ALONE],
+               (double)k[DSV4_POOL_ALONE_NS] / 1e6, (long long)k[DSV4_POOL_STALLS],
+               (double)k[DSV4_POOL_STALL_NS] / 1e6, (long long)k[DSV4_POOL_SHRINKS], (long long)k[DSV4_POOL_PROBES],
+               (long long)k[DSV4_POOL_TEAM]);
+    } else {
+        fprintf(stderr, "bench run: %s\n", dsv4_last_error());
+    }
+    for (int m = 0; m < MODES; m++) {
+        dsv4_engine_destroy(e[m]);
+        dsv4_ctx_destroy(ctx[m]);
+    }
+    return !ok;
+}
+
 /* What routing reads gets random values in the checkpoint of bench_flash_like (its data are file
  * holes): the embedding rows of ids [0, pool), every ffn_norm (1.0), every gate (uniform in
  * [-1, 1)), and every row of every hash table (k distinct experts). A token's hidden state
@@ -771,7 +847,7 @@ static int run_models(run_opts *ro, int quick, const char *model, int steps, dou
 int dsv4_bench_run(int argc, char **argv)
 {
     run_opts ro = {bench_opt_int(argc, argv, "--threads", dsv4_default_threads()), bench_opt_int(argc, argv, "--max-batch", MAX_B),
-                   bench_opt_int(argc, argv, "--steps", 0), 0, 0.0, NULL, 0};
+                   bench_opt_int(argc, argv, "--steps", 0), 0, 0, 0.0, NULL, 0};
     int quick = bench_opt_flag(argc, argv, "--quick");
     const char *model = bench_opt_str(argc, argv, "--model", NULL);
     if (ro.max_b < 1 || ro.max_b > MAX_B) {
@@ -781,6 +857,11 @@ int dsv4_bench_run(int argc, char **argv)
     const int busy = bench_opt_int(argc, argv, "--busy", 0);
     if (busy < 0 || busy > MAX_BUSY) {
         fprintf(stderr, "bench run: --busy must be in [0, %d]\n", MAX_BUSY);
+        return 1;
+    }
+    ro.rounds = bench_opt_int(argc, argv, "--rounds", busy ? 7 : 0);
+    if (ro.rounds < 0 || ro.rounds > MAX_ROUNDS) { /* the option table keeps it >= 1 */
+        fprintf(stderr, "bench run: --rounds must be in [0, %d]\n", MAX_ROUNDS);
         return 1;
     }
     const int threads = ro.threads, steps = ro.steps;
@@ -813,8 +894,12 @@ static int run_models(run_opts *ro_in, int quick, const char *model, int steps, 
     char tiny[] = "/tmp/dsv4-bench-tiny-XXXXXX", flash[] = "/tmp/dsv4-bench-flash-XXXXXX";
     int rc = 1;
     ro.steps = steps > 0 ? steps : 24;
-    if (mkdtemp(tiny) && dsv4_make_tiny(tiny, 1) == DSV4_OK) rc = bench_model("tiny (make-tiny)", tiny, &ro, 128, 64, bw, peak);
-    else fprintf(stderr, "bench run: make-tiny: %s\n", dsv4_last_error());
+    if (mkdtemp(tiny) && dsv4_make_tiny(tiny, 1) == DSV4_OK) {
+        rc = ro.rounds && ro.threads > 1 ? threads_vs_one(tiny, ro.threads, ro.rounds, 128) : 0;
+        rc = rc ? rc : bench_model("tiny (make-tiny)", tiny, &ro, 128, 64, bw, peak);
+    } else {
+        fprintf(stderr, "bench run: make-tiny: %s\n", dsv4_last_error());
+    }
     bench_rm_tree(tiny);
     if (rc || quick) return rc;
     ro.pool = ROUTE_IDS;

@@ -74,7 +74,8 @@ typedef struct dsv4_ctx_options {
     /* cuda backend: the decode kernel for 64-head tiles of FP8 pages, "auto" (ws2, or v1 where a
      * CTA gets one block of entries), "ws2", "ws1", "v1" or "mma-sync" (the mma.sync kernels
      * instead of the warpgroup-MMA ones, BF16 rows too), optionally followed by ",no-pair" (the two
-     * 64-head tiles of H 128 in separate CTAs). NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
+     * 64-head tiles of H 128 in separate CTAs) and/or ",no-split" (one CTA per query and head tile:
+     * no combine kernel, whatever the split plan). NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
      * and $DSV4_CUDA_NO_PAIR=1, else "auto". Other backends ignore it. */
     const char *cuda_decode;
 } dsv4_ctx_options;
@@ -85,6 +86,24 @@ DSV4_API const char *dsv4_ctx_backend_name(const dsv4_ctx *ctx);
 DSV4_API int dsv4_ctx_threads(const dsv4_ctx *ctx);
 /* The kernels a context's cpu backend runs, named as dsv4_cpu_isa() names them. */
 DSV4_API const char *dsv4_ctx_cpu_isa(const dsv4_ctx *ctx);
+/* What a CPU context's thread pool did since the context was created (docs/kernels.md §11.1), for
+ * benchmarks: loops run by the team and by the caller alone and their time, stalls (a worker held the caller
+ * back) and the ns they cost, the times the team shrank because another process had its cores,
+ * the probes with one thread more, and the team's size now. Zeros (team 1) for a context without
+ * a pool; call it while no op runs on the context. */
+enum {
+    DSV4_POOL_LOOPS_TEAM,
+    DSV4_POOL_LOOPS_ALONE,
+    DSV4_POOL_TEAM_NS,  /* the time the caller spent in loops of the team */
+    DSV4_POOL_ALONE_NS, /* and in loops alone */
+    DSV4_POOL_STALLS,
+    DSV4_POOL_STALL_NS,
+    DSV4_POOL_SHRINKS,
+    DSV4_POOL_PROBES,
+    DSV4_POOL_TEAM,
+    DSV4_POOL_COUNTS
+};
+DSV4_API void dsv4_ctx_pool_counts(const dsv4_ctx *ctx, int64_t out[DSV4_POOL_COUNTS]);
 
 /* Registered backends, in registration order ("cpu", "cpu-ref", and "cuda" when built with it). */
 DSV4_API int dsv4_backend_count(void);

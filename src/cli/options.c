@@ -217,16 +217,20 @@ void cli_check_env(void)
     const char *s = getenv("DSV4_THREADS");
     long long n;
     if (s && *s) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (cores < 1) cores = 1;
-        if (!cli_parse_int(s, 1, INT64_MAX, &n)) {
-            fprintf(stderr, "dsv4: warning: DSV4_THREADS='%s' is not a positive integer; ignored (using %ld, the cores)\n", s, cores);
-            unsetenv("DSV4_THREADS");
-        } else if (n > CLI_MAX_THREADS) {
-            fprintf(stderr, "dsv4: warning: DSV4_THREADS=%s is more than %d threads; using %ld (the cores)\n", s,
+        char shown[64]; /* the value, kept: it is removed below, so the count is the cores this process may use */
+        snprintf(shown, sizeof shown, "%s", s);
+        const int valid = cli_parse_int(s, 1, INT64_MAX, &n);
+        if (valid && n <= CLI_MAX_THREADS) return;
+        unsetenv("DSV4_THREADS");
+        const int cores = dsv4_default_threads();
+        if (!valid) {
+            fprintf(stderr, "dsv4: warning: DSV4_THREADS='%s' is not a positive integer; ignored (using %d, the cores)\n",
+                    shown, cores);
+        } else {
+            fprintf(stderr, "dsv4: warning: DSV4_THREADS=%s is more than %d threads; using %d (the cores)\n", shown,
                     CLI_MAX_THREADS, cores);
             char v[32];
-            snprintf(v, sizeof v, "%ld", cores);
+            snprintf(v, sizeof v, "%d", cores);
             setenv("DSV4_THREADS", v, 1);
         }
     }

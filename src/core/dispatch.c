@@ -212,6 +212,13 @@ int dsv4_ctx_threads(const dsv4_ctx *ctx)
     return dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? ex.threads : 0;
 }
 
+void dsv4_ctx_pool_counts(const dsv4_ctx *ctx, int64_t out[DSV4_POOL_COUNTS])
+{
+    const dsv4_backend *b = NULL;
+    dsv4_exec ex = {0};
+    dsv4_pool_counts(dsv4_ctx_resolve(ctx, &b, &ex) == DSV4_OK ? ex.pool : NULL, out);
+}
+
 const char *dsv4_ctx_cpu_isa(const dsv4_ctx *ctx)
 {
     const dsv4_backend *b = NULL;

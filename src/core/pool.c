@@ -10,7 +10,9 @@
 #include "core/pool.h"
 #include "core/error.h"
 
+#include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -27,13 +29,21 @@
  * chunks (a descheduled worker then gets the caller's core). */
 #define WORKER_SPIN_NS 100000
 #define CALLER_SPIN_NS 20000
-/* A stall: the caller, done with its own chunks, waited this long and more than 4 of its chunks'
- * time for the others. A worker that claimed a chunk and then lost its core to another process
- * holds the caller for a scheduler slice (milliseconds); the next SOLO_LOOPS << strikes loops then
- * run on the caller alone (docs/kernels.md §11.1). */
+/* The team (docs/kernels.md §11.1, "Competition"). The caller judges the team over windows of
+ * WINDOW_NS (several scheduler slices, many forward steps of a small model; PROBE_NS while
+ * competition was seen lately): the workers waited on a run queue (/proc's schedstat) for more
+ * than 1/CONTENDED_DIV of the window, so another process holds their cores, and the team loses a
+ * thread for HOLD_NS << (strikes - 1) (strikes: the shrinks, less one per WINDOW_NS of clean
+ * windows of the whole team, at most MAX_STRIKES); then one thread more is the probe. A stall (the
+ * caller, done with its chunks, waited over STALL_NS and 4 of its chunks' time for the others)
+ * judges the window at once; without schedstat a stall alone is the sign. */
+#define WINDOW_NS 10000000
+#define PROBE_NS 2000000 /* the window after competition: short, as a contended one costs; a slice or more */
+#define CONTENDED_DIV 8
+#define WAKE_NS 20000 /* of each wait, the part a wake-up on an idle core takes (longer in a VM) */
+#define HOLD_NS 50000000
+#define MAX_STRIKES 6
 #define STALL_NS 200000
-#define SOLO_LOOPS 64
-#define MAX_STRIKES 10
 #define MAX_CHUNKS (1u << 30) /* the ticket's low half; done must reach the count */
 
 struct dsv4_pool {
@@ -41,10 +51,15 @@ struct dsv4_pool {
     int n_started;
     pthread_t *tid;
     struct worker_arg { dsv4_pool *p; int id; } *args;
+    atomic_int *delay_fd;  /* per worker: its /proc schedstat (-1: none) */
     atomic_int busy;       /* a loop is running: another one runs on its calling thread */
     uint32_t gen;          /* the caller's count of loops */
-    int solo;              /* loops left to run on the caller alone after a stall (the busy holder's) */
-    int strikes;           /* stalls in a row: each doubles the next solo stretch */
+    /* the team control, the busy holder's: the threads that take part now, the window being judged
+     * (its start, 0: none; the team's run-queue wait then), when the next probe starts */
+    atomic_int team;
+    int64_t win_start, win_delay, probe_at, clean_since; /* clean_since: the last probe or strike taken off */
+    int strikes;
+    int64_t counts[DSV4_POOL_COUNTS];
     /* the running loop (written before its ticket, read by the threads that claimed a chunk) */
     dsv4_par_team_fn fn;
     void *arg;
@@ -54,6 +69,7 @@ struct dsv4_pool {
     _Alignas(64) _Atomic uint64_t ticket;
     _Alignas(64) _Atomic uint32_t epoch; /* futex of sleeping workers: moves with every loop */
     atomic_int sleepers;
+    _Atomic uint32_t parked;             /* futex of workers outside the team: moves when it grows */
     _Alignas(64) _Atomic uint32_t done;  /* futex of the caller */
     atomic_int caller_waits;
 };
@@ -145,13 +161,48 @@ static uint32_t take_part(dsv4_pool *p, uint32_t gen, int64_t chunk, int id)
     return l.count;
 }
 
+/* The time this thread has waited on a run queue, in ns, less WAKE_NS for each time it got a core
+ * (/proc's schedstat: run time, run-queue time, times run); 0 where it cannot be read. */
+static int run_queue_ns(int fd, int64_t *ns)
+{
+    char buf[96];
+    ssize_t len = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
+    if (len <= 0) return 0;
+    buf[len] = '\0';
+    char *end, *next;
+    strtoll(buf, &end, 10);
+    const long long q = strtoll(end, &next, 10), runs = strtoll(next, &end, 10);
+    if (end == next || q < 0 || runs < 0) return 0;
+    *ns = (int64_t)q - (int64_t)runs * WAKE_NS;
+    return 1;
+}
+
+/* The same summed over the team's workers (INT64_MIN: unknown). */
+static int64_t team_wait_ns(const dsv4_pool *p, int team)
+{
+    int64_t sum = 0, q;
+    for (int i = 0; i < team - 1; i++) {
+        if (!run_queue_ns(atomic_load_explicit(&p->delay_fd[i], memory_order_acquire), &q)) return INT64_MIN;
+        sum += q;
+    }
+    return sum;
+}
+
 static void *worker_main(void *v)
 {
     struct worker_arg *wa = v;
     dsv4_pool *p = wa->p;
+    atomic_store_explicit(&p->delay_fd[wa->id - 1], open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC),
+                          memory_order_release);
     for (;;) {
         uint32_t e = atomic_load(&p->epoch);
         if (atomic_load(&p->stop)) break;
+        if (wa->id >= atomic_load_explicit(&p->team, memory_order_relaxed)) {
+            /* outside the team: asleep until it grows (which moves `parked` after the team) */
+            const uint32_t k = atomic_load(&p->parked);
+            if (wa->id >= atomic_load(&p->team) && !atomic_load(&p->stop)) futex_wait(&p->parked, k);
+            continue;
+        }
         uint64_t t = atomic_load(&p->ticket);
         uint32_t gen = (uint32_t)(t >> 32);
         int64_t c;
@@ -177,19 +228,23 @@ dsv4_status dsv4_pool_create(int threads, dsv4_pool **out)
     memset(p, 0, sizeof *p);
     p->threads = threads;
     atomic_init(&p->busy, 0);
+    atomic_init(&p->team, threads);
     atomic_init(&p->stop, 0);
     atomic_init(&p->ticket, 0);
     atomic_init(&p->epoch, 0);
     atomic_init(&p->sleepers, 0);
+    atomic_init(&p->parked, 0);
     atomic_init(&p->done, 0);
     atomic_init(&p->caller_waits, 0);
     if (threads > 1) {
         p->tid = calloc((size_t)threads - 1, sizeof *p->tid);
         p->args = calloc((size_t)threads - 1, sizeof *p->args);
-        if (!p->tid || !p->args) {
+        p->delay_fd = malloc(((size_t)threads - 1) * sizeof *p->delay_fd);
+        if (!p->tid || !p->args || !p->delay_fd) {
             dsv4_pool_destroy(p);
             return dsv4_fail(DSV4_ERR_NO_MEMORY, "pool: out of memory for %d threads", threads);
         }
+        for (int i = 0; i < threads - 1; i++) atomic_init(&p->delay_fd[i], -1);
         /* workers take no signals: they stay with the application's threads */
         sigset_t all, old;
         sigfillset(&all);
@@ -216,11 +271,73 @@ void dsv4_pool_destroy(dsv4_pool *p)
     if (!p) return;
     atomic_store(&p->stop, 1);
     atomic_fetch_add(&p->epoch, 1);
+    atomic_fetch_add(&p->parked, 1);
     futex_wake(&p->epoch, INT_MAX);
+    futex_wake(&p->parked, INT_MAX);
     for (int i = 0; i < p->n_started; i++) pthread_join(p->tid[i], NULL);
+    for (int i = 0; i < p->n_started; i++)
+        if (atomic_load(&p->delay_fd[i]) >= 0) close(atomic_load(&p->delay_fd[i])); /* started: delay_fd is there */
     free(p->tid);
     free(p->args);
+    free((void *)p->delay_fd);
     free(p);
+}
+
+void dsv4_pool_counts(const dsv4_pool *p, int64_t out[DSV4_POOL_COUNTS])
+{
+    for (int i = 0; i < DSV4_POOL_COUNTS; i++) out[i] = p ? p->counts[i] : 0;
+    out[DSV4_POOL_TEAM] = p ? atomic_load(&p->team) : 1;
+}
+
+static void set_team(dsv4_pool *p, int team)
+{
+    const int was = atomic_load_explicit(&p->team, memory_order_relaxed);
+    atomic_store(&p->team, team);
+    if (team > was) { /* the workers it takes back sleep on `parked` */
+        atomic_fetch_add(&p->parked, 1);
+        futex_wake(&p->parked, INT_MAX);
+    }
+}
+
+/* A new window for a team of `team`: its workers' run-queue time now. */
+static void open_window(dsv4_pool *p, int team, int64_t now)
+{
+    p->win_start = now;
+    p->win_delay = team_wait_ns(p, team);
+}
+
+/* The end of a team loop at `now`: judge the window when it is over or a stall came. Windows are
+ * short (PROBE_NS) while competition was seen lately (strikes), so a probe or a return of the
+ * competitor costs little. The team of a contended window loses the threads whose core another
+ * process took (at least one) for HOLD_NS << (strikes - 1), each shrink doubling it; each
+ * WINDOW_NS of clean windows of the whole team takes a strike off. */
+static void judge(dsv4_pool *p, int team, int64_t now, int stall)
+{
+    const int64_t span = now - p->win_start;
+    if (!p->win_start) {
+        open_window(p, team, now);
+        return;
+    }
+    const int64_t len = p->strikes > 0 ? PROBE_NS : WINDOW_NS;
+    if (!stall && span < len) return;
+    const int64_t q = p->win_delay != INT64_MIN ? team_wait_ns(p, team) : INT64_MIN;
+    const int64_t waited = q != INT64_MIN ? q - p->win_delay : -1;
+    const int contended = q != INT64_MIN ? waited * CONTENDED_DIV > span : stall;
+    if (contended) {
+        const int64_t lost = span > 0 && waited > span ? waited / span : 1;
+        const int next = team - lost > 1 ? team - (int)lost : 1;
+        p->strikes += p->strikes < MAX_STRIKES;
+        p->probe_at = now + ((int64_t)HOLD_NS << (p->strikes - 1));
+        p->win_start = 0;
+        p->counts[DSV4_POOL_SHRINKS]++;
+        set_team(p, next);
+    } else if (span >= len) {
+        if (p->strikes > 0 && team == p->threads && now - p->clean_since >= WINDOW_NS) {
+            p->strikes--;
+            p->clean_since = now;
+        }
+        open_window(p, team, now);
+    }
 }
 
 void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_fn fn, void *arg)
@@ -228,21 +345,32 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
     if (n <= 0) return;
     dsv4_pool *p = ex->pool;
     const int64_t T = p ? p->threads : 1;
-    if (grain <= 0) grain = (n + 4 * T - 1) / (4 * T);
-    if (n / grain >= MAX_CHUNKS) grain = (n + MAX_CHUNKS - 2) / (MAX_CHUNKS - 1);
-    const int64_t chunks = (n + grain - 1) / grain;
-    if (T < 2 || chunks < 2 || atomic_exchange_explicit(&p->busy, 1, memory_order_acquire)) {
+    const int64_t g = grain > 0 ? grain : (n + 4 * T - 1) / (4 * T);
+    if (T < 2 || (n + g - 1) / g < 2 || atomic_exchange_explicit(&p->busy, 1, memory_order_acquire)) {
         dsv4_par_loop l = {NULL, 0, 0, n, n, 0};
         fn(arg, &l, 0);
         return;
     }
-    if (p->solo > 0) { /* after a stall: this loop on the caller alone (busy held: nested ones too) */
-        p->solo--;
+    int team = atomic_load_explicit(&p->team, memory_order_relaxed);
+    const int64_t t0 = now_ns();
+    if (team < T && t0 >= p->probe_at) { /* the probe: one thread more for a window */
+        set_team(p, ++team);
+        p->clean_since = t0;
+        p->counts[DSV4_POOL_PROBES]++;
+        open_window(p, team, t0);
+    }
+    if (team < 2) { /* another process has the other cores: this loop on the caller alone */
+        p->counts[DSV4_POOL_LOOPS_ALONE]++;
         dsv4_par_loop l = {NULL, 0, 0, n, n, 0};
         fn(arg, &l, 0);
+        p->counts[DSV4_POOL_ALONE_NS] += now_ns() - t0;
         atomic_store_explicit(&p->busy, 0, memory_order_release);
         return;
     }
+    if (grain <= 0) grain = (n + 4 * team - 1) / (4 * team);
+    if (n / grain >= MAX_CHUNKS) grain = (n + MAX_CHUNKS - 2) / (MAX_CHUNKS - 1);
+    const int64_t chunks = (n + grain - 1) / grain;
+    p->counts[DSV4_POOL_LOOPS_TEAM]++;
     p->fn = fn;
     p->arg = arg;
     p->n = n;
@@ -252,10 +380,9 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
     const uint32_t gen = ++p->gen;
     atomic_store(&p->ticket, (uint64_t)gen << 32 | (uint64_t)chunks);
     atomic_fetch_add(&p->epoch, 1);
-    if (atomic_load(&p->sleepers) > 0) futex_wake(&p->epoch, (int)(chunks - 1 < T - 1 ? chunks - 1 : T - 1));
+    if (atomic_load(&p->sleepers) > 0) futex_wake(&p->epoch, (int)(chunks - 1 < team - 1 ? chunks - 1 : team - 1));
     int64_t c;
     uint32_t own = 0;
-    const int64_t t0 = now_ns();
     if (claim(p, gen, &c)) own = take_part(p, gen, c, 0);
     const int64_t t1 = now_ns();
     uint32_t d;
@@ -265,15 +392,15 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
         if (atomic_load(&p->done) == d) futex_wait(&p->done, d);
         atomic_store(&p->caller_waits, 0);
     }
-    if (own) { /* the caller's own chunks time the others': far longer is a worker off its core */
-        const int64_t waited = now_ns() - t1, per_chunk = (t1 - t0) / own;
-        if (waited > STALL_NS && waited > 4 * per_chunk) {
-            p->solo = SOLO_LOOPS << (p->strikes < MAX_STRIKES ? p->strikes : MAX_STRIKES);
-            p->strikes++;
-        } else {
-            p->strikes = 0;
-        }
+    /* the caller's own chunks time the others': far longer is a worker off its core */
+    const int64_t t2 = now_ns(), waited = t2 - t1;
+    const int stall = own && waited > STALL_NS && waited > 4 * ((t1 - t0) / own);
+    if (stall) {
+        p->counts[DSV4_POOL_STALLS]++;
+        p->counts[DSV4_POOL_STALL_NS] += waited;
     }
+    p->counts[DSV4_POOL_TEAM_NS] += t2 - t0;
+    judge(p, team, t2, stall);
     atomic_store_explicit(&p->busy, 0, memory_order_release);
 }
 

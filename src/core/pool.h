@@ -40,6 +40,10 @@ void dsv4_par_team(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_team_
 typedef void (*dsv4_par_fn)(void *arg, int64_t lo, int64_t hi);
 void dsv4_par_for(const dsv4_exec *ex, int64_t n, int64_t grain, dsv4_par_fn fn, void *arg);
 
+/* What the pool's team control did so far (the DSV4_POOL_* indices of dsv4/core.h); a NULL pool
+ * gives zeros and a team of 1. Read it while no loop runs. */
+void dsv4_pool_counts(const dsv4_pool *p, int64_t out[DSV4_POOL_COUNTS]);
+
 /* grain DSV4_PAR_AUTO: about 4 chunks per thread; grain >= n: the whole loop on the caller (for
  * work too small to pay for waking a worker). */
 #define DSV4_PAR_AUTO 0

@@ -21,9 +21,11 @@
 #define MAXBUF 64
 static dsv4_ctx *cu, *ref, *cpu;
 /* cuda contexts with a forced decode kernel (dsv4_ctx_options.cuda_decode): the mma.sync kernels,
- * and each warpgroup-MMA kernel of 64-head tiles */
-static const char *const forced_kernels[3] = {"ws2", "ws1", "v1"};
-static dsv4_ctx *cu_mma, *cu_forced[3];
+ * each warpgroup-MMA kernel of 64-head tiles, and the default kernels with one split per query
+ * (no combine) */
+static const char *const forced_kernels[4] = {"ws2", "ws1", "v1", "no-split"};
+enum { N_FORCED = (int)(sizeof forced_kernels / sizeof forced_kernels[0]) };
+static dsv4_ctx *cu_mma, *cu_forced[N_FORCED];
 static void *bufs[MAXBUF];
 static int nbufs;
 
@@ -472,7 +474,7 @@ static void test_decode(const dcase *c)
         compare_decode("sparse_mla_decode (mma.sync kernel)", c, o_2p, l_2p, o_ref, l_ref);
         /* and every warpgroup-MMA kernel the launcher can pick, forced (the default depends on the
          * blocks per CTA); each twice, bit-identical */
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < N_FORCED; v++) {
             char what[64];
             snprintf(what, sizeof what, "sparse_mla_decode (%s kernel)", forced_kernels[v]);
             for (int rep = 0; rep < 2; rep++) {
@@ -607,7 +609,7 @@ int main(void)
     if (!cu) TEST_DONE();
     dsv4_ctx_options omma = {.backend = "cuda", .threads = 1, .cuda_decode = "mma-sync"};
     CHECK_STATUS(dsv4_ctx_create(&omma, &cu_mma), DSV4_OK);
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < N_FORCED; v++) {
         dsv4_ctx_options of = {.backend = "cuda", .threads = 1, .cuda_decode = forced_kernels[v]};
         CHECK_STATUS(dsv4_ctx_create(&of, &cu_forced[v]), DSV4_OK);
     }
@@ -615,7 +617,9 @@ int main(void)
     dsv4_ctx_options obad = {.backend = "cuda", .threads = 1, .cuda_decode = "ws3"};
     dsv4_ctx *bad = NULL;
     CHECK_STATUS(dsv4_ctx_create(&obad, &bad), DSV4_ERR_INVALID_ARG);
-    if (!cu_mma || !cu_forced[0] || !cu_forced[1] || !cu_forced[2]) TEST_DONE();
+    if (!cu_mma) TEST_DONE();
+    for (int v = 0; v < N_FORCED; v++)
+        if (!cu_forced[v]) TEST_DONE();
     test_memory(cu, "cuda");
     { /* a family the backend leaves NULL: DSV4_ERR_UNSUPPORTED before anything is read */
         dsv4_tensor t;
@@ -661,7 +665,7 @@ int main(void)
 
     dsv4_ctx_destroy(cu);
     dsv4_ctx_destroy(cu_mma);
-    for (int v = 0; v < 3; v++) dsv4_ctx_destroy(cu_forced[v]);
+    for (int v = 0; v < N_FORCED; v++) dsv4_ctx_destroy(cu_forced[v]);
     dsv4_ctx_destroy(cpu);
     dsv4_ctx_destroy(ref);
     TEST_DONE();

@@ -3,12 +3,17 @@
  * count to the threads running at once; a loop nested in a chunk runs on that chunk's thread; two
  * application threads sharing a context both complete; thousands of back-to-back loops (late
  * workers against the generation check); a forked child without workers still completes; a worker
- * that holds its chunk far longer than the caller's took (as one pushed off its core by another
- * process does) makes the next loops run on the caller alone, and the pool is used again after. */
+ * that holds its chunk far longer than the caller's took but sleeps is no competition (the team
+ * stays whole where the kernel's run-queue times say so); a forced competitor (the pool's threads
+ * on one core) shrinks the team to the caller alone, and a probe uses the worker again after. */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include "core/pool.h"
 #include "test_util.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -154,30 +159,149 @@ static void watch_fn(void *arg, dsv4_par_loop *l, int worker)
     }
 }
 
+static int schedstat_readable(void)
+{
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    long long run = -1, queued = -1;
+    int ok = f && fscanf(f, "%lld %lld", &run, &queued) == 2 && queued >= 0;
+    if (f) fclose(f);
+    return ok;
+}
+
+/* A worker that holds its chunk but sleeps (no other process has its core): where the kernel's
+ * run-queue times are readable that is no competition and the team stays whole; where they are
+ * not, the stall alone is the sign and the next loop runs on the caller alone. */
 static void test_stall(void)
 {
-    dsv4_exec ex;
-    dsv4_ctx *c = make(2, &ex);
-    if (!c) return;
+    const int readable = schedstat_readable();
     /* the caller's chunk lasts until the worker has started, so a worker slow to wake (a loaded
-     * machine) can make the 50 ms look short next to it: a few tries */
-    int solo = 0, started = 0, calls = 0;
-    for (int attempt = 0; attempt < 5 && !solo; attempt++) {
-        stall_state st = {.n = 2};
-        dsv4_par_team(&ex, 2, 1, stall_fn, &st);
-        started += atomic_load(&st.other_started);
+     * machine) can make the 50 ms look short next to it, and on a loaded machine the worker can
+     * really wait for a core after its sleep: a few tries, each on a new context */
+    int calls = 0, solo = 0, whole = 0;
+    int64_t k[DSV4_POOL_COUNTS] = {0};
+    for (int attempt = 0; attempt < 5 && !(readable ? whole : solo); attempt++) {
+        dsv4_exec ex;
+        dsv4_ctx *c = make(2, &ex);
+        if (!c) return;
+        for (int w = 0; w < 2; w++) { /* the first stall opens the window, the second judges it */
+            stall_state st = {.n = 2};
+            dsv4_par_team(&ex, 2, 1, stall_fn, &st);
+        }
         stall_state w = {.n = 64};
         dsv4_par_team(&ex, 64, 1, watch_fn, &w);
         calls = atomic_load(&w.calls);
         solo = calls == 1 && !atomic_load(&w.bad) && !atomic_load(&w.other_ran);
+        dsv4_pool_counts(ex.pool, k);
+        whole = k[DSV4_POOL_STALLS] == 2 && !solo && k[DSV4_POOL_SHRINKS] == 0 && k[DSV4_POOL_TEAM] == 2;
+        dsv4_ctx_destroy(c);
     }
-    CHECK(started > 0, "stall: worker 1 never took the second chunk");
-    CHECK(solo, "after a stall the next loop runs whole on the caller (%d chunk calls)", calls);
-    int loops = 0;
-    stall_state r = {.n = 64};
-    for (; loops < 100000 && !atomic_load(&r.other_ran); loops++) dsv4_par_team(&ex, 64, 1, watch_fn, &r);
-    CHECK(atomic_load(&r.other_ran), "the pool is not used again after a stall (%d loops)", loops);
+    if (readable)
+        CHECK(whole, "a sleeping worker is no competition: the team stays whole (%lld stalls, %lld shrinks, team %lld)",
+              (long long)k[DSV4_POOL_STALLS], (long long)k[DSV4_POOL_SHRINKS], (long long)k[DSV4_POOL_TEAM]);
+    else
+        CHECK(solo, "after a stall (no run-queue times here) the next loop runs whole on the caller (%d chunk calls)", calls);
+}
+
+/* about us microseconds of work */
+static void work_fn(void *arg, int64_t lo, int64_t hi)
+{
+    (void)arg;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + t.tv_nsec - t0.tv_nsec < (hi - lo) * 5000L);
+}
+
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* A forced competitor: the pool's threads on one core, so each waits on the run queue while
+ * another runs. The team must shrink to the caller alone, and a probe must later give the
+ * worker loops again (that it then stays depends on the machine's load, so it is not checked). */
+static void test_competitor(int threads)
+{
+    if (!schedstat_readable()) {
+        printf("# no run-queue times in /proc here: the forced competitor is not tested\n");
+        return;
+    }
+    cpu_set_t all, one;
+    if (sched_getaffinity(0, sizeof all, &all) != 0) return;
+    CPU_ZERO(&one);
+    for (int i = 0; i < CPU_SETSIZE; i++)
+        if (CPU_ISSET(i, &all)) {
+            CPU_SET(i, &one);
+            break;
+        }
+    CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "pinning the test to one core");
+    dsv4_exec ex;
+    dsv4_ctx *c = make(threads, &ex); /* its workers inherit the one core */
+    if (!c) {
+        sched_setaffinity(0, sizeof all, &all);
+        return;
+    }
+    int64_t k[DSV4_POOL_COUNTS];
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        dsv4_par_for(&ex, 16, 1, work_fn, NULL);
+        dsv4_pool_counts(ex.pool, k);
+    } while (k[DSV4_POOL_TEAM] > 1 && ms_since(&t0) < 3000);
+    CHECK(k[DSV4_POOL_SHRINKS] > 0 && k[DSV4_POOL_TEAM] == 1,
+          "%d threads on one core: the team shrinks to one (%lld shrinks, team %lld, %.0f ms)", threads,
+          (long long)k[DSV4_POOL_SHRINKS], (long long)k[DSV4_POOL_TEAM], ms_since(&t0));
+    const int64_t alone = k[DSV4_POOL_LOOPS_ALONE], team = k[DSV4_POOL_LOOPS_TEAM], probes = k[DSV4_POOL_PROBES];
+    dsv4_par_for(&ex, 16, 1, work_fn, NULL);
+    dsv4_pool_counts(ex.pool, k);
+    CHECK((k[DSV4_POOL_LOOPS_ALONE] == alone + 1 && k[DSV4_POOL_LOOPS_TEAM] == team) || k[DSV4_POOL_PROBES] > probes,
+          "the next loop runs on the caller alone (unless 50 ms passed first and it probed)");
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        dsv4_par_for(&ex, 16, 1, work_fn, NULL);
+        dsv4_pool_counts(ex.pool, k);
+    } while (k[DSV4_POOL_PROBES] == 0 && ms_since(&t0) < 3000);
+    CHECK(k[DSV4_POOL_PROBES] > 0 && k[DSV4_POOL_LOOPS_TEAM] > team, "a probe gives the worker loops again (%lld probes)",
+          (long long)k[DSV4_POOL_PROBES]);
+    clear_hits();
+    for (int r = 0; r < 200; r++) dsv4_par_for(&ex, 1000, 7, count_fn, NULL); /* shrinking never loses an iteration */
+    CHECK(hits_are(1000, 200), "loops while the team changes: an iteration ran not exactly once");
     dsv4_ctx_destroy(c);
+    sched_setaffinity(0, sizeof all, &all);
+}
+
+/* The default thread count is the cores the process may run on (a taskset or a cpuset), not the
+ * cores online: pinned to one core, a default context has one thread; unpinned, one per core of
+ * the mask. */
+static void test_affinity(void)
+{
+    cpu_set_t all, one;
+    if (sched_getaffinity(0, sizeof all, &all) != 0) return;
+    const char *env = getenv("DSV4_THREADS");
+    char saved[64] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    unsetenv("DSV4_THREADS");
+    const int n_all = CPU_COUNT(&all) < DSV4_MAX_THREADS ? CPU_COUNT(&all) : DSV4_MAX_THREADS;
+    CHECK(dsv4_default_threads() == n_all, "default threads %d, the affinity mask has %d cores", dsv4_default_threads(),
+          n_all);
+    CPU_ZERO(&one);
+    for (int i = CPU_SETSIZE - 1; i >= 0; i--) /* the last core of the mask: not simply core 0 */
+        if (CPU_ISSET(i, &all)) {
+            CPU_SET(i, &one);
+            break;
+        }
+    if (sched_setaffinity(0, sizeof one, &one) == 0) {
+        CHECK(dsv4_default_threads() == 1, "pinned to one core: default threads %d", dsv4_default_threads());
+        dsv4_ctx *c = NULL;
+        dsv4_ctx_options o = {.backend = "cpu"};
+        CHECK(dsv4_ctx_create(&o, &c) == DSV4_OK && dsv4_ctx_threads(c) == 1, "pinned to one core: a default context has %d threads",
+              c ? dsv4_ctx_threads(c) : -1);
+        dsv4_ctx_destroy(c);
+        sched_setaffinity(0, sizeof all, &all);
+    }
+    if (env) setenv("DSV4_THREADS", saved, 1);
 }
 
 int main(void)
@@ -236,5 +360,8 @@ int main(void)
         dsv4_ctx_destroy(c);
     }
     test_stall();
+    test_competitor(2);
+    test_competitor(4);
+    test_affinity();
     TEST_DONE();
 }

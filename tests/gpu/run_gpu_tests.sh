@@ -3,7 +3,8 @@
 # and the op-by-op conformance test_backend_ops), the Python tests on backend "cuda" (the
 # attention suite with DSV4_TEST_BACKENDS=cuda and the device tests), compute-sanitizer memcheck +
 # racecheck on small cases, the SASS instruction mix, Nsight Compute profiles of one decode
-# launch, the attention benchmark next to a bf16 matmul and the linear benchmark (linear-cuda).
+# launch, the attention benchmark next to a bf16 matmul and the linear benchmark (linear-cuda); with
+# DSV4_PEER_FLASHMLA=dir also the same-run comparison with FlashMLA (step peer).
 # Without an NVIDIA GPU it says so and exits 0. Each step's log goes to $BUILD/gpu-logs (all of
 # them also to $OUT/gpu-tests.log when OUT is set); STEPS="build test_cuda ..." runs a subset,
 # STEP_TIMEOUT (seconds, default 300) bounds each step. The build needs what `make build` needs
@@ -15,7 +16,8 @@ BUILD=${BUILD:-$ROOT/build-gpu}
 LOGS=${LOGS:-$BUILD/gpu-logs}
 ALL=${OUT:+$OUT/gpu-tests.log}
 JOBS=${JOBS:-$(nproc)}
-STEPS=${STEPS:-"build test_cuda backend_ops matmul bench bench_linear pytest_device pytest_attention sass ncu memcheck racecheck memcheck_ops racecheck_ops"}
+PEER=${DSV4_PEER_FLASHMLA:-}
+STEPS=${STEPS:-"build test_cuda backend_ops matmul bench bench_linear pytest_device pytest_attention sass ncu memcheck racecheck memcheck_ops racecheck_ops${PEER:+ peer}"}
 mkdir -p "$LOGS"
 if ! nvidia-smi -L > /dev/null 2>&1; then
     echo "test-gpu: SKIP: no NVIDIA GPU visible (nvidia-smi -L failed)"
@@ -77,6 +79,15 @@ step ncu bash -c "$NCU --section SpeedOfLight --section ComputeWorkloadAnalysis 
     --section Occupancy --section WarpStateStats '$BUILD/dsv4' bench attention-cuda --quick;
   $NCU --metrics 'regex:smsp__warp_issue_stalled_.*_per_warp_active.pct,regex:sm__pipe_tensor.*pct_of_peak_sustained_active' \
     '$BUILD/dsv4' bench attention-cuda --quick"
+# with DSV4_PEER_FLASHMLA=dir (a folder holding FlashMLA's reduced SM90 sparse decode as a .tar.xz and
+# same_run.py, its timing script): build it (sources unpacked once into $BUILD/peer/src, so a
+# second run reuses the build), then time it and dsv4 in one process on the same bytes, each shape
+# of the decode and MODEL1 tables, both times and the ratio (docs/kernels.md §12)
+step peer bash -c "[ -d '$PEER' ] || { echo 'peer: DSV4_PEER_FLASHMLA is not a folder'; exit 2; }
+    W='$BUILD/peer/src'
+    [ -d \$W ] || { mkdir -p \$W && tar -xJf '$PEER'/flashmla-*.tar.xz -C \$W; } &&
+    python3 '$PEER/same_run.py' --build-only \$W &&
+    OUT='${OUT:-$LOGS}' python3 '$PEER/same_run.py' \$W '$ROOT' '$BUILD/libdsv4.so'"
 # not in the default steps: the phase profile of the warp-specialized kernels (tests/gpu/ws_profile.cu)
 step profile bash -c "nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DDSV4_WS_PROFILE -I'$ROOT/src' \
     -I'$ROOT/include' '$ROOT/tests/gpu/ws_profile.cu' -o '$BUILD/ws_profile' && '$BUILD/ws_profile'"

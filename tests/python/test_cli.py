@@ -126,10 +126,16 @@ def test_environment_warnings(tiny_ids):
     cores = os.cpu_count()
     r = dsv4("info", env={"DSV4_THREADS": "abc"})
     assert r.returncode == 0 and "DSV4_THREADS='abc'" in r.err and "warning" in r.err, r.err
-    assert re.search(r"threads:\s+(\d+)", r.out).group(1) == str(len(os.sched_getaffinity(0))) or cores
+    assert re.search(r"threads:\s+(\d+)", r.out).group(1) == str(len(os.sched_getaffinity(0))), r.out
     r = dsv4("info", env={"DSV4_THREADS": "1000000000"})
     assert r.returncode == 0 and "DSV4_THREADS=1000000000" in r.err, r.err
     assert int(re.search(r"threads:\s+(\d+)", r.out).group(1)) <= cores, r.out
+    # pinned to one core (as `taskset -c N` does): the default and the warning's count follow the mask
+    last = max(os.sched_getaffinity(0))
+    r = subprocess.run([str(EXE), "info"], capture_output=True, text=True, env={**ENV, "DSV4_THREADS": "abc"},
+                       preexec_fn=lambda: os.sched_setaffinity(0, {last}), timeout=120)
+    assert r.returncode == 0 and "using 1, the cores" in r.stderr, r.stderr
+    assert re.search(r"threads:\s+(\d+)", r.stdout).group(1) == "1", r.stdout
     r = dsv4("info", env={"DSV4_CPU_ISA": "avx9000"})
     assert r.returncode == 0 and "DSV4_CPU_ISA='avx9000'" in r.err, r.err
     r = dsv4("info", env={"DSV4_THREADS": "2"})

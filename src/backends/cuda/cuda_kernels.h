@@ -50,7 +50,7 @@ int dsv4_cu_inv_rope_launch(uint16_t *o, long long st, long long sh, long long t
 int dsv4_cu_rope_table_launch(const double *freq, long long max_pos, float *table, void *stream);
 
 /* The decode-kernel choice of a context (dsv4_exec.variant, fixed at context creation by
- * dsv4_cu_configure, cuda_options.c): one kernel value in the low bits, DSV4_CU_NO_PAIR above. */
+ * dsv4_cu_configure, cuda_options.c): one kernel value in the low bits, the flags above. */
 enum {
     DSV4_CU_AUTO = 0,     /* 64-head tiles of FP8 pages: ws2, or v1 where a CTA gets one block */
     DSV4_CU_WS2 = 1,      /* warp-specialized, one consumer warpgroup owning S */
@@ -58,7 +58,8 @@ enum {
     DSV4_CU_V1 = 3,       /* single-role warpgroup-MMA kernel */
     DSV4_CU_MMA_SYNC = 4, /* no warpgroup MMA: the mma.sync kernels (FP8 pages and BF16 rows) */
     DSV4_CU_KERNEL_MASK = 7,
-    DSV4_CU_NO_PAIR = 8   /* the two 64-head tiles of H 128 in separate CTAs, not a cluster */
+    DSV4_CU_NO_PAIR = 8,  /* the two 64-head tiles of H 128 in separate CTAs, not a cluster */
+    DSV4_CU_NO_SPLIT = 16 /* one split per query whatever the plan: no combine kernel */
 };
 
 /* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass design, docs/kernels.md §3.4). */

@@ -25,21 +25,22 @@ static int kernel_value(const char *word, size_t len)
     return -1;
 }
 
-/* "KERNEL[,no-pair]" (either word may be left out, in any order) -> variant; -1 if malformed. */
+/* "KERNEL[,no-pair][,no-split]" (any word may be left out, in any order) -> variant; -1 if malformed. */
 static int parse_decode(const char *s)
 {
-    int kernel = -1, no_pair = 0;
+    int kernel = -1, no_pair = 0, no_split = 0;
     while (*s) {
         const char *comma = strchr(s, ',');
         size_t len = comma ? (size_t)(comma - s) : strlen(s);
         int k = kernel_value(s, len);
         if (k >= 0 && kernel < 0) kernel = k;
         else if (len == 7 && !strncmp(s, "no-pair", 7) && !no_pair) no_pair = 1;
+        else if (len == 8 && !strncmp(s, "no-split", 8) && !no_split) no_split = 1;
         else return -1;
         s += len;
         if (*s == ',' && !*++s) return -1; /* a trailing comma */
     }
-    return (kernel < 0 ? DSV4_CU_AUTO : kernel) | (no_pair ? DSV4_CU_NO_PAIR : 0);
+    return (kernel < 0 ? DSV4_CU_AUTO : kernel) | (no_pair ? DSV4_CU_NO_PAIR : 0) | (no_split ? DSV4_CU_NO_SPLIT : 0);
 }
 
 static int env_on(const char *name)
@@ -54,7 +55,7 @@ dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex)
         int v = parse_decode(o->cuda_decode);
         if (v < 0)
             return dsv4_fail(DSV4_ERR_INVALID_ARG,
-                             "context: cuda_decode '%s' is not KERNEL[,no-pair] with KERNEL one of auto, ws2, ws1, "
+                             "context: cuda_decode '%s' is not KERNEL[,no-pair][,no-split] with KERNEL one of auto, ws2, ws1, "
                              "v1, mma-sync",
                              o->cuda_decode);
         ex->variant = v;
@@ -62,20 +63,21 @@ dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex)
     }
     /* The environment defaults: $DSV4_CUDA_DECODE (the same words), $DSV4_CUDA_MMA_SYNC=1 (the
      * mma.sync kernels whatever it says), $DSV4_CUDA_NO_PAIR=1. */
-    int kernel = DSV4_CU_AUTO, no_pair = 0;
+    int kernel = DSV4_CU_AUTO, no_pair = 0, flags = 0;
     const char *env = getenv("DSV4_CUDA_DECODE");
     if (env && *env) {
         int v = parse_decode(env);
         if (v < 0)
-            dsv4_warn("DSV4_CUDA_DECODE='%s' is not KERNEL[,no-pair] with KERNEL one of auto, ws2, ws1, v1, mma-sync; using auto",
+            dsv4_warn("DSV4_CUDA_DECODE='%s' is not KERNEL[,no-pair][,no-split] with KERNEL one of auto, ws2, ws1, v1, mma-sync; using auto",
                       env);
         else {
             kernel = v & DSV4_CU_KERNEL_MASK;
             no_pair = (v & DSV4_CU_NO_PAIR) != 0;
+            flags = v & DSV4_CU_NO_SPLIT;
         }
     }
     if (env_on("DSV4_CUDA_MMA_SYNC")) kernel = DSV4_CU_MMA_SYNC;
     if (env_on("DSV4_CUDA_NO_PAIR")) no_pair = 1;
-    ex->variant = kernel | (no_pair ? DSV4_CU_NO_PAIR : 0);
+    ex->variant = kernel | (no_pair ? DSV4_CU_NO_PAIR : 0) | flags;
     return DSV4_OK;
 }

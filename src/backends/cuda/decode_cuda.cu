@@ -75,6 +75,23 @@ static DSV4_CU_INLINE uint32_t tile_off(int row, int c, int rows)
 }
 static DSV4_CU_INLINE uint8_t *align1024(uint8_t *p) { return (uint8_t *)(((uintptr_t)p + 1023) & ~(uintptr_t)1023); }
 
+/* Programmatic dependent launch: every decode kernel lets the combine that follows it be launched
+ * at once (its CTAs then wait on SMs the decode leaves free instead of being launched after the
+ * decode ends); the combine waits for the whole decode grid and its writes before reading them.
+ * Both are no-ops when the launch asked for no such overlap. */
+static DSV4_CU_INLINE void pdl_release_dependents()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static DSV4_CU_INLINE void pdl_wait_primary()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <int MT, bool FP8> struct decode_cfg {
     static constexpr int MW = MT < 2 ? MT : 2;  /* m16 tiles per warp */
     static constexpr int HG = MT / MW;          /* head groups */
@@ -285,6 +302,7 @@ template <int MT, bool FP8>
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
 {
     typedef decode_cfg<MT, FP8> C;
+    pdl_release_dependents();
     extern __shared__ __align__(128) uint8_t smem_raw[];
     uint8_t *smem = align1024(smem_raw);
     uint8_t *sQ = smem + C::Q_OFF;
@@ -747,6 +765,7 @@ template <bool FP8> struct wg_cfg {
 __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    pdl_release_dependents();
     WG_SMEM_SETUP(false);
     ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
     load_q<64>(p, t, h0, sQ, tid);
@@ -778,6 +797,7 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
 __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    pdl_release_dependents();
     WG_SMEM_SETUP(true);
     uint8_t *const raw0 = smem + C::RAW_OFF, *const raw1 = raw0 + RAW_SPAN;
     ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
@@ -1197,6 +1217,7 @@ static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int
 
 template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
 {
+    pdl_release_dependents();
     extern __shared__ __align__(128) uint8_t smem_raw[];
     uint8_t *smem = align1024(smem_raw);
     const int t = blockIdx.x, h0 = blockIdx.y * 64, split = blockIdx.z;
@@ -1293,34 +1314,52 @@ __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(WS_NT, 1) decode_ws_
 #endif
 }
 
-/* One warp per (token, head): merge the splits in order, apply the sink, write BF16 + lse. */
-__global__ void __launch_bounds__(NT) combine_kernel(const dsv4_cu_decode p)
+/* One CTA of COMBINE_NT threads per (token, head), each thread 8 of the 512 values: merge the
+ * splits in order, apply the sink, write BF16 + lse. At small T the rows are few (64 at T = 1), so
+ * a row gets a CTA of its own and each thread issues the loads of four splits before it adds them:
+ * the kernel is load latency, not bandwidth (docs/kernels.md §12.1). */
+#define COMBINE_NT 64
+__global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decode p)
 {
-    const long long w = (long long)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    const long long rows = (long long)p.t * p.h;
-    if (w >= rows) return;
+    const long long w = blockIdx.x, rows = (long long)p.t * p.h;
+    const int d0 = threadIdx.x * 8;
     const int t = (int)(w / p.h), h = (int)(w % p.h);
+    pdl_wait_primary(); /* launched while the decode runs: its partial results are complete from here */
     float L = -INFINITY;
     for (int s = 0; s < p.splits; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
-    float acc[16];
+    float acc[8];
 #pragma unroll
-    for (int k = 0; k < 16; k++) acc[k] = 0.0f;
+    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
     float wsum = 0.0f;
     if (L != -INFINITY) {
-        for (int s = 0; s < p.splits; s++) {
-            const float ls = p.part_lse[s * rows + w];
-            if (ls == -INFINITY) continue;
-            const float wt = expf(ls - L);
-            wsum += wt;
-            const float4 *src = (const float4 *)(p.part_o + (s * rows + w) * 512 + lane * 16);
+        for (int s0 = 0; s0 < p.splits; s0 += 4) {
+            float wt[4];
+            bool used[4];
+            float4 v[4][2];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float4 v = src[k];
-                acc[4 * k] += wt * v.x;
-                acc[4 * k + 1] += wt * v.y;
-                acc[4 * k + 2] += wt * v.z;
-                acc[4 * k + 3] += wt * v.w;
+            for (int i = 0; i < 4; i++) { /* every load of the four first */
+                const int s = s0 + i;
+                const float ls = s < p.splits ? p.part_lse[s * rows + w] : -INFINITY;
+                used[i] = ls != -INFINITY;
+                wt[i] = used[i] ? expf(ls - L) : 0.0f;
+                if (used[i]) {
+                    const float4 *src = (const float4 *)(p.part_o + (s * rows + w) * 512 + d0);
+                    v[i][0] = src[0], v[i][1] = src[1];
+                } else {
+                    v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* then the sums, in split order */
+                if (!used[i]) continue;
+                wsum += wt[i];
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    acc[4 * k] += wt[i] * v[i][k].x;
+                    acc[4 * k + 1] += wt[i] * v[i][k].y;
+                    acc[4 * k + 2] += wt[i] * v[i][k].z;
+                    acc[4 * k + 3] += wt[i] * v[i][k].w;
+                }
             }
         }
     }
@@ -1331,16 +1370,11 @@ __global__ void __launch_bounds__(NT) combine_kernel(const dsv4_cu_decode p)
         const float sink = p.sink ? p.sink[h] : -INFINITY;
         f = (1.0f / wsum) / (1.0f + expf(sink - lse));
     }
-    if (lane == 0 && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
-    uint32_t bits[16];
+    if (threadIdx.x == 0 && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
+    uint32_t wv[4];
 #pragma unroll
-    for (int k = 0; k < 16; k++) bits[k] = cu_f32_bf16(acc[k] * f);
-    uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + lane * 16;
-    uint32_t wv[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) wv[k] = bits[2 * k] | (bits[2 * k + 1] << 16);
-    cu_st16(dst, make_uint4(wv[0], wv[1], wv[2], wv[3]));
-    cu_st16(dst + 8, make_uint4(wv[4], wv[5], wv[6], wv[7]));
+    for (int k = 0; k < 4; k++) wv[k] = cu_f32_bf16(acc[2 * k] * f) | (cu_f32_bf16(acc[2 * k + 1] * f) << 16);
+    cu_st16(p.out + t * p.o_st + h * p.o_sh + d0, make_uint4(wv[0], wv[1], wv[2], wv[3]));
 }
 
 extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
@@ -1412,6 +1446,25 @@ static int fp8_kernel_choice(const dsv4_cu_decode *d)
     return per_cta <= 1 ? K_V1 : K_WS2;
 }
 
+/* The combine as a programmatic dependent of the decode just launched on the same stream (also
+ * under graph capture, where it becomes a programmatic edge): see pdl_release_dependents. */
+static int launch_combine(const dsv4_cu_decode *d, cudaStream_t stream)
+{
+    const long long rows = (long long)d->t * d->h;
+    cudaLaunchAttribute attr[1];
+    memset(attr, 0, sizeof attr);
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)rows);
+    cfg.blockDim = dim3(COMBINE_NT);
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelEx(&cfg, combine_kernel, *d);
+}
+
 extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
 {
     if (d->t == 0 || d->h == 0) return 0;
@@ -1426,7 +1479,5 @@ extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
     else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
     else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);
     if (err || d->splits <= 1) return err;
-    long long rows_th = (long long)d->t * d->h;
-    combine_kernel<<<(unsigned)((rows_th + NT / 32 - 1) / (NT / 32)), NT, 0, st>>>(*d);
-    return (int)cudaGetLastError();
+    return launch_combine(d, st);
 }
