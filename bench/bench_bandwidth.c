@@ -125,13 +125,10 @@ typedef struct probe_arg {
     probe_part *part;
 } probe_arg;
 
-static void touch_parts(void *arg, dsv4_par_loop *l, int worker)
+static void touch_chunks(void *arg, int64_t lo, int64_t hi)
 {
     const probe_arg *a = arg;
-    int64_t lo, hi;
-    while (dsv4_par_next(l, &lo, &hi))
-        for (int64_t i = lo; i < hi; i++) memset(a->buf + a->chunk * (size_t)i, 0x5A ^ (int)i, a->chunk);
-    (void)worker;
+    for (int64_t i = lo; i < hi; i++) memset(a->buf + a->chunk * (size_t)i, 0x5A ^ (int)i, a->chunk);
 }
 
 static void read_parts(void *arg, dsv4_par_loop *l, int worker)
@@ -176,7 +173,7 @@ bench_bw bench_read_bw(size_t min_bytes, int threads, int passes)
     const dsv4_exec ex = {.threads = threads, .pool = pool};
     const int64_t nc = 4 * (int64_t)threads; /* chunks a burst */
     probe_arg a = {.buf = buf, .chunk = burst / 4 / 64 * 64, .pass = pick_pass(&r.isa), .part = pp};
-    dsv4_par_team(&ex, nc * nb, 1, touch_parts, &a); /* every page written before the first timed read */
+    dsv4_par_for(&ex, nc * nb, 1, touch_chunks, &a); /* every page written before the first timed read */
     for (int p = 0; p < passes; p++)
         for (int b = 0; b < nb; b++) {
             a.at = a.chunk * (size_t)(nc * b);
