@@ -22,9 +22,9 @@ extern const cli_opt bench_options[];
 
 /* ---- utilities (bench_util.c) ---- */
 double bench_now(void); /* seconds, monotonic */
-/* Memory read bandwidth (bench_bandwidth.c): a pool of `threads` threads (core/pool.h, as the
- * kernels) reads a buffer of max(min_bytes, 8x the last-level cache, 1 GiB) in 32 MiB bursts with
- * the widest vector loads, in `passes` passes (at most 8) alternating two prefetch variants; the
+/* Memory read bandwidth (bench_bandwidth.c): `threads` threads each read their own contiguous part
+ * of a buffer of max(min_bytes, 8x the last-level cache, 1 GiB) with the widest vector loads, in
+ * `passes` passes (at most 8) alternating two prefetch variants, timed in 32 MiB bursts; the
  * variant with the best burst gives best and median (GB/s = 1e9 B/s). */
 typedef struct bench_bw {
     double best, median;

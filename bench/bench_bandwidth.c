@@ -3,17 +3,14 @@
  *
  * Method (BENCHMARKS.md, "Benchmark methods"): a buffer of max(the caller's size, 8x the
  * last-level cache found in /sys, 1 GiB), at most a quarter of the memory, aligned to 2 MiB and
- * offered to transparent huge pages, every page written first; then bursts of 32 MiB (at least
- * 4 MiB a thread), each one team loop on a pool of the caller's thread count (the pool the kernels
- * run on, core/pool.h; one thread: the caller alone), 4 chunks a thread, each chunk read with the
- * widest vector loads of the machine (bandwidth_avx512.c, bandwidth_avx2.c, or 8-byte loads here)
- * into eight independent chains, timed by the caller. Passes over the buffer alternate between
- * two variants — the hardware prefetchers alone, and a software prefetch of every line 8 KiB
- * ahead into L2, as the linear kernels stream their weights. The result is the variant with the
- * best burst: its best and its median. */
+ * offered to transparent huge pages; in one OpenMP region every thread first writes, then reads
+ * its own contiguous part with the widest vector loads of the machine (bandwidth_avx512.c,
+ * bandwidth_avx2.c, or 8-byte loads here), eight independent chains. Passes alternate between two
+ * variants — the hardware prefetchers alone, and a software prefetch of every line 8 KiB ahead
+ * into L2 — and each pass is timed between two barriers by the first thread. The result is the
+ * variant with the best pass: its best and its median. */
 #define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "bench.h"
-#include "core/pool.h"
 #include "dsv4.h"
 
 #include <omp.h>
@@ -110,35 +107,6 @@ static pass_fn pick_pass(const char **name)
 }
 
 /* ---- the probe ------------------------------------------------------------------------------- */
-/* A burst reads [at, at + 4 x threads x chunk) of the buffer as one team loop on the pool the
- * kernels run on (core/pool.h), 4 chunks a thread claimed as threads come free, as the pool cuts
- * a linear call: the probe sees the threads, wake-ups and stalls of a call of that size, and a
- * thread that lost its core leaves its chunks to the others. */
-typedef struct probe_part {
-    uint64_t sink;
-    char pad[56]; /* one line a thread */
-} probe_part;
-typedef struct probe_arg {
-    char *buf;
-    size_t chunk, at, far;
-    pass_fn pass;
-    probe_part *part;
-} probe_arg;
-
-static void touch_chunks(void *arg, int64_t lo, int64_t hi)
-{
-    const probe_arg *a = arg;
-    for (int64_t i = lo; i < hi; i++) memset(a->buf + a->chunk * (size_t)i, 0x5A ^ (int)i, a->chunk);
-}
-
-static void read_parts(void *arg, dsv4_par_loop *l, int worker)
-{
-    probe_arg *a = arg;
-    int64_t lo, hi;
-    while (dsv4_par_next(l, &lo, &hi))
-        for (int64_t i = lo; i < hi; i++) a->part[worker].sink ^= a->pass(a->buf + a->at + a->chunk * (size_t)i, a->chunk, a->far);
-}
-
 bench_bw bench_read_bw(size_t min_bytes, int threads, int passes)
 {
     bench_bw r;
@@ -159,37 +127,38 @@ bench_bw bench_read_bw(size_t min_bytes, int threads, int passes)
     const int nb = (int)((bytes + burst * (size_t)threads - 1) / (burst * (size_t)threads));
     bytes = burst * (size_t)threads * (size_t)nb;
     void *buf = NULL;
-    dsv4_pool *pool = NULL;
     double *t = malloc(sizeof *t * (size_t)(passes * nb)), *g = malloc(sizeof *g * (size_t)(passes * nb));
-    probe_part *pp = calloc((size_t)threads, sizeof *pp);
-    if (!t || !g || !pp || posix_memalign(&buf, (size_t)2 << 20, bytes) || dsv4_pool_create(threads, &pool) != DSV4_OK) {
+    if (!t || !g || posix_memalign(&buf, (size_t)2 << 20, bytes)) {
         free(t);
         free(g);
-        free(pp);
-        free(buf);
         return r;
     }
     madvise(buf, bytes, MADV_HUGEPAGE); /* advice only: 4 KiB pages when refused */
-    const dsv4_exec ex = {.threads = threads, .pool = pool};
-    const int64_t nc = 4 * (int64_t)threads; /* chunks a burst */
-    probe_arg a = {.buf = buf, .chunk = burst / 4 / 64 * 64, .pass = pick_pass(&r.isa), .part = pp};
-    dsv4_par_for(&ex, nc * nb, 1, touch_chunks, &a); /* every page written before the first timed read */
-    for (int p = 0; p < passes; p++)
-        for (int b = 0; b < nb; b++) {
-            a.at = a.chunk * (size_t)(nc * b);
-            a.far = p & 1 ? (size_t)PREFETCH_FAR : 0;
-            const double t0 = bench_now();
-            dsv4_par_team(&ex, nc, 1, read_parts, &a);
-            t[p * nb + b] = bench_now() - t0;
-        }
+    pass_fn pass = pick_pass(&r.isa);
+    int used = threads;
     uint64_t sink = 0;
-    for (int i = 0; i < threads; i++) sink ^= pp[i].sink;
+#pragma omp parallel num_threads(threads) reduction(^ : sink)
+    {
+        const int id = omp_get_thread_num(), nt = omp_get_num_threads();
+        const size_t per = burst * (size_t)threads * (size_t)nb / (size_t)nt / 64 * 64, bt = per / (size_t)nb / 64 * 64;
+        char *mine = (char *)buf + per * (size_t)id;
+        if (id == 0) used = nt;
+        memset(mine, 0x5A ^ id, per); /* first touch by the thread that reads it */
+        double t0 = 0.0;
+        for (int p = 0; p < passes; p++)
+            for (int b = 0; b < nb; b++) {
+#pragma omp barrier
+                if (id == 0) t0 = bench_now();
+                sink ^= pass(mine + bt * (size_t)b, bt, p & 1 ? (size_t)PREFETCH_FAR : 0);
+#pragma omp barrier
+                if (id == 0) t[p * nb + b] = bench_now() - t0;
+            }
+    }
     volatile uint64_t keep = sink;
     (void)keep;
-    dsv4_pool_destroy(pool);
-    free(pp);
     free(buf);
-    r.burst = a.chunk * (size_t)nc;
+    const size_t bt = bytes / (size_t)used / 64 * 64 / (size_t)nb / 64 * 64;
+    r.burst = bt * (size_t)used;
     double best[2] = {0.0, 0.0};
     int n[2] = {0, 0};
     for (int p = 0; p < passes; p++)
@@ -203,7 +172,7 @@ bench_bw bench_read_bw(size_t min_bytes, int threads, int passes)
     r.best = best[v];
     r.median = bench_median(g + v * (passes / 2) * nb, n[v]);
     r.far = v ? PREFETCH_FAR : 0;
-    r.threads = threads;
+    r.threads = used;
     r.passes = passes;
     r.bursts = n[v];
     r.bytes = bytes;
