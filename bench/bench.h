@@ -24,8 +24,8 @@ extern const cli_opt bench_options[];
 double bench_now(void); /* seconds, monotonic */
 /* Memory read bandwidth (bench_bandwidth.c): `threads` threads each read their own contiguous part
  * of a buffer of max(min_bytes, 8x the last-level cache, 1 GiB) with the widest vector loads, in
- * `passes` passes of each of two prefetch variants; the variant with the best pass gives best and
- * median (GB/s = 1e9 B/s). */
+ * `passes` passes (at most 8) alternating two prefetch variants, timed in 32 MiB bursts; the
+ * variant with the best burst gives best and median (GB/s = 1e9 B/s). */
 typedef struct bench_bw {
     double best, median;
     int threads, passes, bursts; /* passes over the buffer; timed bursts of the variant used */
@@ -114,6 +114,7 @@ typedef struct bench_lshape {
 } bench_lshape;
 extern const bench_lshape bench_lshapes[]; /* every distinct linear shape of a V4-Flash block */
 extern const int bench_nlshapes;
+extern const bench_lshape bench_lshape_head; /* the LM head, vocabulary x D */
 /* `copies` distinct copies of one weight + its scale in `fmt`, together >= min_total bytes. */
 typedef struct bench_wset {
     dsv4_linear_format fmt;

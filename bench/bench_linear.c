@@ -1,5 +1,6 @@
 /* dsv4 bench linear: the linear layers (docs/kernels.md §5) at every V4-Flash shape (bench_lshapes,
- * linear_weights.c) in every format, M = 1 .. 32. Effective weight GB/s (weight + scale bytes of the
+ * linear_weights.c) in every format, and the LM head (bench_lshape_head) in every format but F32,
+ * M = 1 .. 32. Effective weight GB/s (weight + scale bytes of the
  * format / time per call) next to the read bandwidth measured in the same run, GFLOP/s next to the
  * FMA peak, and OpenBLAS sgemv (M = 1) / sgemm on the same weights dequantized to F32 (OpenBLAS, or
  * another CBLAS, is opened when the benchmark runs: dsv4 is not linked with it), timed by the
@@ -59,7 +60,7 @@ static int run_blas(void *arg, int copy)
 
 /* Every M of one shape in one format: `rounds` alternating passes of dsv4 and the peer over all copies. */
 static int run_case(dsv4_ctx *ctx, const bench_lshape *c, dsv4_linear_format fmt, int64_t only_m, size_t min_total,
-                    int rounds, result *out)
+                    int rounds, int peer, result *out)
 {
     bench_wset ws;
     bench_wset_init(&ws, c, fmt, min_total);
@@ -77,7 +78,7 @@ static int run_case(dsv4_ctx *ctx, const bench_lshape *c, dsv4_linear_format fmt
     int fcopies = (int)((min_total + f32_bytes - 1) / f32_bytes);
     if (fcopies < 2) fcopies = 2;
     float *wf = NULL;
-    if (bench_blas.sgemv && !(wf = bench_wset_f32(ctx, &ws, fcopies))) die("dequantize");
+    if (peer && bench_blas.sgemv && !(wf = bench_wset_f32(ctx, &ws, fcopies))) die("dequantize");
     int n = 0;
     for (int mi = 0; mi < NM; mi++) {
         if (only_m && ms[mi] != only_m) continue;
@@ -129,7 +130,7 @@ int dsv4_bench_linear(int argc, char **argv)
     dsv4_ctx *ctx = NULL;
     const dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
     if (dsv4_ctx_create(&o, &ctx)) die("context");
-    result *res = calloc((size_t)bench_nlshapes * DSV4_LINEAR_FORMAT_COUNT * NM, sizeof(result));
+    result *res = calloc((size_t)(bench_nlshapes + 1) * DSV4_LINEAR_FORMAT_COUNT * NM, sizeof(result));
     if (!res) die("out of memory");
     int nres = 0;
     for (int ci = 0; ci < bench_nlshapes; ci++) {
@@ -138,8 +139,17 @@ int dsv4_bench_linear(int argc, char **argv)
             const dsv4_linear_format fmt = (dsv4_linear_format)f;
             if (quick && fmt != c->ckpt) continue;
             if (only && !strstr(c->name, only) && strcmp(dsv4_linear_format_name(fmt), only)) continue;
-            nres += run_case(ctx, c, fmt, only_m, min_total, rounds, res + nres);
+            nres += run_case(ctx, c, fmt, only_m, min_total, rounds, 1, res + nres);
         }
+    }
+    /* the LM head: 2 copies of 0.3-1.1 GB; not in F32 (2.1 GB a copy) and without the peer (its
+     * F32 copies), so that the bench stays within a few GB */
+    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
+        const bench_lshape *c = &bench_lshape_head;
+        const dsv4_linear_format fmt = (dsv4_linear_format)f;
+        if (fmt == DSV4_LINEAR_F32 || (quick && fmt != c->ckpt)) continue;
+        if (only && !strstr(c->name, only) && strcmp(dsv4_linear_format_name(fmt), only)) continue;
+        nres += run_case(ctx, c, fmt, only_m, min_total, rounds, 0, res + nres);
     }
     dsv4_ctx_destroy(ctx);
     const double bw1 = bench_read_bandwidth(bw_bytes, threads, 5), bw = bw0 > bw1 ? bw0 : bw1;

@@ -12,6 +12,11 @@
  * batched decode (BENCHMARKS.md, "Batched decode (CPU)"): B = 1 .. 32 sequences, each prefilled
  * with an 8-token prompt, append one token each per dsv4_engine_forward_batch call; aggregate
  * tokens/s next to the roofline of B tokens (bytes_step and flops_step below).
+ * With only 3 blocks the 1 GB BF16 LM head is half of what a step of this checkpoint reads, so its
+ * decode rows are followed by the same step by weight class (attention, shared expert, routed
+ * experts, router, norms, LM head; print_classes): bytes here and in the 43-layer V4-Flash, and
+ * each class's own M = 1 kernel rate (class_rates, timed in turn with the decode), from which
+ * the 43-layer decode rate is extrapolated, labelled as such.
  *   --quick: the tiny model only; --model DIR: that checkpoint only; --threads N;
  *   --max-batch B: the largest B (32); --busy N: N CPU-bound competing processes (forked spinners)
  *   run during the model parts (the bandwidth and peaks above them are measured before);
@@ -68,28 +73,49 @@ static void add_l(cost *c, const dsv4_linear_weight *w, int times, int as_bf16)
     c->params += times * n;
 }
 
-/* Weights one token reads in block L: everything but the experts it is not routed to. */
-static void add_block(cost *c, const dsv4_layer_weights *L, const dsv4_model_config *cfg)
+/* The weight classes a decode step reads, each reported with its own bytes and kernel rate. */
+enum { C_ATTN, C_SHARED, C_ROUTED, C_ROUTER, C_OTHER, C_HEAD, NCLASS, MAX_BLK = 8, CLASS_ROUNDS = 2 };
+static const char *const class_name[NCLASS] = {"attention (projections, compressors, indexer)", "shared expert",
+                                               "routed experts (k of them)", "router gate", "norms, mHC, embedding row",
+                                               "LM head"};
+
+static double sum_bytes(const cost *cls) /* over the classes */
 {
-    const dsv4_linear_weight *lin[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_b, &L->index_wq_b, &L->e_proj, &L->h_proj,
-                                       &L->shared.w1, &L->shared.w2, &L->shared.w3};
-    const dsv4_tensor *t[] = {&L->attn_norm, &L->ffn_norm, &L->hc_attn_fn, &L->hc_ffn_fn, &L->q_norm, &L->kv_norm,
-                              &L->attn_sink, &L->compressor.wkv, &L->compressor.wgate, &L->index_weights_proj,
-                              &L->index_compressor.wkv, &L->index_compressor.wgate, &L->gate_weight, &L->gate_bias,
-                              &L->enorm, &L->hnorm, &L->norm, &L->hc_head_fn};
-    add_l(c, &L->wo_a, 1, 1);
-    for (size_t i = 0; i < sizeof lin / sizeof *lin; i++) add_l(c, lin[i], 1, 0);
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) add_t(c, t[i]);
+    double s = 0.0;
+    for (int c = 0; c < NCLASS; c++) s += cls[c].bytes;
+    return s;
+}
+
+/* Weights one token reads in block L, by class: everything but the experts it is not routed to. */
+static void add_block(cost *cls, const dsv4_layer_weights *L, const dsv4_model_config *cfg)
+{
+    const dsv4_linear_weight *att[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_b, &L->index_wq_b, &L->e_proj, &L->h_proj};
+    const dsv4_linear_weight *sh[] = {&L->shared.w1, &L->shared.w2, &L->shared.w3};
+    const dsv4_tensor *att_t[] = {&L->q_norm, &L->kv_norm, &L->attn_sink, &L->compressor.wkv, &L->compressor.wgate,
+                                  &L->index_weights_proj, &L->index_compressor.wkv, &L->index_compressor.wgate};
+    const dsv4_tensor *other_t[] = {&L->attn_norm, &L->ffn_norm, &L->hc_attn_fn, &L->hc_ffn_fn,
+                                    &L->enorm,     &L->hnorm,    &L->norm,       &L->hc_head_fn};
+    add_l(&cls[C_ATTN], &L->wo_a, 1, 1);
+    for (size_t i = 0; i < sizeof att / sizeof *att; i++) add_l(&cls[C_ATTN], att[i], 1, 0);
+    for (size_t i = 0; i < sizeof sh / sizeof *sh; i++) add_l(&cls[C_SHARED], sh[i], 1, 0);
+    for (size_t i = 0; i < sizeof att_t / sizeof *att_t; i++) add_t(&cls[C_ATTN], att_t[i]);
+    for (size_t i = 0; i < sizeof other_t / sizeof *other_t; i++) add_t(&cls[C_OTHER], other_t[i]);
+    add_t(&cls[C_ROUTER], &L->gate_weight);
+    add_t(&cls[C_ROUTER], &L->gate_bias);
     int k = (int)cfg->n_activated_experts;
-    add_l(c, &L->experts[0].w1, k, 0);
-    add_l(c, &L->experts[0].w2, k, 0);
-    add_l(c, &L->experts[0].w3, k, 0);
+    add_l(&cls[C_ROUTED], &L->experts[0].w1, k, 0);
+    add_l(&cls[C_ROUTED], &L->experts[0].w2, k, 0);
+    add_l(&cls[C_ROUTED], &L->experts[0].w3, k, 0);
 }
 
 typedef struct model_cost {
     cost main, mtp;  /* per token: main model (incl. head); MTP block + head per draft */
     cost head;       /* the LM head */
     cost expert;     /* one routed expert: w1, w2, w3 */
+    cost cls[NCLASS], mtp_block[NCLASS]; /* main model by class; the MTP block (no head) by class */
+    cost blk[MAX_BLK][NCLASS];           /* the first MAX_BLK main blocks by class */
+    uint8_t kind[MAX_BLK], hash[MAX_BLK]; /* their attention kind and routing */
+    int n_blk;                            /* main blocks (blk holds min(n_blk, MAX_BLK)) */
     double embed_row; /* bytes of one embedding row */
     int moe_layers, k, E; /* main-model blocks with routed experts; experts per token; experts */
 } model_cost;
@@ -114,6 +140,11 @@ static double bytes_step(const model_cost *mc, int B)
  * products (2 x 64 heads x entries x 1024 per token and layer) are < 0.1 % at these lengths. */
 static double flops_step(const model_cost *mc, int B) { return 2.0 * mc->main.params * B; }
 
+static void add_classes(cost *to, const cost *from)
+{
+    for (int c = 0; c < NCLASS; c++) to[c].bytes += from[c].bytes, to[c].params += from[c].params;
+}
+
 static int cost_of(const char *dir, model_cost *mc)
 {
     dsv4_model *m = NULL;
@@ -121,16 +152,25 @@ static int cost_of(const char *dir, model_cost *mc)
     const dsv4_model_weights *w = dsv4_model_get_weights(m);
     const dsv4_model_config *c = dsv4_model_get_config(m);
     memset(mc, 0, sizeof *mc);
-    add_t(&mc->main, &w->head);
     add_t(&mc->head, &w->head);
-    add_t(&mc->main, &w->hc_head_fn);
-    add_t(&mc->main, &w->norm);
+    add_t(&mc->cls[C_HEAD], &w->head);
+    add_t(&mc->cls[C_OTHER], &w->hc_head_fn);
+    add_t(&mc->cls[C_OTHER], &w->norm);
     mc->embed_row = (double)c->dim * (double)dsv4_dtype_size(w->embed.dtype);
-    mc->main.bytes += mc->embed_row;
+    mc->cls[C_OTHER].bytes += mc->embed_row;
+    mc->n_blk = w->n_layers;
     for (int b = 0; b < w->n_layers; b++) {
-        add_block(&mc->main, &w->layers[b], c);
+        cost one[NCLASS] = {{0}};
+        add_block(one, &w->layers[b], c);
+        add_classes(mc->cls, one);
+        if (b < MAX_BLK) {
+            memcpy(mc->blk[b], one, sizeof one);
+            mc->kind[b] = c->attn_kind[b];
+            mc->hash[b] = c->hash_routed[b];
+        }
         mc->moe_layers += w->layers[b].experts && w->layers[b].experts[0].w1.weight.data;
     }
+    for (int k = 0; k < NCLASS; k++) mc->main.bytes += mc->cls[k].bytes, mc->main.params += mc->cls[k].params;
     if (w->n_layers && w->layers[0].experts) {
         add_l(&mc->expert, &w->layers[0].experts[0].w1, 1, 0);
         add_l(&mc->expert, &w->layers[0].experts[0].w2, 1, 0);
@@ -139,11 +179,44 @@ static int cost_of(const char *dir, model_cost *mc)
     mc->k = (int)c->n_activated_experts;
     mc->E = (int)c->n_routed_experts;
     if (w->n_mtp) {
-        add_block(&mc->mtp, &w->layers[w->n_layers], c);
-        add_t(&mc->mtp, &w->head);
+        add_block(mc->mtp_block, &w->layers[w->n_layers], c);
+        mc->mtp.bytes = sum_bytes(mc->mtp_block) + mc->head.bytes;
+        for (int k = 0; k < NCLASS; k++) mc->mtp.params += mc->mtp_block[k].params;
+        mc->mtp.params += mc->head.params;
     }
     dsv4_model_close(m);
     return 1;
+}
+
+/* The same classes for the whole V4-Flash (dsv4_config_default: 43 layers + MTP): each of its
+ * layers weighs what the block of this checkpoint with its attention kind weighs, its router what
+ * a block with its routing (hash or learned) has; the head, the embedding row, the final norms
+ * and the MTP block as here. 0 when this checkpoint lacks a kind. */
+static int flash_classes(const model_cost *mc, cost *out)
+{
+    dsv4_model_config f;
+    dsv4_config_default(&f);
+    memset(out, 0, sizeof(cost) * NCLASS);
+    const int nb = mc->n_blk < MAX_BLK ? mc->n_blk : MAX_BLK;
+    for (int i = 0; i < f.n_layers; i++) {
+        int ba = -1, br = -1;
+        for (int b = nb - 1; b >= 0; b--) {
+            if (mc->kind[b] == f.attn_kind[i]) ba = b;
+            if (mc->hash[b] == f.hash_routed[i]) br = b;
+        }
+        if (ba < 0 || br < 0) return 0;
+        for (int c = 0; c < NCLASS; c++) {
+            const cost *x = &mc->blk[c == C_ROUTER ? br : ba][c];
+            out[c].bytes += x->bytes;
+            out[c].params += x->params;
+        }
+    }
+    cost top[NCLASS]; /* what the main model reads outside its blocks */
+    memcpy(top, mc->cls, sizeof top);
+    for (int b = 0; b < nb; b++)
+        for (int c = 0; c < NCLASS; c++) top[c].bytes -= mc->blk[b][c].bytes, top[c].params -= mc->blk[b][c].params;
+    add_classes(out, top);
+    return nb == mc->n_blk;
 }
 
 static void fill_ids(int32_t *ids, int n, int64_t vocab, uint64_t seed)
@@ -184,6 +257,105 @@ static int decode(dsv4_engine *e, const int32_t *prompt, int n_prompt, int token
     return ok;
 }
 
+/* ---- the weight classes at their kernels' rates -------------------------------------------- */
+/* The products behind each class's bytes, at V4-Flash shapes (bench_lshapes: linear_weights.c, by
+ * index) in the formats the engine runs them in: wo_a as BF16 (converted at load), the routed
+ * experts FP4, the shared expert FP8, the router gate BF16. times: calls per token and layer. */
+typedef struct class_product {
+    int cls, shape;
+    dsv4_linear_format fmt;
+    int times;
+} class_product;
+static const class_product class_products[] = {
+    {C_ATTN, 0, DSV4_LINEAR_FP8_B128, 1},   {C_ATTN, 1, DSV4_LINEAR_FP8_B128, 1},   {C_ATTN, 2, DSV4_LINEAR_FP8_B128, 1},
+    {C_ATTN, 3, DSV4_LINEAR_BF16, 1},       {C_ATTN, 4, DSV4_LINEAR_FP8_B128, 1},   {C_ATTN, 5, DSV4_LINEAR_FP8_B128, 1},
+    {C_SHARED, 6, DSV4_LINEAR_FP8_B128, 2}, {C_SHARED, 7, DSV4_LINEAR_FP8_B128, 1}, {C_ROUTED, 6, DSV4_LINEAR_FP4, 2},
+    {C_ROUTED, 7, DSV4_LINEAR_FP4, 1},      {C_ROUTER, 8, DSV4_LINEAR_BF16, 1},     {C_HEAD, -1, DSV4_LINEAR_BF16, 1},
+};
+
+/* rate[c] = GB/s of class c: its products' weight + scale bytes / their time, each product timed
+ * at M = 1 by bench_time_pass over distinct copies of its weight (> 2x the last-level cache, so
+ * every call reads from memory), the sustained rate (pass time / copies), best of 3 passes. The
+ * norms, mHC and embedding row get the probe's rate (`bw`): no product, a few MB. 0 on failure. */
+static int class_rates(int threads, double bw, double *rate)
+{
+    dsv4_ctx *ctx = NULL;
+    const dsv4_ctx_options o = {.backend = "cpu", .threads = threads};
+    if (dsv4_ctx_create(&o, &ctx) != DSV4_OK) return 0;
+    size_t min_total = (size_t)256 << 20;
+    if (min_total < 2 * bench_llc_bytes()) min_total = 2 * bench_llc_bytes();
+    double bytes[NCLASS] = {0}, secs[NCLASS] = {0};
+    uint16_t *x = bench_alloc_or_die((size_t)8 * 4096 * 2), *y = bench_alloc_or_die((size_t)bench_lshape_head.n * 2);
+    for (int i = 0; i < 8 * 4096; i++) x[i] = dsv4_bf16_encode(0.25f * (float)(i % 7) - 0.75f);
+    int ok = 1;
+    for (size_t p = 0; p < sizeof class_products / sizeof *class_products && ok; p++) {
+        const class_product *cp = &class_products[p];
+        const bench_lshape *sh = cp->shape < 0 ? &bench_lshape_head : &bench_lshapes[cp->shape];
+        bench_wset ws;
+        bench_wset_init(&ws, sh, cp->fmt, min_total);
+        size_t wsb = 0;
+        void *work = NULL;
+        ok = dsv4_linear_workspace_size(ctx, cp->fmt, sh->groups, sh->k, &wsb) == DSV4_OK && (work = bench_alloc(wsb + 1));
+        bench_lcall call;
+        bench_rate r = BENCH_RATE_INIT;
+        if (ok) bench_lcall_init(&call, ctx, sh, &ws, 1, x, y, work, wsb);
+        for (int pass = 0; pass < 3 && ok; pass++) ok = bench_time_pass(bench_lcall_run, &call, ws.copies, &r) == 0;
+        bytes[cp->cls] += (double)cp->times * (double)(ws.wbytes + ws.sbytes);
+        secs[cp->cls] += (double)cp->times * r.sustained;
+        free(work);
+        bench_wset_free(&ws);
+    }
+    if (!ok) fprintf(stderr, "bench run: timing the weight classes: %s\n", dsv4_last_error());
+    for (int c = 0; c < NCLASS; c++) rate[c] = secs[c] > 0.0 ? bytes[c] / secs[c] * 1e-9 : bw;
+    free(x);
+    free(y);
+    dsv4_ctx_destroy(ctx);
+    return ok;
+}
+
+/* Seconds a token's weights take at the class rates. */
+static double class_seconds(const cost *cls, const double *rate)
+{
+    double t = 0.0;
+    for (int c = 0; c < NCLASS; c++) t += cls[c].bytes / (rate[c] * 1e9);
+    return t;
+}
+
+/* The per-class table of a decode step (main model + the MTP block the engine runs with it), and
+ * what it says of the 43-layer V4-Flash: its bytes per token at each class's kernel rate, times
+ * engine / kernels of this run (the measured step over the step the class rates predict). */
+static void print_classes(const model_cost *mc, const double *rate, double bw, double tps)
+{
+    cost here[NCLASS], full[NCLASS];
+    memcpy(here, mc->cls, sizeof here);
+    add_classes(here, mc->mtp_block);
+    const int have_full = flash_classes(mc, full);
+    if (have_full) add_classes(full, mc->mtp_block);
+    const double th = sum_bytes(here), tf = have_full ? sum_bytes(full) : 0.0;
+    printf("weight classes of a decode step (main model + the MTP block; kernel GB/s = dsv4_linear M = 1 at the class's\n"
+           "V4-Flash shapes and formats, sustained over copies > 2x the last-level cache, in turn with the mtp 0 decode):\n");
+    printf("%-46s %9s %6s %11s %6s %9s %7s %7s\n", "class", "MB here", "share", "MB V4-Flash", "share", "kern GB/s",
+           "of read", "s share");
+    for (int c = 0; c < NCLASS; c++) {
+        const double sf = have_full ? full[c].bytes / (rate[c] * 1e9) / class_seconds(full, rate) : 0.0;
+        printf("%-46s %9.1f %5.1f%% %11.1f %5.1f%% %9.1f %7.2f %6.1f%%\n", class_name[c], here[c].bytes / 1e6,
+               100.0 * here[c].bytes / th, full[c].bytes / 1e6, have_full ? 100.0 * full[c].bytes / tf : 0.0, rate[c],
+               rate[c] / bw, 100.0 * sf);
+    }
+    const double kh = class_seconds(here, rate), measured = 1.0 / tps, factor = measured / kh;
+    printf("%-46s %9.1f %6s %11.1f %6s %9.1f %7.2f\n", "all (bytes / time at the class rates)", th / 1e6, "", tf / 1e6, "",
+           th / kh * 1e-9, th / kh * 1e-9 / bw);
+    printf("(MB V4-Flash: each of its 43 layers weighs this checkpoint's block of its attention kind, its router that\n"
+           "of its routing; s share = the class's part of the step time at the kernel rates)\n");
+    printf("this checkpoint: decode %.2f tok/s measured; the class rates alone give %.2f tok/s: engine / kernels %.2f\n", tps,
+           1.0 / kh, factor);
+    if (!have_full) return;
+    const double t43 = class_seconds(full, rate) * factor, roof43 = bw * 1e9 / tf;
+    printf("V4-Flash, 43 layers + MTP block, EXTRAPOLATED (class rates x engine / kernels, not run): %.0f MB / token,\n"
+           "  %.2f tok/s vs the roofline %.2f tok/s at %.1f GB/s = %.2f of the roofline (this checkpoint: %.2f)\n",
+           tf / 1e6, 1.0 / t43, roof43, bw, 1.0 / t43 / roof43, tps / (bw * 1e9 / th));
+}
+
 /* ---- batched decode ------------------------------------------------------------------------ */
 typedef struct run_opts {
     int threads, max_b, steps; /* largest B; timed steps per B */
@@ -191,6 +363,7 @@ typedef struct run_opts {
     int rounds;                /* interleaved rounds of the threads against one thread (0: none) */
     double peak;               /* GFLOP/s: the faster of the fp32 FMA and the vdpbf16ps peaks */
     const char *peak_of;
+    int classes;               /* the weight-class table after the decode rows (print_classes) */
 } run_opts;
 
 /* The ids of one step for B sequences: distinct (stride 7919, a prime above any pool here) from
@@ -415,6 +588,7 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
         printf("(the engine plans MTP here, so a plain step also runs the MTP block on one row: %.1f MB more, roofline %.1f tok/s)\n",
                mtp_block / 1e6, roof_mtp);
     int rc = 0;
+    double tps0 = 0.0;
     /* untimed first: greedy decoding of one prompt gives the same tokens with any k, so this pass
      * maps in every expert the timed ones route to (the first touch of a page is a fault) */
     dsv4_generate_stats warm;
@@ -424,6 +598,7 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
     }
     for (int k = 0; k <= 2 && !rc; k++) {
         dsv4_generate_stats st;
+        const long f0 = faults_now();
         if (!decode(e, ids, 8, n_decode, k, &st)) {
             fprintf(stderr, "bench run: %s\n", dsv4_last_error());
             rc = 1;
@@ -432,13 +607,34 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
         double tps = (double)(st.generated_tokens - 1) / st.decode_seconds;
         printf("decode %3d tokens, mtp %d: %8.1f tok/s = %.2f of the roofline", n_decode, k, tps, tps / roof);
         if (!k && mtp_block > 0) printf(" (%.2f with the MTP block)", tps / roof_mtp);
+        if (!k) tps0 = tps;
         if (k) printf("; acceptance %.0f%% (%lld/%lld), %.2f tokens/step", 100.0 * (double)st.accepted / (double)st.drafted,
                       (long long)st.accepted, (long long)st.drafted, (double)(st.generated_tokens - 1) / (double)(st.steps - 1));
-        printf("\n");
+        printf("; %.0f page faults / token\n", (double)(faults_now() - f0) / (double)st.generated_tokens);
     }
     if (mc.mtp.bytes > 0)
         printf("(an MTP step of k drafts verifies k+1 tokens in one forward and reads %.1f MB more per draft: MTP block + head)\n",
                mc.mtp.bytes / 1e6);
+    if (!rc && ro->classes) {
+        /* the class rates and the mtp 0 decode in turn, under the same load, best of CLASS_ROUNDS
+         * each; the probe again after them, the higher one is the roofline */
+        double rate[NCLASS] = {0}, best_tps = tps0;
+        for (int round = 0; round < CLASS_ROUNDS && !rc; round++) {
+            double r[NCLASS];
+            dsv4_generate_stats st;
+            rc = !class_rates(threads, bw_gbs, r) || (round > 0 && !decode(e, ids, 8, n_decode, 0, &st));
+            for (int c = 0; c < NCLASS && !rc; c++) rate[c] = r[c] > rate[c] ? r[c] : rate[c];
+            const double tps = rc || !round ? 0.0 : (double)(st.generated_tokens - 1) / st.decode_seconds;
+            best_tps = tps > best_tps ? tps : best_tps;
+        }
+        const bench_bw again = bench_read_bw(0, threads, 8);
+        bench_bw_print(&again);
+        const double bw = again.best > bw_gbs ? again.best : bw_gbs;
+        rate[C_OTHER] = bw; /* no product of its own (class_rates) */
+        printf("read bandwidth before / after: %.1f / %.1f GB/s, the table uses %.1f; decode mtp 0, best of %d: %.2f tok/s\n",
+               bw_gbs, again.best, bw, CLASS_ROUNDS, best_tps);
+        if (!rc) print_classes(&mc, rate, bw, best_tps);
+    }
     free(ids);
     free(logits);
     dsv4_engine_destroy(e);
@@ -651,7 +847,7 @@ static int run_models(run_opts *ro, int quick, const char *model, int steps, dou
 int dsv4_bench_run(int argc, char **argv)
 {
     run_opts ro = {bench_opt_int(argc, argv, "--threads", dsv4_default_threads()), bench_opt_int(argc, argv, "--max-batch", MAX_B),
-                   bench_opt_int(argc, argv, "--steps", 0), 0, 0, 0.0, NULL};
+                   bench_opt_int(argc, argv, "--steps", 0), 0, 0, 0.0, NULL, 0};
     int quick = bench_opt_flag(argc, argv, "--quick");
     const char *model = bench_opt_str(argc, argv, "--model", NULL);
     if (ro.max_b < 1 || ro.max_b > MAX_B) {
@@ -669,12 +865,15 @@ int dsv4_bench_run(int argc, char **argv)
         return 1;
     }
     const int threads = ro.threads, steps = ro.steps;
-    double bw = bench_read_bandwidth((size_t)512 << 20, threads, 4), peak = bench_fma_peak(threads);
+    const bench_bw probe = bench_read_bw(0, threads, 8);
+    bench_bw_print(&probe);
+    double bw = probe.best, peak = bench_fma_peak(threads);
     const double dot = bench_dot_peak(threads);
     ro.peak = dot > peak ? dot : peak;
     ro.peak_of = dot > peak ? "vdpbf16ps" : "fp32 FMA";
-    printf("bench run: %d threads, read bandwidth %.1f GB/s, FMA peak %.0f GFLOP/s, vdpbf16ps peak %.0f GFLOP/s (measured now)\n",
-           threads, bw, peak, dot);
+    printf("bench run: %d threads, read bandwidth %.1f GB/s (median %.1f), FMA peak %.0f GFLOP/s, vdpbf16ps peak %.0f GFLOP/s"
+           " (measured now)\n", threads, bw, probe.median, peak, dot);
+
     printf("published CPU results: a good one is ~15-20 tok/s per server socket on V4-Flash (llama.cpp 9.7),\n"
            "i.e. 11.2 GB/token at ~200-250 GB/s: the fraction of the roofline below compares with ~0.8 for those\n");
     pid_t pids[MAX_BUSY];
@@ -689,6 +888,7 @@ static int run_models(run_opts *ro_in, int quick, const char *model, int steps, 
 {
     run_opts ro = *ro_in;
     ro.pool = INT32_MAX; /* a real checkpoint or make-tiny: any id routes like a real token */
+    ro.classes = 0; /* the V4-Flash-shaped checkpoint's rows only */
     ro.steps = steps > 0 ? steps : 8;
     if (model) return bench_model(model, model, &ro, 64, 32, bw, peak);
     char tiny[] = "/tmp/dsv4-bench-tiny-XXXXXX", flash[] = "/tmp/dsv4-bench-flash-XXXXXX";
@@ -703,6 +903,7 @@ static int run_models(run_opts *ro_in, int quick, const char *model, int steps, 
     bench_rm_tree(tiny);
     if (rc || quick) return rc;
     ro.pool = ROUTE_IDS;
+    ro.classes = 1;
     ro.steps = steps > 0 ? steps : 8; /* two CSA compressions (ratio 4) per sequence */
     if (mkdtemp(flash) && bench_flash_like(flash))
         rc = bench_model("V4-Flash shapes, 3 blocks (SWA, CSA, HCA) + MTP, zero weights but the routing", flash, &ro, 32, 8, bw,
