@@ -329,6 +329,7 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(dsv4_cu_route a)
                     const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
                     if (oi >= 0 && (bi < 0 || ranks_before(ok, oi, bk, bi))) bk = ok, bi = oi;
                 }
+                __syncwarp(); /* every lane's reads of used[] before lane 0 marks the winner */
                 if (lane == 0) sel[s] = bi, sel_w[s] = score[bi], used[bi] = 1;
                 __syncwarp();
             }
