@@ -122,8 +122,8 @@ static int cmp_double(const void *a, const void *b)
 
 /* The optimized backend at each ISA against the scalar reference kernels, on greedy decoding: 64
  * steps after an 8-token prompt at the ISA (the logits of every position kept: prompt_logits), then
- * cpu-ref fed the same 72 tokens as one prompt (prefill == decodes, so its row of each step is
- * what its own decoding would see there).
+ * cpu-ref fed the same 71 positions (the prompt and the tokens but the last) as one prompt
+ * (prefill == decodes, so its row of each step is what its own decoding would see there).
  *
  * They sum in other orders (and the fast attention rounds P relative to a running maximum, the
  * reference relative to the maximum of the query's whole set): a few fp32 ulps, which the BF16
