@@ -243,8 +243,9 @@ static void test_cpu_vs_ref(dsv4_ctx *cr, const int32_t *prompt, int64_t vocab)
         }
         double err[N], worst = 0;
         for (int t = 0; t < N; t++) {
-            err[t] = rel_err(rows.logits + t * vocab, want.logits + t * vocab, vocab);
-            for (int64_t v = 0; v < vocab; v++) worst = fmax(worst, fabs((double)rows.logits[t * vocab + v] - want.logits[t * vocab + v]));
+            const float *g = rows.logits + t * vocab, *w = want.logits + t * vocab;
+            err[t] = rel_err(g, w, vocab);
+            for (int64_t v = 0; v < vocab; v++) worst = fmax(worst, fabs((double)g[v] - w[v]));
         }
         double e0 = err[0];
         qsort(err, N, sizeof *err, cmp_double);
