@@ -268,8 +268,9 @@ typedef struct dsv4_write_options {
 } dsv4_write_options;
 
 /* Write config.json and the safetensors of `cfg` into `dir` (created if absent) with
- * well-scaled random weights: FP8 weights with 128x128 E8M0 block scales, FP4 experts with
- * 1x32 scales (expert_format AUTO means FP4 here), hash tables with distinct experts. */
+ * random weights scaled as a trained network's (each residual branch a small update, logits of
+ * standard deviation ~2: docs/testing.md §4.1): FP8 weights with 128x128 E8M0 block scales, FP4
+ * experts with 1x32 scales (expert_format AUTO means FP4 here), hash tables with distinct experts. */
 DSV4_API dsv4_status dsv4_checkpoint_write(const char *dir, const dsv4_model_config *cfg,
                                            const dsv4_write_options *options);
 /* The token-id tiny model (`dsv4 make-tiny --no-tokenizer`, the test suite's): dsv4_config_tiny in the

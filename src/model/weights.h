@@ -16,11 +16,11 @@ typedef enum ws_kind {
 typedef enum ws_init {
     WI_NORM,     /* 1 + 0.1 N */
     WI_EMBED,    /* N(0, 1) */
-    WI_HEAD,     /* 4 / sqrt(in) N: logits of a few units */
+    WI_HEAD,     /* 2 / sqrt(in) N: logits of standard deviation ~2 */
     WI_LINEAR,   /* N / sqrt(in) */
-    WI_OUT,      /* 0.3 N / sqrt(in): output projections */
+    WI_OUT,      /* 0.05 N / sqrt(in): output projections, each branch a small update */
     WI_SMALL,    /* 0.1 N: mHC base, ape, router bias */
-    WI_HC_FN,    /* N / sqrt(in): mixes of unit size */
+    WI_HC_FN,    /* 0.2 N / sqrt(in): mixes near their base */
     WI_HC_SCALE, /* 0.75 + 0.1 N */
     WI_SINK,     /* N(0, 1) */
     WI_TID2EID   /* distinct expert ids per token */

@@ -108,7 +108,11 @@ static uint64_t tensor_seed(uint64_t seed, const char *canon)
     return h;
 }
 
-/* The float values of a slot, [numel] (row-major, logical shape). */
+/* The float values of a slot, [numel] (row-major, logical shape). Conditioned as trained networks
+ * are (docs/testing.md §4.1): every sub-layer reads an RMS-normalized input, so what sets the
+ * end-to-end gain is how much each residual branch adds to streams of RMS ~1 (the embedding
+ * rows): output projections are 0.05 / sqrt(in), a few percent per branch; the mHC mixes lean on
+ * their base (fn 0.2 / sqrt(in)); the head gives logits of standard deviation ~2. */
 static void gen_values(const ws_slot *s, uint64_t seed, float *x, int64_t numel)
 {
     uint64_t st = tensor_seed(seed, s->name);
@@ -119,8 +123,9 @@ static void gen_values(const ws_slot *s, uint64_t seed, float *x, int64_t numel)
         switch (s->init) {
         case WI_NORM: x[i] = 1.0f + 0.1f * n; break;
         case WI_EMBED: case WI_SINK: x[i] = n; break;
-        case WI_HEAD: x[i] = 4.0f * fan * n; break;
-        case WI_OUT: x[i] = 0.3f * fan * n; break;
+        case WI_HEAD: x[i] = 2.0f * fan * n; break;
+        case WI_OUT: x[i] = 0.05f * fan * n; break;
+        case WI_HC_FN: x[i] = 0.2f * fan * n; break;
         case WI_SMALL: x[i] = 0.1f * n; break;
         case WI_HC_SCALE: x[i] = 0.75f + 0.1f * n; break;
         default: x[i] = fan * n; break;

@@ -1,6 +1,7 @@
 /* The decode engine on the built-in tiny model (make-tiny: SWA / CSA / HCA layers, hash and learned
  * routing, MTP): prefill == single-token decodes (logits, MTP logits and cache bytes, any chunking),
- * 1 vs 2 threads bit for bit, the optimized cpu backend against the scalar cpu-ref backend,
+ * 1 vs 2 threads bit for bit, the optimized cpu backend at each ISA against the scalar cpu-ref
+ * backend (logits and greedy choices over 64 steps),
  * speculative greedy == plain greedy, memory planned once, every call size 1..max_batch and MTP
  * verification at a long context, planning at 2^24 positions in well under a second,
  * bad input -> a status, a message and an untouched sequence, a failure in the middle of the
@@ -101,42 +102,171 @@ static void test_prefill_decode_threads(dsv4_ctx *c1, dsv4_ctx *c2, const int32_
     dsv4_engine_destroy(e2);
 }
 
-/* The optimized backend against the scalar reference kernels. Their attention sums in other orders
- * (and the fast kernels round P relative to a running maximum, the reference relative to the
- * maximum of the query's whole set) and the model amplifies such one-ulp differences
- * through its FP8 activation quantization (tests/python/test_engine.py measures ~3 % between two
- * correct evaluations); so: median relative L2 error over positions <= 0.1, every position <= 0.5,
- * position 0 (which sees only itself) <= 0.05. */
-static void test_cpu_vs_ref(dsv4_ctx *c, dsv4_ctx *cr, const int32_t *ids, int64_t vocab)
+/* Relative L2 distance of two rows. */
+static double rel_err(const float *a, const float *b, int64_t n)
 {
-    const int n = 24;
-    dsv4_engine *e = open_engine(c, 32, 0), *er = open_engine(cr, 32, 0);
-    if (!e || !er) return;
-    run a = feed(e, ids, n, n, vocab), b = feed(er, ids, n, n, vocab);
-    double err[N_PROMPT];
-    for (int t = 0; t < n; t++) {
-        double num = 0, den = 0;
-        for (int64_t v = 0; v < vocab; v++) {
-            double d = (double)a.logits[t * vocab + v] - b.logits[t * vocab + v];
-            num += d * d;
-            den += (double)b.logits[t * vocab + v] * b.logits[t * vocab + v];
-        }
-        err[t] = sqrt(num / den);
+    double num = 0, den = 0;
+    for (int64_t v = 0; v < n; v++) {
+        double d = (double)a[v] - b[v];
+        num += d * d;
+        den += (double)b[v] * b[v];
     }
-    double e0 = err[0], worst = 0;
-    for (int t = 0; t < n; t++) worst = err[t] > worst ? err[t] : worst;
-    for (int i = 0; i < n; i++) /* sort for the median */
-        for (int j = i + 1; j < n; j++)
-            if (err[j] < err[i]) {
-                double x = err[i];
-                err[i] = err[j];
-                err[j] = x;
+    return sqrt(num / den);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The optimized backend at each ISA against the scalar reference kernels, on greedy decoding: 64
+ * steps after an 8-token prompt at the ISA (the logits of every position kept: prompt_logits), then
+ * cpu-ref fed the same 71 positions (the prompt and the tokens but the last) as one prompt
+ * (prefill == decodes, so its row of each step is what its own decoding would see there).
+ *
+ * They sum in other orders (and the fast attention rounds P relative to a running maximum, the
+ * reference relative to the maximum of the query's whole set): a few fp32 ulps, which the BF16
+ * roundings (2^-9 relative each: the streams after each of the 8 hc_post, every layer input, the
+ * logits' input) turn into one-ulp differences now and then, and the FP8 activation quantization
+ * into a flipped code (~6 % of one element). The conditioned tiny model (docs/testing.md §4.1)
+ * adds each branch as a few-percent update to the streams, so such flips stay small end to end.
+ * Measured over 20 models x 3 ISAs (DSV4_TEST_SEED 11-30; the model before this conditioning gave,
+ * on 48 random tokens: median 0.016-0.029, worst position 0.05-0.27, |logit difference| 0.7-3.5):
+ *   relative L2 per position: median <= 0.0053, worst position 0.042 (a routing or indexer choice
+ *   flipped at a near-tie, moving one branch), position 0 (it sees only itself) <= 1.3e-4;
+ *   |logit difference| at any position <= 0.27 (logits of standard deviation ~2; typically 0.05-0.1).
+ * Bounds: median <= 0.02 (4x), every position <= 0.1 (2.4x), position 0 <= 0.01 (room for one
+ * flipped FP8 code there, ~0.005), |logit difference| <= GREEDY_DELTA / 2 = 0.5: a whole branch
+ * flipped (~5 % of the streams in a random direction) moves the largest of 512 logits by about
+ * 0.05 x 2 x 3 = 0.3. The greedy rule that follows: wherever cpu-ref's top-2 margin exceeds
+ * GREEDY_DELTA, the ISA's token is cpu-ref's choice; at a near-tie either is right. So greedy
+ * decoding gives the same tokens on every ISA and on cpu-ref through the first near-tie, and each
+ * ISA chooses as cpu-ref at every other step (the random model's greedy chains are often near-ties:
+ * 12-60 of the 64 steps at GREEDY_DELTA 1, most often 50-58). */
+#define GREEDY_DELTA 1.0f
+
+enum { GREEDY_PROMPT = 8, GREEDY_STEPS = 64, GREEDY_LEN = GREEDY_PROMPT + GREEDY_STEPS - 1 };
+
+static const char *const cpu_isas[] = {"scalar", "avx2", "avx512"};
+
+static int argmax_row(const float *x, int64_t n, float *margin)
+{
+    int best = 0;
+    for (int64_t v = 1; v < n; v++) best = x[v] > x[best] ? (int)v : best;
+    float second = -INFINITY;
+    for (int64_t v = 0; v < n; v++) second = v != best && x[v] > second ? x[v] : second;
+    *margin = x[best] - second;
+    return best;
+}
+
+/* generate's logits rows, by position */
+typedef struct pos_rows {
+    float *logits; /* [GREEDY_LEN, vocab] */
+    int64_t vocab;
+    int seen;
+} pos_rows;
+
+static int keep_rows(void *user, const dsv4_gen_step *st)
+{
+    pos_rows *r = user;
+    for (int64_t i = 0; i < st->n_logits; i++) {
+        int64_t p = st->first_position + i;
+        if (p < 0 || p >= GREEDY_LEN) continue;
+        memcpy(r->logits + p * r->vocab, st->logits + i * r->vocab, sizeof(float) * (size_t)r->vocab);
+        r->seen++;
+    }
+    return 0;
+}
+
+/* Greedy decoding at ISA `isa` on engine e: ids[NP..] and every position's logits. */
+static int greedy_run(dsv4_engine *e, const char *isa, const int32_t *prompt, int32_t *ids, pos_rows *rows)
+{
+    int seq = -1;
+    int64_t n_out = 0;
+    rows->seen = 0;
+    dsv4_generate_options o = {GREEDY_STEPS, 0, {0.0f, 1.0f, 0}, 0, 1, keep_rows, rows};
+    memcpy(ids, prompt, sizeof(int32_t) * GREEDY_PROMPT);
+    CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
+    CHECK_STATUS(dsv4_engine_generate(e, seq, prompt, GREEDY_PROMPT, &o, ids + GREEDY_PROMPT, GREEDY_STEPS, &n_out, NULL),
+                 DSV4_OK);
+    dsv4_engine_seq_free(e, seq);
+    CHECK(n_out == GREEDY_STEPS && rows->seen == GREEDY_LEN, "cpu (%s): %lld tokens, %d logit rows", isa, (long long)n_out,
+          rows->seen);
+    return n_out == GREEDY_STEPS && rows->seen == GREEDY_LEN;
+}
+
+/* cpu-ref is fed the first ISA's tokens (scalar: the slowest to run twice); another ISA's tokens
+ * must agree with them up to a near-tie of cpu-ref's, and its logits are then compared on the
+ * first ISA's tokens (teacher-forced), so cpu-ref runs once. */
+static void test_cpu_vs_ref(dsv4_ctx *cr, const int32_t *prompt, int64_t vocab)
+{
+    enum { NP = GREEDY_PROMPT, NG = GREEDY_STEPS, N = GREEDY_LEN };
+    dsv4_engine *er = open_engine(cr, 32, 0);
+    if (!er) return;
+    int32_t ids[N + 1], first[N + 1];
+    pos_rows rows = {malloc(sizeof(float) * (size_t)(N * vocab)), vocab, 0};
+    run want = {0};
+    float margin[NG];
+    int ref_top[NG], near_ties = 0, first_tie = NG;
+    for (size_t k = 0; k < sizeof cpu_isas / sizeof *cpu_isas; k++) {
+        dsv4_ctx *c = NULL;
+        dsv4_ctx_options co = {.backend = "cpu", .threads = 1, .cpu_isa = cpu_isas[k]};
+        CHECK(dsv4_ctx_create(&co, &c) == DSV4_OK, "context capped at %s: %s", cpu_isas[k], dsv4_last_error());
+        dsv4_engine *e = c ? open_engine(c, 32, 0) : NULL;
+        const char *isa = c ? dsv4_ctx_cpu_isa(c) : cpu_isas[k];
+        if (!e || !greedy_run(e, isa, prompt, ids, &rows) || (k > 0 && !want.logits)) {
+            dsv4_engine_destroy(e);
+            dsv4_ctx_destroy(c);
+            continue;
+        }
+        int same = 0;
+        if (k == 0) {
+            want = feed(er, ids, N, 32, vocab);
+            memcpy(first, ids, sizeof ids);
+            for (int i = 0; i < NG; i++) {
+                ref_top[i] = argmax_row(want.logits + (int64_t)(NP - 1 + i) * vocab, vocab, &margin[i]);
+                near_ties += margin[i] <= GREEDY_DELTA;
+                if (margin[i] <= GREEDY_DELTA && first_tie == NG) first_tie = i;
             }
-    printf("cpu vs cpu-ref: median rel %.3g, max %.3g, position 0 %.3g\n", err[n / 2], worst, e0);
-    CHECK(err[n / 2] <= 0.1 && worst <= 0.5 && e0 <= 0.05, "cpu vs cpu-ref: median %g max %g pos0 %g", err[n / 2], worst, e0);
-    run_free(&a);
-    run_free(&b);
-    dsv4_engine_destroy(e);
+            same = NG;
+        } else {
+            while (same < NG && ids[NP + same] == first[NP + same]) same++;
+            CHECK(same == NG || margin[same] <= GREEDY_DELTA,
+                  "cpu (%s) step %d: token %d, the first ISA's %d where cpu-ref's margin is %g", isa, same,
+                  ids[NP + same], first[NP + same], margin[same]);
+            if (same < NG) { /* its logits on the first ISA's tokens */
+                run tf = feed(e, first, N, 32, vocab);
+                memcpy(rows.logits, tf.logits, sizeof(float) * (size_t)(N * vocab));
+                run_free(&tf);
+            }
+        }
+        double err[N], worst = 0;
+        for (int t = 0; t < N; t++) {
+            const float *g = rows.logits + t * vocab, *w = want.logits + t * vocab;
+            err[t] = rel_err(g, w, vocab);
+            for (int64_t v = 0; v < vocab; v++) worst = fmax(worst, fabs((double)g[v] - w[v]));
+        }
+        double e0 = err[0];
+        qsort(err, N, sizeof *err, cmp_double);
+        int agree = 0;
+        for (int i = 0; i < NG; i++) {
+            float m;
+            int top = argmax_row(rows.logits + (int64_t)(NP - 1 + i) * vocab, vocab, &m);
+            agree += top == ref_top[i];
+            CHECK(margin[i] <= GREEDY_DELTA || top == ref_top[i], "cpu (%s) step %d: token %d, cpu-ref's %d by a margin of %g",
+                  isa, i, top, ref_top[i], margin[i]);
+        }
+        printf("cpu (%s) vs cpu-ref: rel L2 median %.3g, max %.3g, position 0 %.3g; max |logit difference| %.3g; greedy: "
+               "%d of %d steps cpu-ref's choice (%d near-ties, the first at step %d), %d steps as the first ISA\n",
+               isa, err[N / 2], err[N - 1], e0, worst, agree, NG, near_ties, first_tie, same);
+        CHECK(err[N / 2] <= 0.02 && err[N - 1] <= 0.1 && e0 <= 0.01 && worst <= GREEDY_DELTA / 2,
+              "cpu (%s) vs cpu-ref: median %g max %g pos0 %g, logits differ by %g", isa, err[N / 2], err[N - 1], e0, worst);
+        dsv4_engine_destroy(e);
+        dsv4_ctx_destroy(c);
+    }
+    run_free(&want);
+    free(rows.logits);
     dsv4_engine_destroy(er);
 }
 
@@ -208,24 +338,6 @@ static void test_bad_inputs(dsv4_ctx *c, const int32_t *ids)
     CHECK_STATUS(dsv4_engine_create(c, dir, &bad_opt, &x), DSV4_ERR_INVALID_ARG);
     CHECK_STATUS(dsv4_engine_create(c, "/nonexistent/dsv4-model", NULL, &x), DSV4_ERR_NOT_FOUND);
     CHECK(x == NULL, "output set on failure");
-}
-
-/* Relative L2 distance of two rows. */
-static double rel_err(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t v = 0; v < n; v++) {
-        double d = (double)a[v] - b[v];
-        num += d * d;
-        den += (double)b[v] * b[v];
-    }
-    return sqrt(num / den);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* Every call size T = 1 .. max_batch at a long context (HCA scopes of 66..132 entries, where the
@@ -756,7 +868,7 @@ int main(void)
     int32_t ids[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) ids[i] = (int32_t)(test_rand_u64() % 512);
     test_prefill_decode_threads(c1, c2, ids, 512);
-    test_cpu_vs_ref(c1, cr, ids, 512);
+    test_cpu_vs_ref(cr, ids, 512);
     test_speculative(c1, ids);
     test_bad_inputs(c1, ids);
     test_long_context_batches(c1);

@@ -15,12 +15,19 @@ Why the logits tolerances are statistical. These models quantize activations to 
 every FP8/FP4 linear, the KV latent to FP8 and the indexer to FP4: a one-ulp BF16 difference
 anywhere (fp32 C arithmetic vs float64 numpy) flips an FP8 code now and then, and each flip is a
 ~6 % change of one element that later layers and every later position (through the caches) pick
-up. Measured here: the reference itself in BF16 storage mode vs float64 mode differs by ~4 %
-(median relative L2 of the logits) on the 4-layer tiny model. So, as the golden data's acceptance
-rule does, the engine is held to that noise: with noise = rel(ref_bf16, ref_f64) per position,
-  * median rel(engine, ref_f64) <= 3 x median(noise) and p90 <= 3 x p90(noise)  (the golden rule), and
+up. The built-in model is conditioned as trained networks are (docs/testing.md §4.1: each
+residual branch a few-percent update of the streams), so such flips stay small: the reference
+itself in BF16 storage mode vs float64 mode differs by 0.3-0.6 % (median relative L2 of the main
+logits; 1.4-1.9 % for the MTP rows) where the model before the conditioning gave 1.2-3.3 %. With
+noise = rel(ref_bf16, ref_f64) per position, the engine is held to
+  * median rel(engine, ref_f64) <= 1.5 x median(noise) and p90 <= 2 x p90(noise): measured <= 1.04x
+    and <= 1.22x over 3 seeds x 12 models (the golden data's rule, 3x, is what the unconditioned
+    model needed: its p90 ratio reached 1.8x);
   * median rel(engine, ref_bf16) <= median(noise): the engine is nearer to the reference evaluated with
-    the engine's own BF16 storage points than the float64 evaluation is;
+    the engine's own BF16 storage points than the float64 evaluation is (measured <= 0.64x);
+  * a ceiling of its own: median <= 1.5 %, p90 <= 2.5 % for the main logits (measured <= 0.64 % and
+    0.95 %: ~2.5x; the unconditioned model's 3.3 % / 11 % fail it), <= 4 % / 5 % for the MTP rows
+    (measured 1.9 % / 2.3 %);
 and exactness is checked where it is defined: on one-layer models some position reproduces the
 reference to fp32 rounding (every quantization-simulation point identical), and the cache entries (FP8 KV rows,
 compressed entries, MXFP4 indexer entries) of one-layer models equal the reference's element for
@@ -191,14 +198,18 @@ def engine_logits(path, ids, backend, threads=1):
         return out + (e.export(s),)
 
 
-def check_noise_rule(name, got, r64, r16):
+MAIN_CEILING, MTP_CEILING = (0.015, 0.025), (0.04, 0.05)  # median, p90 (module doc)
+
+
+def check_noise_rule(name, got, r64, r16, ceiling):
     noise, err, err_b = rel(r16, r64), rel(got, r64), rel(got, r16)
     print(f"{name}: err median {np.median(err):.3g} p90 {np.percentile(err, 90):.3g}; vs bf16-ref median "
           f"{np.median(err_b):.3g} min {err_b.min():.2g}; noise median {np.median(noise):.3g} p90 "
           f"{np.percentile(noise, 90):.3g}")
-    assert np.median(err) <= 3 * np.median(noise)
-    assert np.percentile(err, 90) <= 3 * np.percentile(noise, 90)
+    assert np.median(err) <= 1.5 * np.median(noise)
+    assert np.percentile(err, 90) <= 2 * np.percentile(noise, 90)
     assert np.median(err_b) <= np.median(noise)
+    assert np.median(err) <= ceiling[0] and np.percentile(err, 90) <= ceiling[1]
     return err_b
 
 
@@ -216,8 +227,8 @@ def test_logits_match_reference(models, rng, name, backend):
     lg, ml, _ = engine_logits(path, ids, backend)
     r64, m64 = ref_logits(path, ids, bf16=False)
     r16, m16 = ref_logits(path, ids, bf16=True)
-    err_b = check_noise_rule(f"{name}/{backend} main", lg, r64, r16)
-    check_noise_rule(f"{name}/{backend} mtp", ml, m64, m16)
+    err_b = check_noise_rule(f"{name}/{backend} main", lg, r64, r16, MAIN_CEILING)
+    check_noise_rule(f"{name}/{backend} mtp", ml, m64, m16, MTP_CEILING)
     # one layer: where no FP8 code flipped upstream (position 0 sees itself only), every rounding and
     # quantization point is the reference's, so some position agrees to fp32 rounding (four layers
     # have too many quantization points for that to be sure)
@@ -279,11 +290,20 @@ def test_cache_entries_match_reference(models, rng, name):
 
 
 # ---- greedy decoding -------------------------------------------------------------------------------
+# The bound on |engine - reference logit| at any greedy step, x 2: the reference's top-2 margin above
+# which the engine must choose as it does. Measured (cpu vs the BF16-mode reference, 3 seeds): <= 0.18
+# on the four-layer model (logits of standard deviation ~2), <= 0.02 on one layer; 0.5 is a whole
+# residual branch flipped by a routing or indexer near-tie (~5 % of the streams in a random
+# direction moves the largest of 512 logits by ~0.05 x 2 x 3 = 0.3), the bound tests/c/test_engine.c
+# holds every CPU ISA to against cpu-ref.
+GREEDY_DELTA = 1.0
+
+
 @pytest.mark.parametrize("name", ["tiny", "swa-hash", "hca-learned"])
 def test_greedy_64_steps_match_reference(models, rng, name):
     """64 greedy steps of the engine (cpu); the reference, teacher-forced on the same tokens, must choose
-    the same token at every step, except at near-ties: where the reference's own top two logits are
-    closer than twice the engine-vs-reference difference measured at that step (at most 20 % of steps)."""
+    the same token at every step whose top-2 margin exceeds GREEDY_DELTA; the logits differ by at most
+    GREEDY_DELTA / 2 at every step, and near-ties where the choices differ are rare."""
     path = models[name]
     prompt = rng.integers(0, 512, 8)
     with Engine(path, max_context=256, max_batch=64, backend="cpu", threads=1) as e:
@@ -292,13 +312,16 @@ def test_greedy_64_steps_match_reference(models, rng, name):
     got = np.concatenate([s["logits"][-len(s["tokens"]):] for s in steps])
     want = ref(path, True).forward(np.concatenate([prompt, toks])[:-1])[len(prompt) - 1:]
     assert np.array_equal(got.argmax(1), toks)
-    top = want.argmax(1)
-    bad = np.nonzero(top != toks)[0]
-    for i in bad:
-        margin = want[i, top[i]] - want[i, toks[i]]
-        assert margin <= 2 * np.abs(got[i] - want[i]).max(), (i, margin)
-    print(f"{name}: {len(bad)} near-tie steps of 64")
-    assert len(bad) <= 12  # measured: 0-2 on one layer, 1-5 on four (the chaos of the module doc)
+    bad = np.nonzero(want.argmax(1) != toks)[0]
+    diff = np.abs(got - want).max()
+    top2 = np.sort(want, 1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    print(f"{name}: {len(bad)} near-tie steps of 64 ({np.sum(margin <= GREEDY_DELTA)} of margin <= {GREEDY_DELTA}); "
+          f"max |logit difference| {diff:.3g}")
+    assert diff <= GREEDY_DELTA / 2
+    assert np.all(margin[bad] <= GREEDY_DELTA), margin[bad]
+    # measured 0-1 over 3 seeds x 3 models (the unconditioned model: 1-5 on four layers, bound 12)
+    assert len(bad) <= 4
 
 
 # ---- self-consistency --------------------------------------------------------------------------------

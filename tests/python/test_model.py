@@ -171,18 +171,19 @@ def test_make_tiny_values(tiny):
                 math.ceil(shape[0] / 128), math.ceil(shape[1] / 128))
             vals = oracles.e4m3_decode(codes)
             assert np.isfinite(vals).all()
-            # docs/contracts.md §4, act128 rule per 128x128 block: scale = 2^ceil(log2(amax/448)), so the
-            # block's largest code value lies in (224, 448] (exactly representable, no floor hit)
+            # docs/contracts.md §4, act128 rule per 128x128 block: scale = 2^ceil(log2(amax/448)), so
+            # amax/scale lies in (224, 448] (no floor hit), which E4M3 rounds into [224, 448] (a value
+            # in (224, 232) is 224, the grid's step there being 16)
             for br in range(scales.shape[0]):
                 for bc in range(scales.shape[1]):
                     blk = np.abs(vals[br * 128:(br + 1) * 128, bc * 128:(bc + 1) * 128])
-                    assert 224 < blk.max() <= 448, (name, br, bc, blk.max())
+                    assert 224 <= blk.max() <= 448, (name, br, bc, blk.max())
             w = vals * np.repeat(np.repeat(oracles.e8m0_decode(scales), 128, 0), 128, 1)[:shape[0], :shape[1]]
             rms = math.sqrt((w ** 2).mean())
             fan = 1 / math.sqrt(shape[1])
-            # linear weights N(0, 1/in), output projections 0.3x: FP8 moves the rms by < 3%; the
-            # sample of >= 16k values by < 2%
-            ok = abs(rms / fan - 1) < 0.06 or abs(rms / (0.3 * fan) - 1) < 0.06
+            # linear weights N(0, 1/in), output projections 0.05x (src/model/weights.h): FP8 moves
+            # the rms by < 3%; the sample of >= 16k values by < 2%
+            ok = abs(rms / fan - 1) < 0.06 or abs(rms / (0.05 * fan) - 1) < 0.06
             assert ok, (name, rms, fan)
         elif dt == "I8":
             packed = np.frombuffer(raw, np.uint8).reshape(shape)
@@ -195,7 +196,7 @@ def test_make_tiny_values(tiny):
             w = vals * np.repeat(oracles.e8m0_decode(scales), 32, 1)
             rms, fan = math.sqrt((w ** 2).mean()), 1 / math.sqrt(shape[1] * 2)
             # FP4 rounding is coarse (relative step up to 1/3): rms within 20%
-            assert abs(rms / fan - 1) < 0.2 or abs(rms / (0.3 * fan) - 1) < 0.2, (name, rms, fan)
+            assert abs(rms / fan - 1) < 0.2 or abs(rms / (0.05 * fan) - 1) < 0.2, (name, rms, fan)
         elif dt == "I64":
             ids = np.frombuffer(raw, np.int64).reshape(shape)
             assert ids.min() >= 0 and ids.max() < E and shape[1] == k
