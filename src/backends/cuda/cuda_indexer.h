@@ -1,0 +1,55 @@
+/* Launchers of the cuda backend's indexer family as its C glue (indexer_cuda.c) sees them: plain
+ * C structs, a cudaError_t returned as int (0 = success), never a synchronization. Pointers are
+ * device memory; strides are in elements of the pointed-to type. Per-token candidate counts
+ * travel in the launch parameters, DSV4_CU_IX_TOKENS tokens per launch. */
+#ifndef DSV4_CUDA_INDEXER_H
+#define DSV4_CUDA_INDEXER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DSV4_CU_IX_TOKENS 512
+#define DSV4_CU_IX_MAX_HEADS 128 /* core/ops_indexer.h DSV4_IX_MAX_HEADS */
+#define DSV4_CU_IX_MAX_TOPK 4096 /* the selection sorts its keys in shared memory */
+
+/* out[t][h] = bf16(proj[t][h] * scale), proj BF16 or F32. */
+int dsv4_cu_ix_weights_launch(const void *proj, int proj_bf16, long long ld_proj, long long tokens, long long heads,
+                              float scale, float *out, long long ld_out, void *stream);
+
+/* Scores of tokens t0 .. t0+tokens-1 (core/ops_indexer.h dsv4_ix_operands, the same fields):
+ * row t gets the n_cache scores, -inf from candidate count[t - t0] on. */
+typedef struct dsv4_cu_ix_scores {
+    long long t0, tokens, n_cache;
+    int heads, dim;
+    const uint8_t *q, *q_scales;
+    long long ld_q_t, ld_q_h, ld_qs_t, ld_qs_h;
+    const float *weights;
+    long long ld_w;
+    const uint8_t *k, *k_scales;
+    long long ld_k, ld_ks;
+    int32_t count[DSV4_CU_IX_TOKENS];
+} dsv4_cu_ix_scores;
+
+int dsv4_cu_ix_scores_launch(const dsv4_cu_ix_scores *a, float *scores, long long ld, void *stream);
+
+/* Top-k of rows t0 .. t0+tokens-1 of scores over their first count[t - t0] candidates. */
+typedef struct dsv4_cu_ix_topk {
+    long long t0, tokens, topk;
+    const float *scores;
+    long long ld;
+    int32_t *indices;
+    long long ld_indices;
+    int32_t *lengths;
+    long long ld_lengths;
+    int32_t count[DSV4_CU_IX_TOKENS];
+} dsv4_cu_ix_topk;
+
+int dsv4_cu_ix_topk_launch(const dsv4_cu_ix_topk *a, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,85 @@
+/* The indexer family of the cuda backend (core/ops_indexer.h): head weights, scores and top-k on
+ * the device (indexer_cuda.cu), launched on the context's stream with nothing allocated, read
+ * back or waited for. The per-token candidate counts come from host arrays (the contract's
+ * positions and n_valid) and travel in the launch parameters, DSV4_CU_IX_TOKENS tokens a launch.
+ * compress, index_q and select are not implemented here (NULL: the op layer says so). */
+#include "backends/cuda/cuda_glue.h"
+#include "backends/cuda/cuda_indexer.h"
+#include "core/error.h"
+#include "core/ops_indexer.h"
+
+_Static_assert(DSV4_CU_IX_MAX_HEADS == DSV4_IX_MAX_HEADS, "the scores kernel's shared query follows the op limit");
+
+static dsv4_status cu_head_weights(const dsv4_exec *ex, const void *proj, int proj_bf16, int64_t ld_proj,
+                                   int64_t tokens, int64_t heads, float scale, float *out, int64_t ld_out)
+{
+    CU_LAUNCH(ex, "indexer_weights",
+              dsv4_cu_ix_weights_launch(proj, proj_bf16, ld_proj, tokens, heads, scale, out, ld_out,
+                                        dsv4_cu_stream(ex)));
+}
+
+/* Candidates of token t: (position + 1) / ratio (dsv4_indexer_args). */
+static int32_t n_candidates(const dsv4_ix_operands *o, int64_t t)
+{
+    const int64_t p = o->pos_i64 ? ((const int64_t *)o->positions)[t * o->ld_pos]
+                                 : ((const int32_t *)o->positions)[t * o->ld_pos];
+    return (int32_t)((p + 1) / o->ratio); /* <= n_cache < 2^31 - 1 (op layer) */
+}
+
+static dsv4_status cu_scores(const dsv4_exec *ex, const dsv4_ix_operands *o, float *scores, int64_t ld)
+{
+    const char *op = "indexer_scores";
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, op, &g));
+    dsv4_cu_ix_scores a = {
+        .n_cache = o->n_cache, .heads = (int)o->heads, .dim = o->dim, .q = o->q, .q_scales = o->q_scales,
+        .ld_q_t = o->ld_q_t, .ld_q_h = o->ld_q_h, .ld_qs_t = o->ld_qs_t, .ld_qs_h = o->ld_qs_h,
+        .weights = o->weights, .ld_w = o->ld_w, .k = o->k, .k_scales = o->k_scales, .ld_k = o->ld_k, .ld_ks = o->ld_ks,
+    };
+    int err = 0;
+    for (int64_t t0 = 0; t0 < o->tokens && !err; t0 += DSV4_CU_IX_TOKENS) {
+        a.t0 = t0;
+        a.tokens = o->tokens - t0 < DSV4_CU_IX_TOKENS ? o->tokens - t0 : DSV4_CU_IX_TOKENS;
+        for (int64_t i = 0; i < a.tokens; i++) a.count[i] = n_candidates(o, t0 + i);
+        err = dsv4_cu_ix_scores_launch(&a, scores, ld, dsv4_cu_stream(ex));
+    }
+    dsv4_cu_leave(&g);
+    return dsv4_cu_status(err, op);
+}
+
+static dsv4_status cu_topk(const dsv4_exec *ex, const float *scores, int64_t ld, int64_t tokens, int64_t n,
+                           const int32_t *n_valid, int64_t ld_valid, const dsv4_topk_out *out)
+{
+    const char *op = "indexer_topk";
+    if (out->topk > DSV4_CU_IX_MAX_TOPK)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: topk %lld is more than the cuda kernel's %d", op,
+                         (long long)out->topk, DSV4_CU_IX_MAX_TOPK);
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, op, &g));
+    dsv4_cu_ix_topk a = {.topk = out->topk, .scores = scores, .ld = ld, .indices = out->indices,
+                         .ld_indices = out->ld_indices, .lengths = out->lengths, .ld_lengths = out->ld_lengths};
+    int err = 0;
+    for (int64_t t0 = 0; t0 < tokens && !err; t0 += DSV4_CU_IX_TOKENS) {
+        a.t0 = t0;
+        a.tokens = tokens - t0 < DSV4_CU_IX_TOKENS ? tokens - t0 : DSV4_CU_IX_TOKENS;
+        for (int64_t i = 0; i < a.tokens; i++) a.count[i] = n_valid ? n_valid[(t0 + i) * ld_valid] : (int32_t)n;
+        err = dsv4_cu_ix_topk_launch(&a, dsv4_cu_stream(ex));
+    }
+    dsv4_cu_leave(&g);
+    return dsv4_cu_status(err, op);
+}
+
+/* The selection keeps its keys in shared memory and needs no workspace; a nonzero size keeps 0
+ * meaning "no answer" for dsv4_indexer_workspace_size's callers. */
+static size_t cu_workspace_size(const dsv4_exec *ex, int64_t tokens, int64_t topk)
+{
+    (void)ex, (void)tokens, (void)topk;
+    return 64;
+}
+
+const struct dsv4_indexer_ops dsv4_cuda_indexer_ops = {
+    .head_weights = cu_head_weights,
+    .scores = cu_scores,
+    .topk = cu_topk,
+    .workspace_size = cu_workspace_size,
+};

@@ -1,0 +1,259 @@
+/* Lightning-indexer kernels on the GPU (include/dsv4/indexer.h): head weights, scores of the FP4
+ * cache and the top-k selection. Every result is cpu-ref's to the bit (indexer_ref.c): the group
+ * dots are exact integer sums, the scaled sums and the 16 per-lane head accumulations use cpu-ref's
+ * fused multiply-adds in its order, and the selection reproduces its total order of keys
+ * (indexer_cpu.h dsv4_ix_key: score, then the smaller index; NaN ranks as -inf, -0 ties with +0).
+ * Nothing here allocates or synchronizes; per-token candidate counts come in the launch
+ * parameters (the op layer reads positions and n_valid on the host), so a captured graph replays
+ * the counts it was captured with, as a direct call with the same host arrays would use. */
+#include "backends/cuda/cuda_device.cuh"
+#include "backends/cuda/cuda_indexer.h"
+
+/* ---- head weights ---------------------------------------------------------------------------- */
+__global__ void ix_weights_kernel(const void *proj, int bf16, long long ld_proj, long long tokens, long long heads,
+                                  float scale, float *out, long long ld_out)
+{
+    const long long h = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= heads) return;
+    for (long long t = blockIdx.y; t < tokens; t += gridDim.y) {
+        const float v = bf16 ? cu_bf16_f32(((const uint16_t *)proj)[t * ld_proj + h]) : ((const float *)proj)[t * ld_proj + h];
+        out[t * ld_out + h] = cu_bf16_f32(cu_f32_bf16(__fmul_rn(v, scale)));
+    }
+}
+
+extern "C" int dsv4_cu_ix_weights_launch(const void *proj, int proj_bf16, long long ld_proj, long long tokens,
+                                         long long heads, float scale, float *out, long long ld_out, void *stream)
+{
+    if (tokens == 0 || heads == 0) return 0;
+    ix_weights_kernel<<<dim3((unsigned)((heads + 127) / 128), (unsigned)(tokens < 65535 ? tokens : 65535)), 128, 0,
+                        (cudaStream_t)stream>>>(proj, proj_bf16, ld_proj, tokens, heads, scale, out, ld_out);
+    return (int)cudaGetLastError();
+}
+
+/* ---- scores ------------------------------------------------------------------------------------
+ * grid (x: candidate blocks, y: tokens of the chunk), SC_THREADS candidates per block, a thread per
+ * candidate. The CTA expands its token's query into shared memory as int8 quads of 2 x the E2M1
+ * values (low nibbles and high nibbles of 4 packed bytes apart), the thread its cache entry in
+ * registers; a group's integer dot is then 8 dp4a. */
+enum { SC_THREADS = 128, SC_MAX_BLOCKS = 512 };
+
+/* 2 x E2M1 of nibble n as an int8 byte (indexer_cpu.h dsv4_ix_fp4x2): 0 1 2 3 4 6 8 12, negated
+ * for the sign bit (-0 gives 0). */
+DSV4_CU_INLINE uint32_t fp4x2_val(uint32_t n)
+{
+    const unsigned long long pos = 0x0C08060403020100ull, neg = 0xF4F8FAFCFDFEFF00ull;
+    return (uint32_t)(((n & 8u) ? neg : pos) >> (8 * (n & 7u))) & 0xFFu;
+}
+
+/* A packed word (4 bytes = 8 codes) -> the int8 quads of its low nibbles and of its high nibbles. */
+DSV4_CU_INLINE void expand_word(uint32_t w, uint32_t *lo, uint32_t *hi)
+{
+    uint32_t l = 0, h = 0;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        l |= fp4x2_val((w >> (8 * b)) & 15u) << (8 * b);
+        h |= fp4x2_val((w >> (8 * b + 4)) & 15u) << (8 * b);
+    }
+    *lo = l;
+    *hi = h;
+}
+
+DSV4_CU_INLINE uint32_t ld_u32_bytes(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* One level of indexer_cpu.h dsv4_ix_lane_tree: l[i] += l[i + W]. */
+template <int W> DSV4_CU_INLINE void lane_tree(float *l)
+{
+#pragma unroll
+    for (int i = 0; i < W; i++) l[i] = __fadd_rn(l[i], l[i + W]);
+}
+
+DSV4_CU_INLINE float half_scale(uint32_t b) { return __fmul_rn(cu_e8m0_f32(b), 0.5f); }
+
+template <int D>
+__global__ void __launch_bounds__(SC_THREADS) ix_scores_kernel(dsv4_cu_ix_scores a, float *scores, long long ld)
+{
+    constexpr int W = D / 8, G = D / 32; /* packed words, groups */
+    __shared__ uint32_t qlo[DSV4_CU_IX_MAX_HEADS * 32], qhi[DSV4_CU_IX_MAX_HEADS * 32]; /* [h][W] */
+    __shared__ float qsc[DSV4_CU_IX_MAX_HEADS * 8], wt[DSV4_CU_IX_MAX_HEADS];            /* [h][G], [h] */
+    const int tl = blockIdx.y;
+    const long long t = a.t0 + tl, N = a.n_cache, nt = a.count[tl];
+    const int H = a.heads;
+    for (int i = threadIdx.x; i < H * W; i += SC_THREADS) {
+        const int h = i / W, j = i % W;
+        const uint8_t *q = a.q + t * a.ld_q_t + h * a.ld_q_h + 4 * j;
+        expand_word(ld_u32_bytes(q), &qlo[i], &qhi[i]);
+    }
+    for (int i = threadIdx.x; i < H * G; i += SC_THREADS) {
+        const int h = i / G, g = i % G;
+        qsc[i] = half_scale(a.q_scales[t * a.ld_qs_t + h * a.ld_qs_h + g]);
+    }
+    for (int h = threadIdx.x; h < H; h += SC_THREADS) wt[h] = a.weights[t * a.ld_w + h];
+    __syncthreads();
+    float *row = scores + t * ld;
+    for (long long c0 = (long long)blockIdx.x * SC_THREADS; c0 < N; c0 += (long long)gridDim.x * SC_THREADS) {
+        const long long c = c0 + threadIdx.x;
+        if (c >= N) break;
+        if (c >= nt) {
+            row[c] = -INFINITY;
+            continue;
+        }
+        uint32_t klo[W], khi[W];
+        float ks[G];
+        const uint8_t *kp = a.k + c * a.ld_k, *kq = a.k_scales + c * a.ld_ks;
+#pragma unroll
+        for (int j = 0; j < W; j++) expand_word(ld_u32_bytes(kp + 4 * j), &klo[j], &khi[j]);
+#pragma unroll
+        for (int g = 0; g < G; g++) ks[g] = half_scale(kq[g]);
+        float lanes[16];
+#pragma unroll
+        for (int l = 0; l < 16; l++) lanes[l] = 0.0f;
+        for (int h0 = 0; h0 < H; h0 += 16) /* lane l takes heads l, l + 16, ... in order */
+#pragma unroll
+            for (int l = 0; l < 16; l++) {
+                const int h = h0 + l;
+                if (h >= H) continue;
+                const uint32_t *ql = qlo + h * W, *qh = qhi + h * W;
+                float dot = 0.0f;
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    int sum = 0;
+#pragma unroll
+                    for (int j = 4 * g; j < 4 * g + 4; j++) {
+                        sum = __dp4a((int)ql[j], (int)klo[j], sum);
+                        sum = __dp4a((int)qh[j], (int)khi[j], sum);
+                    }
+                    dot = __fmaf_rn((float)sum, __fmul_rn(qsc[h * G + g], ks[g]), dot);
+                }
+                lanes[l] = __fmaf_rn(dot > 0.0f ? dot : 0.0f, wt[h], lanes[l]);
+            }
+        lane_tree<8>(lanes), lane_tree<4>(lanes), lane_tree<2>(lanes), lane_tree<1>(lanes);
+        row[c] = lanes[0];
+    }
+}
+
+extern "C" int dsv4_cu_ix_scores_launch(const dsv4_cu_ix_scores *a, float *scores, long long ld, void *stream)
+{
+    if (a->tokens == 0 || a->n_cache == 0) return 0;
+    if (a->tokens > DSV4_CU_IX_TOKENS || a->heads < 1 || a->heads > DSV4_CU_IX_MAX_HEADS)
+        return (int)cudaErrorInvalidValue;
+    long long blocks = (a->n_cache + SC_THREADS - 1) / SC_THREADS;
+    if (blocks > SC_MAX_BLOCKS) blocks = SC_MAX_BLOCKS;
+    const dim3 grid((unsigned)blocks, (unsigned)a->tokens);
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (a->dim) {
+    case 64: ix_scores_kernel<64><<<grid, SC_THREADS, 0, s>>>(*a, scores, ld); break;
+    case 128: ix_scores_kernel<128><<<grid, SC_THREADS, 0, s>>>(*a, scores, ld); break;
+    case 256: ix_scores_kernel<256><<<grid, SC_THREADS, 0, s>>>(*a, scores, ld); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    return (int)cudaGetLastError();
+}
+
+/* ---- top-k ---------------------------------------------------------------------------------------
+ * One CTA per token. The 32-bit order key of a score (the high half of dsv4_ix_key) is found by a
+ * radix select, 8 bits per pass from the top: the threshold key K and how many candidates equal to
+ * it make the top k (`want`). A pass in index order then keeps every key above K and the first
+ * `want` equal to K (the smaller indices, as the 64-bit key says), a bitonic sort in shared memory
+ * orders the kept 64-bit keys descending, and the indices are written with the -1 fill. */
+enum { TK_THREADS = 1024, TK_WARPS = TK_THREADS / 32 };
+
+DSV4_CU_INLINE uint32_t order_key(float s)
+{
+    uint32_t u = __float_as_uint(s);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) u = 0xFF800000u;
+    if (u == 0x80000000u) u = 0;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__global__ void __launch_bounds__(TK_THREADS) ix_topk_kernel(dsv4_cu_ix_topk a)
+{
+    __shared__ unsigned long long keys[DSV4_CU_IX_MAX_TOPK];
+    __shared__ unsigned hist[256];
+    __shared__ unsigned warp_n[TK_WARPS];
+    __shared__ unsigned sh_prefix, sh_want, sh_gt;
+    const int tl = blockIdx.x;
+    const long long t = a.t0 + tl, n = a.count[tl], k = a.topk;
+    const float *row = a.scores + t * a.ld;
+    const unsigned take = (unsigned)(n < k ? n : k);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) {
+        sh_prefix = 0;
+        sh_want = take;
+        sh_gt = 0;
+    }
+    __syncthreads();
+    unsigned mask = 0;
+    for (int shift = 24; shift >= 0 && take > 0; shift -= 8) {
+        for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
+        __syncthreads();
+        const unsigned prefix = sh_prefix;
+        for (long long c = tid; c < n; c += TK_THREADS) {
+            const uint32_t u = order_key(row[c]);
+            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            unsigned want = sh_want, above = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (above + hist[b] >= want) break;
+                above += hist[b];
+            }
+            sh_want = want - above;
+            sh_prefix = prefix | ((unsigned)b << shift);
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    const uint32_t thr = sh_prefix;
+    const unsigned want = sh_want, n_gt = take - want;
+    /* the kept keys: above the threshold in any slot of [0, n_gt), equal ones in index order after */
+    unsigned base = 0;
+    for (long long c0 = 0; c0 < n && take > 0; c0 += TK_THREADS) {
+        const long long c = c0 + tid;
+        const uint32_t u = c < n ? order_key(row[c]) : 0u;
+        const unsigned long long key = ((unsigned long long)u << 32) | (uint32_t)~(uint32_t)c;
+        if (c < n && u > thr) keys[atomicAdd(&sh_gt, 1u)] = key;
+        const bool eq = c < n && u == thr;
+        const unsigned bal = __ballot_sync(0xFFFFFFFFu, eq);
+        if (lane == 0) warp_n[warp] = __popc(bal);
+        __syncthreads();
+        unsigned before = base, total = 0;
+        for (int w = 0; w < TK_WARPS; w++) {
+            if (w < warp) before += warp_n[w];
+            total += warp_n[w];
+        }
+        const unsigned rank = before + __popc(bal & ((1u << lane) - 1u));
+        if (eq && rank < want) keys[n_gt + rank] = key;
+        base += total;
+        __syncthreads(); /* warp_n is rewritten by the next chunk */
+    }
+    unsigned p = 1;
+    while (p < take) p <<= 1;
+    for (unsigned i = take + tid; i < p; i += TK_THREADS) keys[i] = 0ull; /* below every real key */
+    __syncthreads();
+    for (unsigned size = 2; size <= p; size <<= 1)
+        for (unsigned stride = size >> 1; stride > 0; stride >>= 1) {
+            for (unsigned i = tid; i < p / 2; i += TK_THREADS) {
+                const unsigned lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                const bool desc = (lo & size) == 0;
+                const unsigned long long x = keys[lo], y = keys[hi];
+                if ((x < y) == desc) keys[lo] = y, keys[hi] = x;
+            }
+            __syncthreads();
+        }
+    int32_t *idx = a.indices + t * a.ld_indices;
+    for (long long i = tid; i < k; i += TK_THREADS) idx[i] = i < take ? (int32_t)~(uint32_t)keys[i] : -1;
+    if (tid == 0) a.lengths[t * a.ld_lengths] = (int32_t)take;
+}
+
+extern "C" int dsv4_cu_ix_topk_launch(const dsv4_cu_ix_topk *a, void *stream)
+{
+    if (a->tokens == 0) return 0;
+    if (a->tokens > DSV4_CU_IX_TOKENS || a->topk < 1 || a->topk > DSV4_CU_IX_MAX_TOPK) return (int)cudaErrorInvalidValue;
+    ix_topk_kernel<<<(unsigned)a->tokens, TK_THREADS, 0, (cudaStream_t)stream>>>(*a);
+    return (int)cudaGetLastError();
+}
