@@ -9,7 +9,8 @@
  *     split and unsplit launches): out relative L2 <= 8e-3, lse within 1e-5 max(1, |lse|),
  *     +inf and exact zeros where nothing is valid;
  *   - graph capture and replay (also on a stream of the caller's), run-to-run determinism,
- *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph.
+ *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph;
+ *     the indexer's head weights, scores and top-k in one graph.
  * Without a CUDA device it checks the host fallback of the memory API, says why it skips and exits
  * 77 (CTest SKIP_RETURN_CODE: reported as skipped, not passed). */
 #include "dsv4.h"
@@ -645,6 +646,65 @@ static void test_graph_moe(void)
     free(x), free(gw), free(y1), free(y2), free(codes), free(scales);
 }
 
+/* The indexer's head weights, scores and top-k captured in one graph: no op waits on the host
+ * (the candidate counts of the host positions travel in the launches), the top-k reads the
+ * scores where the scores op left them, and the replay gives the direct call's bits. */
+static void test_graph_indexer(void)
+{
+    enum { T = 3, H = 32, D = 128, N = 5000, K = 512 };
+    float *proj = malloc(4 * T * H);
+    uint8_t *q = malloc(T * H * D / 2), *qs = malloc(T * H * D / 32), *k = malloc(N * D / 2), *ks = malloc(N * D / 32);
+    for (int i = 0; i < T * H; i++) proj[i] = test_randn();
+    for (int i = 0; i < T * H * D / 2; i++) q[i] = (uint8_t)test_rand_u64();
+    for (int i = 0; i < T * H * D / 32; i++) qs[i] = (uint8_t)(120 + rnd(12));
+    for (int i = 0; i < N * D / 2; i++) k[i] = (uint8_t)test_rand_u64();
+    for (int i = 0; i < N * D / 32; i++) ks[i] = (uint8_t)(120 + rnd(12));
+    int64_t pos[T] = {4 * N - 1, 4 * 300 + 2, 1}; /* 5000, 300 and 0 candidates */
+    const int64_t sp[2] = {T, H}, sq[3] = {T, H, D / 2}, sqs[3] = {T, H, D / 32}, sk[2] = {N, D / 2},
+                  sks[2] = {N, D / 32}, st[1] = {T}, ss[2] = {T, N}, si[2] = {T, K};
+    dsv4_tensor tp = view(dput(proj, 4 * T * H), DSV4_F32, 2, sp, 1), tw = view(dput(NULL, 4 * T * H), DSV4_F32, 2, sp, 1),
+                tq = view(dput(q, T * H * D / 2), DSV4_FP4X2, 3, sq, 1),
+                tqs = view(dput(qs, T * H * D / 32), DSV4_E8M0, 3, sqs, 1),
+                tk = view(dput(k, N * D / 2), DSV4_FP4X2, 2, sk, 1), tks = view(dput(ks, N * D / 32), DSV4_E8M0, 2, sks, 1),
+                hpos = view(pos, DSV4_I64, 1, st, 0), tsc = view(dput(NULL, 4 * T * N), DSV4_F32, 2, ss, 1),
+                ti = view(dput(NULL, 4 * T * K), DSV4_I32, 2, si, 1), tl = view(dput(NULL, 4 * T), DSV4_I32, 1, st, 1);
+    const size_t wsb = dsv4_indexer_workspace_size(cu, T, K);
+    CHECK(wsb > 0, "indexer workspace size: %s", dsv4_last_error());
+    void *ws = dput(NULL, wsb);
+    dsv4_indexer_args args = {&tq, &tqs, &tw, &tk, &tks, &hpos, 4};
+    int32_t *idx[2] = {malloc(4 * T * K), malloc(4 * T * K)}, len[2][T];
+    float *sc[2] = {malloc(4 * T * N), malloc(4 * T * N)};
+    for (int pass = 0; pass < 2; pass++) {
+        dsv4_device_graph *g = NULL;
+        dsv4_device_memset(cu, tw.data, 0xA5, 4 * T * H);
+        dsv4_device_memset(cu, tsc.data, 0xA5, 4 * T * N);
+        dsv4_device_memset(cu, ti.data, 0xA5, 4 * T * K);
+        dsv4_device_memset(cu, tl.data, 0xA5, 4 * T);
+        if (pass) CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_weights(cu, &tp, D, &tw), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_scores(cu, &args, &tsc), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_topk(cu, &tsc, NULL, K, &ti, &tl, ws, wsb), DSV4_OK);
+        if (pass) {
+            CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
+            if (!g) break;
+            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+            dsv4_device_graph_destroy(g);
+        }
+        dget(sc[pass], tsc.data, 4 * T * N), dget(idx[pass], ti.data, 4 * T * K), dget(len[pass], tl.data, 4 * T);
+    }
+    /* topk without n_valid takes all N: the -inf tails count, after every real score */
+    CHECK(len[0][0] == K && len[0][1] == K && len[0][2] == K, "indexer graph: lengths %d %d %d, want %d", len[0][0],
+          len[0][1], len[0][2], K);
+    CHECK(idx[0][0] >= 0 && idx[0][0] < N && idx[0][K] < 300 && idx[0][2 * K] == 0 && idx[0][2 * K + 1] == 1,
+          "indexer graph: first indices %d %d %d %d", idx[0][0], idx[0][K], idx[0][2 * K], idx[0][2 * K + 1]);
+    CHECK(memcmp(sc[0], sc[1], 4 * T * N) == 0, "indexer scores: the graph replay differs from the direct call");
+    CHECK(memcmp(idx[0], idx[1], 4 * T * K) == 0 && memcmp(len[0], len[1], sizeof len[0]) == 0,
+          "indexer top-k: the graph replay differs from the direct call");
+    dfree_all();
+    free(proj), free(q), free(qs), free(k), free(ks), free(idx[0]), free(idx[1]), free(sc[0]), free(sc[1]);
+}
+
 int main(void)
 {
     test_seed();
@@ -725,6 +785,7 @@ int main(void)
         test_graph(1);
     }
     test_graph_moe();
+    test_graph_indexer();
 
     dsv4_ctx_destroy(cu);
     dsv4_ctx_destroy(cu_mma);
