@@ -1082,33 +1082,51 @@ static void ix_compressor(void)
     }
 }
 
+/* One indexer_q comparison: T tokens (positions spread over the MP rows of the rope table, the
+ * first 0 and the last MP - 1), H heads of dim D; packed codes + scales, or BF16 values. */
+static void ix_query_case(int T, int H, int D, int MP, int packed, int pos_i64, const dsv4_tensor *trope)
+{
+    uint16_t *q = bf16_rand((size_t)T * H * D, 2.0f);
+    int64_t *pos = malloc(8 * (size_t)T);
+    for (int t = 0; t < T; t++) {
+        const int64_t p = t == 0 ? 0 : t == T - 1 ? MP - 1 : (int64_t)(test_rand_u64() % (uint64_t)MP);
+        if (pos_i64) pos[t] = p;
+        else ((int32_t *)pos)[t] = (int32_t)p;
+    }
+    const size_t nc = packed ? (size_t)T * H * D / 2 : 2 * (size_t)T * H * D, ns = (size_t)T * H * D / 32;
+    uint8_t *oc[2] = {poisoned(nc), poisoned(nc)}, *os[2] = {poisoned(ns), poisoned(ns)};
+    dsv4_status st[2];
+    dsv4_ctx *cs[2] = {ref, tc};
+    for (int side = 0; side < 2; side++) {
+        dsv4_tensor hq = view(q, DSV4_BF16, 3, T, H, D), hp = view(pos, pos_i64 ? DSV4_I64 : DSV4_I32, 1, T, 0, 0),
+                    hc = packed ? view(oc[side], DSV4_U8, 3, T, H, D / 2) : view(oc[side], DSV4_BF16, 3, T, H, D),
+                    hs = view(os[side], DSV4_U8, 3, T, H, D / 32);
+        dsv4_tensor tq = on(cs[side], &hq), tr = on(cs[side], trope), tcd = on(cs[side], &hc), ts = on(cs[side], &hs);
+        st[side] = dsv4_indexer_q(cs[side], &tq, &hp, &tr, &tcd, packed ? &ts : NULL); /* positions: host memory */
+        back(cs[side], &tcd, oc[side]);
+        if (packed) back(cs[side], &ts, os[side]);
+        release();
+    }
+    ran("indexer_q", st[1], st[0]);
+    same("indexer_q", packed ? "codes" : "values", oc[1], oc[0], nc);
+    if (packed) same("indexer_q", "scales", os[1], os[0], ns);
+    free(q), free(pos), free(oc[0]), free(oc[1]), free(os[0]), free(os[1]);
+}
+
 static void ix_query_and_weights(void)
 {
-    enum { T = 3, H = 8, D = 128, MP = 64 };
+    enum { T = 3, D = 128, MP = 64 };
     float rope[MP * 64];
     dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
     dsv4_tensor trope = view(rope, DSV4_F32, 2, MP, 64, 0);
     CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
     if (!missing("indexer.index_q", HAS(indexer, index_q))) {
-        uint16_t *q = bf16_rand(T * H * D, 2.0f);
-        int32_t pos[T] = {0, 17, MP - 1};
-        uint8_t *oc[2] = {poisoned(T * H * D / 2), poisoned(T * H * D / 2)},
-                *os[2] = {poisoned(T * H * D / 32), poisoned(T * H * D / 32)};
-        dsv4_status st[2];
-        dsv4_ctx *cs[2] = {ref, tc};
-        for (int side = 0; side < 2; side++) {
-            dsv4_tensor hq = view(q, DSV4_BF16, 3, T, H, D), hp = view(pos, DSV4_I32, 1, T, 0, 0),
-                        hc = view(oc[side], DSV4_U8, 3, T, H, D / 2), hs = view(os[side], DSV4_U8, 3, T, H, D / 32);
-            dsv4_tensor tq = on(cs[side], &hq), tp = on(cs[side], &hp), tr = on(cs[side], &trope),
-                        tcd = on(cs[side], &hc), ts = on(cs[side], &hs);
-            st[side] = dsv4_indexer_q(cs[side], &tq, &tp, &tr, &tcd, &ts);
-            back(cs[side], &tcd, oc[side]), back(cs[side], &ts, os[side]);
-            release();
+        ix_query_case(T, 8, D, MP, 1, 0, &trope);
+        if (tb->device != DSV4_DEVICE_CPU) { /* the device kernel's shapes; CI time on the cpu backends */
+            ix_query_case(300, 2, 64, MP, 1, 1, &trope); /* two launches of tokens */
+            ix_query_case(5, 3, 256, MP, 1, 0, &trope);
+            ix_query_case(4, 5, 128, MP, 0, 1, &trope);   /* BF16 values */
         }
-        ran("indexer_q", st[1], st[0]);
-        same("indexer_q", "codes", oc[1], oc[0], T * H * D / 2);
-        same("indexer_q", "scales", os[1], os[0], T * H * D / 32);
-        free(q), free(oc[0]), free(oc[1]), free(os[0]), free(os[1]);
     }
     if (!missing("indexer.head_weights", HAS(indexer, head_weights))) {
         float *proj = f32_rand(T * 64, 3.0f, 0.0f), *wr = poisoned(4 * T * 64), *wt = poisoned(4 * T * 64);

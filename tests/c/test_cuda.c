@@ -646,9 +646,9 @@ static void test_graph_moe(void)
     free(x), free(gw), free(y1), free(y2), free(codes), free(scales);
 }
 
-/* The indexer's head weights, scores and top-k captured in one graph: no op waits on the host
- * (the candidate counts of the host positions travel in the launches), the top-k reads the
- * scores where the scores op left them, and the replay gives the direct call's bits. */
+/* The indexer's query path, head weights, scores and top-k captured in one graph: no op waits on
+ * the host (positions and the candidate counts of host arrays travel in the launches), the top-k
+ * reads the scores where the scores op left them, and the replay gives the direct call's bits. */
 static void test_graph_indexer(void)
 {
     enum { T = 3, H = 32, D = 128, N = 5000, K = 512 };
@@ -662,12 +662,28 @@ static void test_graph_indexer(void)
     int64_t pos[T] = {4 * N - 1, 4 * 300 + 2, 1}; /* 5000, 300 and 0 candidates */
     const int64_t sp[2] = {T, H}, sq[3] = {T, H, D / 2}, sqs[3] = {T, H, D / 32}, sk[2] = {N, D / 2},
                   sks[2] = {N, D / 32}, st[1] = {T}, ss[2] = {T, N}, si[2] = {T, K};
-    dsv4_tensor tp = view(dput(proj, 4 * T * H), DSV4_F32, 2, sp, 1), tw = view(dput(NULL, 4 * T * H), DSV4_F32, 2, sp, 1),
+    dsv4_tensor tp = view(dput(proj, 4 * T * H), DSV4_F32, 2, sp, 1),
+                tw = view(dput(NULL, 4 * T * H), DSV4_F32, 2, sp, 1),
                 tq = view(dput(q, T * H * D / 2), DSV4_FP4X2, 3, sq, 1),
                 tqs = view(dput(qs, T * H * D / 32), DSV4_E8M0, 3, sqs, 1),
-                tk = view(dput(k, N * D / 2), DSV4_FP4X2, 2, sk, 1), tks = view(dput(ks, N * D / 32), DSV4_E8M0, 2, sks, 1),
+                tk = view(dput(k, N * D / 2), DSV4_FP4X2, 2, sk, 1),
+                tks = view(dput(ks, N * D / 32), DSV4_E8M0, 2, sks, 1),
                 hpos = view(pos, DSV4_I64, 1, st, 0), tsc = view(dput(NULL, 4 * T * N), DSV4_F32, 2, ss, 1),
                 ti = view(dput(NULL, 4 * T * K), DSV4_I32, 2, si, 1), tl = view(dput(NULL, 4 * T), DSV4_I32, 1, st, 1);
+    enum { MP = 64 };
+    int64_t qpos[T] = {0, 17, MP - 1};
+    uint16_t *qb = malloc(2 * T * H * D);
+    for (int i = 0; i < T * H * D; i++) qb[i] = rbf16(2.0f);
+    float *rope = malloc(4 * MP * 64);
+    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
+    const int64_t srope[2] = {MP, 64}, sqb[3] = {T, H, D};
+    dsv4_tensor hrope = view(rope, DSV4_F32, 2, srope, 0);
+    CHECK_STATUS(dsv4_rope_table(ref, &rp, &hrope), DSV4_OK);
+    dsv4_tensor trope = view(dput(rope, 4 * MP * 64), DSV4_F32, 2, srope, 1),
+                tqb = view(dput(qb, 2 * T * H * D), DSV4_BF16, 3, sqb, 1), hqpos = view(qpos, DSV4_I64, 1, st, 0),
+                tqc = view(dput(NULL, T * H * D / 2), DSV4_U8, 3, sq, 1),
+                tqsc = view(dput(NULL, T * H * D / 32), DSV4_U8, 3, sqs, 1);
+    uint8_t *qc[2] = {malloc(T * H * D / 2), malloc(T * H * D / 2)};
     const size_t wsb = dsv4_indexer_workspace_size(cu, T, K);
     CHECK(wsb > 0, "indexer workspace size: %s", dsv4_last_error());
     void *ws = dput(NULL, wsb);
@@ -680,7 +696,9 @@ static void test_graph_indexer(void)
         dsv4_device_memset(cu, tsc.data, 0xA5, 4 * T * N);
         dsv4_device_memset(cu, ti.data, 0xA5, 4 * T * K);
         dsv4_device_memset(cu, tl.data, 0xA5, 4 * T);
+        dsv4_device_memset(cu, tqc.data, 0xA5, T * H * D / 2);
         if (pass) CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_q(cu, &tqb, &hqpos, &trope, &tqc, &tqsc), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_weights(cu, &tp, D, &tw), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_scores(cu, &args, &tsc), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_topk(cu, &tsc, NULL, K, &ti, &tl, ws, wsb), DSV4_OK);
@@ -692,17 +710,20 @@ static void test_graph_indexer(void)
             dsv4_device_graph_destroy(g);
         }
         dget(sc[pass], tsc.data, 4 * T * N), dget(idx[pass], ti.data, 4 * T * K), dget(len[pass], tl.data, 4 * T);
+        dget(qc[pass], tqc.data, T * H * D / 2);
     }
     /* topk without n_valid takes all N: the -inf tails count, after every real score */
     CHECK(len[0][0] == K && len[0][1] == K && len[0][2] == K, "indexer graph: lengths %d %d %d, want %d", len[0][0],
           len[0][1], len[0][2], K);
     CHECK(idx[0][0] >= 0 && idx[0][0] < N && idx[0][K] < 300 && idx[0][2 * K] == 0 && idx[0][2 * K + 1] == 1,
           "indexer graph: first indices %d %d %d %d", idx[0][0], idx[0][K], idx[0][2 * K], idx[0][2 * K + 1]);
+    CHECK(memcmp(qc[0], qc[1], T * H * D / 2) == 0, "indexer q: the graph replay differs from the direct call");
     CHECK(memcmp(sc[0], sc[1], 4 * T * N) == 0, "indexer scores: the graph replay differs from the direct call");
     CHECK(memcmp(idx[0], idx[1], 4 * T * K) == 0 && memcmp(len[0], len[1], sizeof len[0]) == 0,
           "indexer top-k: the graph replay differs from the direct call");
     dfree_all();
     free(proj), free(q), free(qs), free(k), free(ks), free(idx[0]), free(idx[1]), free(sc[0]), free(sc[1]);
+    free(qb), free(rope), free(qc[0]), free(qc[1]);
 }
 
 int main(void)

@@ -19,6 +19,25 @@ extern "C" {
 int dsv4_cu_ix_weights_launch(const void *proj, int proj_bf16, long long ld_proj, long long tokens, long long heads,
                               float scale, float *out, long long ld_out, void *stream);
 
+/* The query path of core/ops_indexer.h dsv4_ixq_call (the same fields) for tokens t0 ..
+ * t0+tokens-1 at rope rows pos[t - t0]. */
+#define DSV4_CU_IXQ_TOKENS 256
+typedef struct dsv4_cu_ixq {
+    long long t0, tokens, heads;
+    int dim, packed;
+    const uint16_t *q;
+    long long ld_q_t, ld_q_h;
+    const float *rope;
+    long long ld_rope;
+    void *out;
+    long long ld_out_t, ld_out_h;
+    uint8_t *out_scales;
+    long long ld_os_t, ld_os_h;
+    int64_t pos[DSV4_CU_IXQ_TOKENS];
+} dsv4_cu_ixq;
+
+int dsv4_cu_ixq_launch(const dsv4_cu_ixq *a, void *stream);
+
 /* Scores of tokens t0 .. t0+tokens-1 (core/ops_indexer.h dsv4_ix_operands, the same fields):
  * row t gets the n_cache scores, -inf from candidate count[t - t0] on. */
 typedef struct dsv4_cu_ix_scores {

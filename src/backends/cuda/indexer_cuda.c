@@ -2,7 +2,8 @@
  * the device (indexer_cuda.cu), launched on the context's stream with nothing allocated, read
  * back or waited for. The per-token candidate counts come from host arrays (the contract's
  * positions and n_valid) and travel in the launch parameters, DSV4_CU_IX_TOKENS tokens a launch.
- * compress, index_q and select are not implemented here (NULL: the op layer says so). */
+ * The query path (RoPE, Hadamard, FP4) is there too; compress and select are not (NULL: the op
+ * layer says so). */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_indexer.h"
 #include "core/error.h"
@@ -16,6 +17,30 @@ static dsv4_status cu_head_weights(const dsv4_exec *ex, const void *proj, int pr
     CU_LAUNCH(ex, "indexer_weights",
               dsv4_cu_ix_weights_launch(proj, proj_bf16, ld_proj, tokens, heads, scale, out, ld_out,
                                         dsv4_cu_stream(ex)));
+}
+
+static dsv4_status cu_index_q(const dsv4_exec *ex, const dsv4_ixq_call *c)
+{
+    const char *op = "indexer_q";
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, op, &g));
+    dsv4_cu_ixq a = {
+        .heads = c->heads, .dim = c->dim, .packed = c->packed,
+        .q = c->q, .ld_q_t = c->ld_q_t, .ld_q_h = c->ld_q_h, .rope = c->rope, .ld_rope = c->ld_rope, .out = c->out,
+        .ld_out_t = c->ld_out_t, .ld_out_h = c->ld_out_h, .out_scales = c->out_scales, .ld_os_t = c->ld_os_t,
+        .ld_os_h = c->ld_os_h,
+    };
+    int err = 0;
+    for (int64_t t0 = 0; t0 < c->tokens && !err; t0 += DSV4_CU_IXQ_TOKENS) {
+        a.t0 = t0;
+        a.tokens = c->tokens - t0 < DSV4_CU_IXQ_TOKENS ? c->tokens - t0 : DSV4_CU_IXQ_TOKENS;
+        for (int64_t i = 0; i < a.tokens; i++)
+            a.pos[i] = c->pos_i64 ? ((const int64_t *)c->positions)[(t0 + i) * c->ld_pos]
+                                  : ((const int32_t *)c->positions)[(t0 + i) * c->ld_pos];
+        err = dsv4_cu_ixq_launch(&a, dsv4_cu_stream(ex));
+    }
+    dsv4_cu_leave(&g);
+    return dsv4_cu_status(err, op);
 }
 
 /* Candidates of token t: (position + 1) / ratio (dsv4_indexer_args). */
@@ -78,6 +103,7 @@ static size_t cu_workspace_size(const dsv4_exec *ex, int64_t tokens, int64_t top
 }
 
 const struct dsv4_indexer_ops dsv4_cuda_indexer_ops = {
+    .index_q = cu_index_q,
     .head_weights = cu_head_weights,
     .scores = cu_scores,
     .topk = cu_topk,

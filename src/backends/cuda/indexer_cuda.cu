@@ -1,5 +1,5 @@
-/* Lightning-indexer kernels on the GPU (include/dsv4/indexer.h): head weights, scores of the FP4
- * cache and the top-k selection. Every result is cpu-ref's to the bit (indexer_ref.c): the group
+/* Lightning-indexer kernels on the GPU (include/dsv4/indexer.h): the query path, head weights,
+ * scores of the FP4 cache and the top-k selection. Every result is cpu-ref's to the bit (indexer_ref.c): the group
  * dots are exact integer sums, the scaled sums and the 16 per-lane head accumulations use cpu-ref's
  * fused multiply-adds in its order, and the selection reproduces its total order of keys
  * (indexer_cpu.h dsv4_ix_key: score, then the smaller index; NaN ranks as -inf, -0 ties with +0).
@@ -9,6 +9,14 @@
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_indexer.h"
 
+/* 2 x E2M1 of nibble n as an int8 byte (indexer_cpu.h dsv4_ix_fp4x2): 0 1 2 3 4 6 8 12, negated
+ * for the sign bit (-0 gives 0). */
+DSV4_CU_INLINE uint32_t fp4x2_val(uint32_t n)
+{
+    const unsigned long long pos = 0x0C08060403020100ull, neg = 0xF4F8FAFCFDFEFF00ull;
+    return (uint32_t)(((n & 8u) ? neg : pos) >> (8 * (n & 7u))) & 0xFFu;
+}
+
 /* ---- head weights ---------------------------------------------------------------------------- */
 __global__ void ix_weights_kernel(const void *proj, int bf16, long long ld_proj, long long tokens, long long heads,
                                   float scale, float *out, long long ld_out)
@@ -16,7 +24,8 @@ __global__ void ix_weights_kernel(const void *proj, int bf16, long long ld_proj,
     const long long h = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= heads) return;
     for (long long t = blockIdx.y; t < tokens; t += gridDim.y) {
-        const float v = bf16 ? cu_bf16_f32(((const uint16_t *)proj)[t * ld_proj + h]) : ((const float *)proj)[t * ld_proj + h];
+        const float v =
+            bf16 ? cu_bf16_f32(((const uint16_t *)proj)[t * ld_proj + h]) : ((const float *)proj)[t * ld_proj + h];
         out[t * ld_out + h] = cu_bf16_f32(cu_f32_bf16(__fmul_rn(v, scale)));
     }
 }
@@ -30,20 +39,114 @@ extern "C" int dsv4_cu_ix_weights_launch(const void *proj, int proj_bf16, long l
     return (int)cudaGetLastError();
 }
 
+/* ---- query path ----------------------------------------------------------------------------------
+ * A warp per (token, head) row, the row in shared memory: GPT-J RoPE of its last 64 values (each
+ * result rounded to BF16), the unnormalized Walsh-Hadamard stages h = 1, 2, 4, ..., the product
+ * with d^-0.5 rounded to BF16, then the FP4 rule fp4_32 per 32 values (indexer_common.c, the same
+ * operations: the butterflies of a stage are independent, the group maximum is order-free). */
+enum { IXQ_WARPS = 4 };
+
+/* E2M1 code of x (codec.h dsv4_e2m1_from_f32: midpoints to the even code, NaN -> +0). */
+DSV4_CU_INLINE uint32_t cu_f32_e2m1(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0;
+    const uint32_t sign = (u >> 28) & 8u;
+    const float a = __uint_as_float(u & 0x7FFFFFFFu);
+    uint32_t c;
+    if (a <= 0.25f) c = 0;
+    else if (a < 0.75f) c = 1;
+    else if (a <= 1.25f) c = 2;
+    else if (a < 1.75f) c = 3;
+    else if (a <= 2.5f) c = 4;
+    else if (a < 3.5f) c = 5;
+    else if (a <= 5.0f) c = 6;
+    else c = 7;
+    return sign | c;
+}
+
+/* E2M1 code c as a float (codec.h dsv4_e2m1_to_f32: code 8 is -0). */
+DSV4_CU_INLINE float cu_e2m1_f32(uint32_t c)
+{
+    const float m = 0.5f * (float)(int)fp4x2_val(c & 7u);
+    return (c & 8u) ? -m : m;
+}
+
+DSV4_CU_INLINE float bf16_round(float x) { return cu_bf16_f32(cu_f32_bf16(x)); }
+
+__global__ void __launch_bounds__(IXQ_WARPS * 32) ixq_kernel(dsv4_cu_ixq a)
+{
+    __shared__ float xs[IXQ_WARPS][256];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, d = a.dim;
+    const long long row = (long long)blockIdx.x * IXQ_WARPS + wi;
+    if (row >= a.tokens * a.heads) return; /* whole warps leave: no block-wide barrier below */
+    const long long tl = row / a.heads, h = row % a.heads, t = a.t0 + tl;
+    float *x = xs[wi];
+    const uint16_t *q = a.q + t * a.ld_q_t + h * a.ld_q_h;
+    for (int e = lane; e < d; e += 32) x[e] = cu_bf16_f32(q[e]);
+    __syncwarp();
+    {
+        const float *cs = a.rope + a.pos[tl] * a.ld_rope;
+        float *r = x + d - 64;
+        const float p = r[2 * lane], b = r[2 * lane + 1], c = cs[lane], s = cs[32 + lane];
+        r[2 * lane] = bf16_round(__fsub_rn(__fmul_rn(p, c), __fmul_rn(b, s)));
+        r[2 * lane + 1] = bf16_round(__fadd_rn(__fmul_rn(p, s), __fmul_rn(b, c)));
+    }
+    __syncwarp();
+    for (int hs = 1; hs < d; hs <<= 1) {
+        for (int p = lane; p < d / 2; p += 32) {
+            const int i = (p / hs) * 2 * hs + p % hs, j = i + hs;
+            const float u = x[i], v = x[j];
+            x[i] = __fadd_rn(u, v);
+            x[j] = __fsub_rn(u, v);
+        }
+        __syncwarp();
+    }
+    const float hscale = (float)(1.0 / sqrt((double)d)); /* IEEE double, as indexer_common.c */
+    for (int g = 0; g < d / 32; g++) {
+        const float v = bf16_round(__fmul_rn(x[32 * g + lane], hscale));
+        float m = fabsf(v);
+        m = m > 0.0f ? m : 0.0f; /* NaN is skipped */
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float n = __shfl_xor_sync(0xFFFFFFFFu, m, o);
+            m = n > m ? n : m;
+        }
+        /* codec.h dsv4_qrule_exponent with the fp4_32 parameters */
+        const float amax = m >= 6.0f * 1.17549435e-38f ? m : 6.0f * 1.17549435e-38f;
+        int e = cu_ceil_log2_bits(__fdiv_rn(amax, 6.0f));
+        e = e < -127 ? -127 : (e > 128 ? 128 : e);
+        const uint32_t code = cu_f32_e2m1(__fmul_rn(v, cu_pow2f(-e)));
+        if (a.packed) {
+            const uint32_t up = __shfl_down_sync(0xFFFFFFFFu, code, 1);
+            uint8_t *oc = (uint8_t *)a.out + t * a.ld_out_t + h * a.ld_out_h;
+            if ((lane & 1) == 0) oc[16 * g + lane / 2] = (uint8_t)(code | (up << 4));
+            if (lane == 0) a.out_scales[t * a.ld_os_t + h * a.ld_os_h + g] = (uint8_t)(e + 127);
+        } else {
+            uint16_t *ov = (uint16_t *)a.out + t * a.ld_out_t + h * a.ld_out_h;
+            ov[32 * g + lane] = (uint16_t)cu_f32_bf16(__fmul_rn(cu_e2m1_f32(code), cu_e8m0_f32((uint32_t)(e + 127))));
+        }
+    }
+}
+
+extern "C" int dsv4_cu_ixq_launch(const dsv4_cu_ixq *a, void *stream)
+{
+    const long long rows = a->tokens * a->heads;
+    if (rows == 0) return 0;
+    if (a->tokens > DSV4_CU_IXQ_TOKENS || (a->dim != 64 && a->dim != 128 && a->dim != 256))
+        return (int)cudaErrorInvalidValue;
+    const long long blocks = (rows + IXQ_WARPS - 1) / IXQ_WARPS;
+    if (blocks > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
+    ixq_kernel<<<(unsigned)blocks, IXQ_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
+    return (int)cudaGetLastError();
+}
+
 /* ---- scores ------------------------------------------------------------------------------------
  * grid (x: candidate blocks, y: tokens of the chunk), SC_THREADS candidates per block, a thread per
  * candidate. The CTA expands its token's query into shared memory as int8 quads of 2 x the E2M1
  * values (low nibbles and high nibbles of 4 packed bytes apart), the thread its cache entry in
  * registers; a group's integer dot is then 8 dp4a. */
 enum { SC_THREADS = 128, SC_MAX_BLOCKS = 512 };
-
-/* 2 x E2M1 of nibble n as an int8 byte (indexer_cpu.h dsv4_ix_fp4x2): 0 1 2 3 4 6 8 12, negated
- * for the sign bit (-0 gives 0). */
-DSV4_CU_INLINE uint32_t fp4x2_val(uint32_t n)
-{
-    const unsigned long long pos = 0x0C08060403020100ull, neg = 0xF4F8FAFCFDFEFF00ull;
-    return (uint32_t)(((n & 8u) ? neg : pos) >> (8 * (n & 7u))) & 0xFFu;
-}
 
 /* A packed word (4 bytes = 8 codes) -> the int8 quads of its low nibbles and of its high nibbles. */
 DSV4_CU_INLINE void expand_word(uint32_t w, uint32_t *lo, uint32_t *hi)
@@ -253,7 +356,8 @@ __global__ void __launch_bounds__(TK_THREADS) ix_topk_kernel(dsv4_cu_ix_topk a)
 extern "C" int dsv4_cu_ix_topk_launch(const dsv4_cu_ix_topk *a, void *stream)
 {
     if (a->tokens == 0) return 0;
-    if (a->tokens > DSV4_CU_IX_TOKENS || a->topk < 1 || a->topk > DSV4_CU_IX_MAX_TOPK) return (int)cudaErrorInvalidValue;
+    if (a->tokens > DSV4_CU_IX_TOKENS || a->topk < 1 || a->topk > DSV4_CU_IX_MAX_TOPK)
+        return (int)cudaErrorInvalidValue;
     ix_topk_kernel<<<(unsigned)a->tokens, TK_THREADS, 0, (cudaStream_t)stream>>>(*a);
     return (int)cudaGetLastError();
 }
