@@ -10,7 +10,7 @@
  *     +inf and exact zeros where nothing is valid;
  *   - graph capture and replay (also on a stream of the caller's), run-to-run determinism,
  *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph;
- *     the indexer's head weights, scores and top-k in one graph.
+ *     the indexer's query path, head weights, scores, top-k and select in one graph.
  * Without a CUDA device it checks the host fallback of the memory API, says why it skips and exits
  * 77 (CTest SKIP_RETURN_CODE: reported as skipped, not passed). */
 #include "dsv4.h"
@@ -646,7 +646,7 @@ static void test_graph_moe(void)
     free(x), free(gw), free(y1), free(y2), free(codes), free(scales);
 }
 
-/* The indexer's query path, head weights, scores and top-k captured in one graph: no op waits on
+/* The indexer's query path, head weights, scores, top-k and select captured in one graph: no op waits on
  * the host (positions and the candidate counts of host arrays travel in the launches), the top-k
  * reads the scores where the scores op left them, and the replay gives the direct call's bits. */
 static void test_graph_indexer(void)
@@ -684,6 +684,8 @@ static void test_graph_indexer(void)
                 tqc = view(dput(NULL, T * H * D / 2), DSV4_U8, 3, sq, 1),
                 tqsc = view(dput(NULL, T * H * D / 32), DSV4_U8, 3, sqs, 1);
     uint8_t *qc[2] = {malloc(T * H * D / 2), malloc(T * H * D / 2)};
+    dsv4_tensor tsi = view(dput(NULL, 4 * T * K), DSV4_I32, 2, si, 1), tsl = view(dput(NULL, 4 * T), DSV4_I32, 1, st, 1);
+    int32_t *sidx[2] = {malloc(4 * T * K), malloc(4 * T * K)}, slen[2][T];
     const size_t wsb = dsv4_indexer_workspace_size(cu, T, K);
     CHECK(wsb > 0, "indexer workspace size: %s", dsv4_last_error());
     void *ws = dput(NULL, wsb);
@@ -697,11 +699,13 @@ static void test_graph_indexer(void)
         dsv4_device_memset(cu, ti.data, 0xA5, 4 * T * K);
         dsv4_device_memset(cu, tl.data, 0xA5, 4 * T);
         dsv4_device_memset(cu, tqc.data, 0xA5, T * H * D / 2);
+        dsv4_device_memset(cu, tsi.data, 0xA5, 4 * T * K);
         if (pass) CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_q(cu, &tqb, &hqpos, &trope, &tqc, &tqsc), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_weights(cu, &tp, D, &tw), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_scores(cu, &args, &tsc), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_topk(cu, &tsc, NULL, K, &ti, &tl, ws, wsb), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_select(cu, &args, K, &tsi, &tsl, ws, wsb), DSV4_OK);
         if (pass) {
             CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
             if (!g) break;
@@ -711,19 +715,29 @@ static void test_graph_indexer(void)
         }
         dget(sc[pass], tsc.data, 4 * T * N), dget(idx[pass], ti.data, 4 * T * K), dget(len[pass], tl.data, 4 * T);
         dget(qc[pass], tqc.data, T * H * D / 2);
+        dget(sidx[pass], tsi.data, 4 * T * K), dget(slen[pass], tsl.data, 4 * T);
     }
     /* topk without n_valid takes all N: the -inf tails count, after every real score */
     CHECK(len[0][0] == K && len[0][1] == K && len[0][2] == K, "indexer graph: lengths %d %d %d, want %d", len[0][0],
           len[0][1], len[0][2], K);
     CHECK(idx[0][0] >= 0 && idx[0][0] < N && idx[0][K] < 300 && idx[0][2 * K] == 0 && idx[0][2 * K + 1] == 1,
           "indexer graph: first indices %d %d %d %d", idx[0][0], idx[0][K], idx[0][2 * K], idx[0][2 * K + 1]);
+    /* select (scores and top-k fused) against topk on the scores: the same order where both rank the
+     * same candidates */
+    CHECK(slen[0][0] == K && slen[0][1] == 300 && slen[0][2] == 0, "indexer select: lengths %d %d %d", slen[0][0],
+          slen[0][1], slen[0][2]);
+    CHECK(memcmp(sidx[0], idx[0], 4 * K) == 0 && memcmp(sidx[0] + K, idx[0] + K, 4 * 300) == 0 &&
+              sidx[0][K + 300] == -1 && sidx[0][2 * K] == -1 && sidx[0][3 * K - 1] == -1,
+          "indexer select differs from topk on the scores");
+    CHECK(memcmp(sidx[0], sidx[1], 4 * T * K) == 0 && memcmp(slen[0], slen[1], sizeof slen[0]) == 0,
+          "indexer select: the graph replay differs from the direct call");
     CHECK(memcmp(qc[0], qc[1], T * H * D / 2) == 0, "indexer q: the graph replay differs from the direct call");
     CHECK(memcmp(sc[0], sc[1], 4 * T * N) == 0, "indexer scores: the graph replay differs from the direct call");
     CHECK(memcmp(idx[0], idx[1], 4 * T * K) == 0 && memcmp(len[0], len[1], sizeof len[0]) == 0,
           "indexer top-k: the graph replay differs from the direct call");
     dfree_all();
     free(proj), free(q), free(qs), free(k), free(ks), free(idx[0]), free(idx[1]), free(sc[0]), free(sc[1]);
-    free(qb), free(rope), free(qc[0]), free(qc[1]);
+    free(qb), free(rope), free(qc[0]), free(qc[1]), free(sidx[0]), free(sidx[1]);
 }
 
 int main(void)

@@ -5,6 +5,7 @@
 #ifndef DSV4_CUDA_INDEXER_H
 #define DSV4_CUDA_INDEXER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -67,6 +68,20 @@ typedef struct dsv4_cu_ix_topk {
 } dsv4_cu_ix_topk;
 
 int dsv4_cu_ix_topk_launch(const dsv4_cu_ix_topk *a, void *stream);
+
+/* Scores and top-k in one op: s (its count = the candidates), the top-k outputs, and ws, the
+ * workspace of tokens * parts rows of topk 64-bit keys (16-byte aligned). */
+typedef struct dsv4_cu_ix_select {
+    dsv4_cu_ix_scores s;
+    long long topk;
+    unsigned long long *ws;
+    int32_t *indices;
+    long long ld_indices;
+    int32_t *lengths;
+    long long ld_lengths;
+} dsv4_cu_ix_select;
+
+int dsv4_cu_ix_select_launch(const dsv4_cu_ix_select *a, int parts, void *stream);
 
 #ifdef __cplusplus
 }

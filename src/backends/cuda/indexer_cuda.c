@@ -2,8 +2,8 @@
  * the device (indexer_cuda.cu), launched on the context's stream with nothing allocated, read
  * back or waited for. The per-token candidate counts come from host arrays (the contract's
  * positions and n_valid) and travel in the launch parameters, DSV4_CU_IX_TOKENS tokens a launch.
- * The query path (RoPE, Hadamard, FP4) is there too; compress and select are not (NULL: the op
- * layer says so). */
+ * The query path (RoPE, Hadamard, FP4) and select (scores and top-k fused: no [T, N] scores in
+ * memory) are there too; compress is not (NULL: the op layer says so). */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_indexer.h"
 #include "core/error.h"
@@ -94,18 +94,60 @@ static dsv4_status cu_topk(const dsv4_exec *ex, const float *scores, int64_t ld,
     return dsv4_cu_status(err, op);
 }
 
-/* The selection keeps its keys in shared memory and needs no workspace; a nonzero size keeps 0
- * meaning "no answer" for dsv4_indexer_workspace_size's callers. */
+/* select: parts per token, so that about SEL_SLOTS CTAs score at once (at most SEL_MAX_PARTS a
+ * token); tokens * parts <= SEL_SLOTS + tokens rows of topk keys in the workspace. */
+#define SEL_SLOTS 256
+#define SEL_MAX_PARTS 32
+
+static int select_parts(int64_t tokens)
+{
+    const int64_t p = (SEL_SLOTS + tokens - 1) / tokens;
+    return p > SEL_MAX_PARTS ? SEL_MAX_PARTS : (int)p;
+}
+
+/* topk keeps its keys in shared memory; select's parts keep theirs in the workspace. */
 static size_t cu_workspace_size(const dsv4_exec *ex, int64_t tokens, int64_t topk)
 {
-    (void)ex, (void)tokens, (void)topk;
-    return 64;
+    (void)ex;
+    return 64 + (size_t)(SEL_SLOTS + tokens) * (size_t)topk * sizeof(uint64_t);
+}
+
+static dsv4_status cu_select(const dsv4_exec *ex, const dsv4_ix_operands *o, const dsv4_topk_out *out)
+{
+    const char *op = "indexer_select";
+    if (out->topk > DSV4_CU_IX_MAX_TOPK)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: topk %lld is more than the cuda kernel's %d", op,
+                         (long long)out->topk, DSV4_CU_IX_MAX_TOPK);
+    if (out->workspace_bytes < cu_workspace_size(ex, o->tokens, out->topk))
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: workspace too small", op);
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, op, &g));
+    dsv4_cu_ix_select a = {
+        .s = {.n_cache = o->n_cache, .heads = (int)o->heads, .dim = o->dim, .q = o->q, .q_scales = o->q_scales,
+              .ld_q_t = o->ld_q_t, .ld_q_h = o->ld_q_h, .ld_qs_t = o->ld_qs_t, .ld_qs_h = o->ld_qs_h,
+              .weights = o->weights, .ld_w = o->ld_w, .k = o->k, .k_scales = o->k_scales, .ld_k = o->ld_k,
+              .ld_ks = o->ld_ks},
+        .topk = out->topk, .ws = (unsigned long long *)(((uintptr_t)out->workspace + 15) & ~(uintptr_t)15),
+        .indices = out->indices, .ld_indices = out->ld_indices, .lengths = out->lengths,
+        .ld_lengths = out->ld_lengths,
+    };
+    const int parts = select_parts(o->tokens);
+    int err = 0;
+    for (int64_t t0 = 0; t0 < o->tokens && !err; t0 += DSV4_CU_IX_TOKENS) {
+        a.s.t0 = t0;
+        a.s.tokens = o->tokens - t0 < DSV4_CU_IX_TOKENS ? o->tokens - t0 : DSV4_CU_IX_TOKENS;
+        for (int64_t i = 0; i < a.s.tokens; i++) a.s.count[i] = n_candidates(o, t0 + i);
+        err = dsv4_cu_ix_select_launch(&a, parts, dsv4_cu_stream(ex));
+    }
+    dsv4_cu_leave(&g);
+    return dsv4_cu_status(err, op);
 }
 
 const struct dsv4_indexer_ops dsv4_cuda_indexer_ops = {
     .index_q = cu_index_q,
     .head_weights = cu_head_weights,
     .scores = cu_scores,
+    .select = cu_select,
     .topk = cu_topk,
     .workspace_size = cu_workspace_size,
 };

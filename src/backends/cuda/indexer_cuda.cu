@@ -175,65 +175,79 @@ template <int W> DSV4_CU_INLINE void lane_tree(float *l)
 
 DSV4_CU_INLINE float half_scale(uint32_t b) { return __fmul_rn(cu_e8m0_f32(b), 0.5f); }
 
+/* A token's query in shared memory, as the scores need it. */
+struct ix_query {
+    uint32_t lo[DSV4_CU_IX_MAX_HEADS * 32], hi[DSV4_CU_IX_MAX_HEADS * 32]; /* [h][d/8] */
+    float sc[DSV4_CU_IX_MAX_HEADS * 8], w[DSV4_CU_IX_MAX_HEADS];           /* [h][d/32], [h] */
+};
+
+/* Every thread of the CTA takes part; a __syncthreads must follow before use. */
+template <int D> DSV4_CU_INLINE void load_query(const dsv4_cu_ix_scores &a, long long t, ix_query *q)
+{
+    constexpr int W = D / 8, G = D / 32;
+    const int H = a.heads;
+    for (int i = threadIdx.x; i < H * W; i += blockDim.x) {
+        const int h = i / W, j = i % W;
+        expand_word(ld_u32_bytes(a.q + t * a.ld_q_t + h * a.ld_q_h + 4 * j), &q->lo[i], &q->hi[i]);
+    }
+    for (int i = threadIdx.x; i < H * G; i += blockDim.x) {
+        const int h = i / G, g = i % G;
+        q->sc[i] = half_scale(a.q_scales[t * a.ld_qs_t + h * a.ld_qs_h + g]);
+    }
+    for (int h = threadIdx.x; h < H; h += blockDim.x) q->w[h] = a.weights[t * a.ld_w + h];
+}
+
+/* Score of cache entry c for the query q (indexer_ref.c dsv4_ix_ref_score). */
+template <int D> DSV4_CU_INLINE float score_one(const dsv4_cu_ix_scores &a, const ix_query *q, long long c)
+{
+    constexpr int W = D / 8, G = D / 32;
+    const int H = a.heads;
+    uint32_t klo[W], khi[W];
+    float ks[G];
+    const uint8_t *kp = a.k + c * a.ld_k, *kq = a.k_scales + c * a.ld_ks;
+#pragma unroll
+    for (int j = 0; j < W; j++) expand_word(ld_u32_bytes(kp + 4 * j), &klo[j], &khi[j]);
+#pragma unroll
+    for (int g = 0; g < G; g++) ks[g] = half_scale(kq[g]);
+    float lanes[16];
+#pragma unroll
+    for (int l = 0; l < 16; l++) lanes[l] = 0.0f;
+    for (int h0 = 0; h0 < H; h0 += 16) /* lane l takes heads l, l + 16, ... in order */
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const int h = h0 + l;
+            if (h >= H) continue;
+            const uint32_t *ql = q->lo + h * W, *qh = q->hi + h * W;
+            float dot = 0.0f;
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                int sum = 0;
+#pragma unroll
+                for (int j = 4 * g; j < 4 * g + 4; j++) {
+                    sum = __dp4a((int)ql[j], (int)klo[j], sum);
+                    sum = __dp4a((int)qh[j], (int)khi[j], sum);
+                }
+                dot = __fmaf_rn((float)sum, __fmul_rn(q->sc[h * G + g], ks[g]), dot);
+            }
+            lanes[l] = __fmaf_rn(dot > 0.0f ? dot : 0.0f, q->w[h], lanes[l]);
+        }
+    lane_tree<8>(lanes), lane_tree<4>(lanes), lane_tree<2>(lanes), lane_tree<1>(lanes);
+    return lanes[0];
+}
+
 template <int D>
 __global__ void __launch_bounds__(SC_THREADS) ix_scores_kernel(dsv4_cu_ix_scores a, float *scores, long long ld)
 {
-    constexpr int W = D / 8, G = D / 32; /* packed words, groups */
-    __shared__ uint32_t qlo[DSV4_CU_IX_MAX_HEADS * 32], qhi[DSV4_CU_IX_MAX_HEADS * 32]; /* [h][W] */
-    __shared__ float qsc[DSV4_CU_IX_MAX_HEADS * 8], wt[DSV4_CU_IX_MAX_HEADS];            /* [h][G], [h] */
+    __shared__ ix_query q;
     const int tl = blockIdx.y;
     const long long t = a.t0 + tl, N = a.n_cache, nt = a.count[tl];
-    const int H = a.heads;
-    for (int i = threadIdx.x; i < H * W; i += SC_THREADS) {
-        const int h = i / W, j = i % W;
-        const uint8_t *q = a.q + t * a.ld_q_t + h * a.ld_q_h + 4 * j;
-        expand_word(ld_u32_bytes(q), &qlo[i], &qhi[i]);
-    }
-    for (int i = threadIdx.x; i < H * G; i += SC_THREADS) {
-        const int h = i / G, g = i % G;
-        qsc[i] = half_scale(a.q_scales[t * a.ld_qs_t + h * a.ld_qs_h + g]);
-    }
-    for (int h = threadIdx.x; h < H; h += SC_THREADS) wt[h] = a.weights[t * a.ld_w + h];
+    load_query<D>(a, t, &q);
     __syncthreads();
     float *row = scores + t * ld;
     for (long long c0 = (long long)blockIdx.x * SC_THREADS; c0 < N; c0 += (long long)gridDim.x * SC_THREADS) {
         const long long c = c0 + threadIdx.x;
         if (c >= N) break;
-        if (c >= nt) {
-            row[c] = -INFINITY;
-            continue;
-        }
-        uint32_t klo[W], khi[W];
-        float ks[G];
-        const uint8_t *kp = a.k + c * a.ld_k, *kq = a.k_scales + c * a.ld_ks;
-#pragma unroll
-        for (int j = 0; j < W; j++) expand_word(ld_u32_bytes(kp + 4 * j), &klo[j], &khi[j]);
-#pragma unroll
-        for (int g = 0; g < G; g++) ks[g] = half_scale(kq[g]);
-        float lanes[16];
-#pragma unroll
-        for (int l = 0; l < 16; l++) lanes[l] = 0.0f;
-        for (int h0 = 0; h0 < H; h0 += 16) /* lane l takes heads l, l + 16, ... in order */
-#pragma unroll
-            for (int l = 0; l < 16; l++) {
-                const int h = h0 + l;
-                if (h >= H) continue;
-                const uint32_t *ql = qlo + h * W, *qh = qhi + h * W;
-                float dot = 0.0f;
-#pragma unroll
-                for (int g = 0; g < G; g++) {
-                    int sum = 0;
-#pragma unroll
-                    for (int j = 4 * g; j < 4 * g + 4; j++) {
-                        sum = __dp4a((int)ql[j], (int)klo[j], sum);
-                        sum = __dp4a((int)qh[j], (int)khi[j], sum);
-                    }
-                    dot = __fmaf_rn((float)sum, __fmul_rn(qsc[h * G + g], ks[g]), dot);
-                }
-                lanes[l] = __fmaf_rn(dot > 0.0f ? dot : 0.0f, wt[h], lanes[l]);
-            }
-        lane_tree<8>(lanes), lane_tree<4>(lanes), lane_tree<2>(lanes), lane_tree<1>(lanes);
-        row[c] = lanes[0];
+        row[c] = c < nt ? score_one<D>(a, &q, c) : -INFINITY;
     }
 }
 
@@ -269,6 +283,34 @@ DSV4_CU_INLINE uint32_t order_key(float s)
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) u = 0xFF800000u;
     if (u == 0x80000000u) u = 0;
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* keys[0..n) in descending order by a bitonic sort over the next power of two (keys[n..) are
+ * overwritten with 0, below every real key); every thread of the CTA takes part. */
+DSV4_CU_INLINE void sort_desc(unsigned long long *keys, unsigned n)
+{
+    unsigned p = 1;
+    while (p < n) p <<= 1;
+    for (unsigned i = n + threadIdx.x; i < p; i += blockDim.x) keys[i] = 0ull;
+    __syncthreads();
+    for (unsigned size = 2; size <= p; size <<= 1)
+        for (unsigned stride = size >> 1; stride > 0; stride >>= 1) {
+            for (unsigned i = threadIdx.x; i < p / 2; i += blockDim.x) {
+                const unsigned lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                const bool desc = (lo & size) == 0;
+                const unsigned long long x = keys[lo], y = keys[hi];
+                if ((x < y) == desc) keys[lo] = y, keys[hi] = x;
+            }
+            __syncthreads();
+        }
+}
+
+/* The `take` kept keys (in shared memory) sorted, their indices written with the -1 fill to k. */
+DSV4_CU_INLINE void sort_emit(unsigned long long *keys, unsigned take, long long k, int32_t *idx, int32_t *len)
+{
+    sort_desc(keys, take);
+    for (long long i = threadIdx.x; i < k; i += blockDim.x) idx[i] = i < take ? (int32_t)~(uint32_t)keys[i] : -1;
+    if (threadIdx.x == 0) *len = (int32_t)take;
 }
 
 __global__ void __launch_bounds__(TK_THREADS) ix_topk_kernel(dsv4_cu_ix_topk a)
@@ -334,23 +376,7 @@ __global__ void __launch_bounds__(TK_THREADS) ix_topk_kernel(dsv4_cu_ix_topk a)
         base += total;
         __syncthreads(); /* warp_n is rewritten by the next chunk */
     }
-    unsigned p = 1;
-    while (p < take) p <<= 1;
-    for (unsigned i = take + tid; i < p; i += TK_THREADS) keys[i] = 0ull; /* below every real key */
-    __syncthreads();
-    for (unsigned size = 2; size <= p; size <<= 1)
-        for (unsigned stride = size >> 1; stride > 0; stride >>= 1) {
-            for (unsigned i = tid; i < p / 2; i += TK_THREADS) {
-                const unsigned lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
-                const bool desc = (lo & size) == 0;
-                const unsigned long long x = keys[lo], y = keys[hi];
-                if ((x < y) == desc) keys[lo] = y, keys[hi] = x;
-            }
-            __syncthreads();
-        }
-    int32_t *idx = a.indices + t * a.ld_indices;
-    for (long long i = tid; i < k; i += TK_THREADS) idx[i] = i < take ? (int32_t)~(uint32_t)keys[i] : -1;
-    if (tid == 0) a.lengths[t * a.ld_lengths] = (int32_t)take;
+    sort_emit(keys, take, k, a.indices + t * a.ld_indices, a.lengths + t * a.ld_lengths);
 }
 
 extern "C" int dsv4_cu_ix_topk_launch(const dsv4_cu_ix_topk *a, void *stream)
@@ -359,5 +385,134 @@ extern "C" int dsv4_cu_ix_topk_launch(const dsv4_cu_ix_topk *a, void *stream)
     if (a->tokens > DSV4_CU_IX_TOKENS || a->topk < 1 || a->topk > DSV4_CU_IX_MAX_TOPK)
         return (int)cudaErrorInvalidValue;
     ix_topk_kernel<<<(unsigned)a->tokens, TK_THREADS, 0, (cudaStream_t)stream>>>(*a);
+    return (int)cudaGetLastError();
+}
+
+/* ---- select: scores and top-k in one op ------------------------------------------------------------
+ * (1) grid (parts, tokens): part p of token t scores the candidate blocks p, p + parts, ... and
+ * keeps the best topk of them in a shared buffer (a block's keys above the buffer's k-th enter; when
+ * more than k are held the buffer is sorted and cut to k), then writes its k keys (0 past its
+ * count) to its row of the workspace. (2) one CTA per token: a radix select of the 64-bit keys of
+ * the token's parts (distinct: 8 passes end on the k-th key itself), then sort and emit as above.
+ * The total order makes the result independent of the parts. */
+enum { SEL_THREADS = 256 };
+
+DSV4_CU_INLINE unsigned long long cand_key(float s, long long c)
+{
+    return ((unsigned long long)order_key(s) << 32) | (uint32_t)~(uint32_t)c;
+}
+
+__host__ __device__ __forceinline__ unsigned pow2_at_least(unsigned n)
+{
+    unsigned p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+template <int D> __global__ void __launch_bounds__(SEL_THREADS) ix_select_part_kernel(dsv4_cu_ix_select a)
+{
+    extern __shared__ unsigned long long buf[]; /* pow2_at_least(topk + SEL_THREADS) keys */
+    __shared__ ix_query q;
+    __shared__ unsigned held;
+    __shared__ unsigned long long bar;
+    const int tl = blockIdx.y, part = blockIdx.x, parts = gridDim.x;
+    const long long t = a.s.t0 + tl, nt = a.s.count[tl], k = a.topk;
+    load_query<D>(a.s, t, &q);
+    if (threadIdx.x == 0) held = 0, bar = 0ull;
+    __syncthreads();
+    for (long long c0 = (long long)part * SEL_THREADS; c0 < nt; c0 += (long long)parts * SEL_THREADS) {
+        const long long c = c0 + threadIdx.x;
+        if (c < nt) {
+            const unsigned long long key = cand_key(score_one<D>(a.s, &q, c), c);
+            if (key > bar) buf[atomicAdd(&held, 1u)] = key;
+        }
+        __syncthreads();
+        if (held > k) { /* uniform: read after the barrier, written again only after the next one */
+            sort_desc(buf, held);
+            if (threadIdx.x == 0) held = (unsigned)k, bar = buf[k - 1];
+        }
+        __syncthreads();
+    }
+    const unsigned n = held;
+    sort_desc(buf, n);
+    unsigned long long *row = a.ws + ((long long)tl * parts + part) * k;
+    for (long long i = threadIdx.x; i < k; i += SEL_THREADS) row[i] = i < n ? buf[i] : 0ull;
+}
+
+__global__ void __launch_bounds__(TK_THREADS) ix_select_merge_kernel(dsv4_cu_ix_select a, int parts)
+{
+    __shared__ unsigned long long keys[DSV4_CU_IX_MAX_TOPK];
+    __shared__ unsigned hist[256];
+    __shared__ unsigned long long sh_prefix;
+    __shared__ unsigned sh_want, sh_n;
+    const int tl = blockIdx.x, tid = threadIdx.x;
+    const long long t = a.s.t0 + tl, nt = a.s.count[tl], k = a.topk, m = (long long)parts * k;
+    const unsigned long long *src = a.ws + (long long)tl * m;
+    const unsigned take = (unsigned)(nt < k ? nt : k);
+    if (tid == 0) sh_prefix = 0ull, sh_want = take, sh_n = 0;
+    __syncthreads();
+    unsigned long long mask = 0ull;
+    for (int shift = 56; shift >= 0 && take > 0; shift -= 8) {
+        for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
+        __syncthreads();
+        const unsigned long long prefix = sh_prefix;
+        for (long long i = tid; i < m; i += TK_THREADS) {
+            const unsigned long long x = src[i];
+            if ((x & mask) == prefix) atomicAdd(&hist[(unsigned)(x >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            unsigned want = sh_want, above = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (above + hist[b] >= want) break;
+                above += hist[b];
+            }
+            sh_want = want - above;
+            sh_prefix = prefix | ((unsigned long long)b << shift);
+        }
+        mask |= 255ull << shift;
+        __syncthreads();
+    }
+    const unsigned long long thr = sh_prefix; /* the take-th key: exactly take keys are >= it */
+    for (long long i = tid; i < m && take > 0; i += TK_THREADS) {
+        const unsigned long long x = src[i];
+        if (x >= thr) keys[atomicAdd(&sh_n, 1u)] = x;
+    }
+    __syncthreads();
+    sort_emit(keys, take, k, a.indices + t * a.ld_indices, a.lengths + t * a.ld_lengths);
+}
+
+static size_t select_buffer(long long topk)
+{
+    return (size_t)pow2_at_least((unsigned)topk + SEL_THREADS) * sizeof(unsigned long long);
+}
+
+template <int D> static int select_parts(const dsv4_cu_ix_select *a, int parts, cudaStream_t s)
+{
+    const size_t smem = select_buffer(a->topk);
+    cudaError_t e =
+        cudaFuncSetAttribute(ix_select_part_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return (int)e;
+    ix_select_part_kernel<D><<<dim3((unsigned)parts, (unsigned)a->s.tokens), SEL_THREADS, smem, s>>>(*a);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int dsv4_cu_ix_select_launch(const dsv4_cu_ix_select *a, int parts, void *stream)
+{
+    if (a->s.tokens == 0) return 0;
+    if (a->s.tokens > DSV4_CU_IX_TOKENS || a->s.heads < 1 || a->s.heads > DSV4_CU_IX_MAX_HEADS || a->topk < 1 ||
+        a->topk > DSV4_CU_IX_MAX_TOPK || parts < 1)
+        return (int)cudaErrorInvalidValue;
+    cudaStream_t s = (cudaStream_t)stream;
+    int e;
+    switch (a->s.dim) {
+    case 64: e = select_parts<64>(a, parts, s); break;
+    case 128: e = select_parts<128>(a, parts, s); break;
+    case 256: e = select_parts<256>(a, parts, s); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    if (e) return e;
+    ix_select_merge_kernel<<<(unsigned)a->s.tokens, TK_THREADS, 0, s>>>(*a, parts);
     return (int)cudaGetLastError();
 }
