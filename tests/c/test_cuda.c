@@ -684,7 +684,8 @@ static void test_graph_indexer(void)
                 tqc = view(dput(NULL, T * H * D / 2), DSV4_U8, 3, sq, 1),
                 tqsc = view(dput(NULL, T * H * D / 32), DSV4_U8, 3, sqs, 1);
     uint8_t *qc[2] = {malloc(T * H * D / 2), malloc(T * H * D / 2)};
-    dsv4_tensor tsi = view(dput(NULL, 4 * T * K), DSV4_I32, 2, si, 1), tsl = view(dput(NULL, 4 * T), DSV4_I32, 1, st, 1);
+    dsv4_tensor tsi = view(dput(NULL, 4 * T * K), DSV4_I32, 2, si, 1),
+                tsl = view(dput(NULL, 4 * T), DSV4_I32, 1, st, 1);
     int32_t *sidx[2] = {malloc(4 * T * K), malloc(4 * T * K)}, slen[2][T];
     const size_t wsb = dsv4_indexer_workspace_size(cu, T, K);
     CHECK(wsb > 0, "indexer workspace size: %s", dsv4_last_error());
