@@ -584,6 +584,18 @@ static void test_graph(int on_stream)
     }
 }
 
+/* End the capture begun on cu and replay the graph twice; 0 when no graph came of it. */
+static int end_and_replay(void)
+{
+    dsv4_device_graph *g = NULL;
+    CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
+    if (!g) return 0;
+    CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+    CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+    dsv4_device_graph_destroy(g);
+    return 1;
+}
+
 /* The router and the MoE block (FP4 experts, their stagings, a shared expert) captured in one
  * graph: neither waits on the host (a readback or a synchronization inside would fail the
  * capture), the MoE takes the router's ids where they lie, and the replay gives the direct
@@ -621,7 +633,6 @@ static void test_graph_moe(void)
                 tw = view(dput(NULL, 4 * T * K), DSV4_F32, 2, ks, 1), ty = view(dput(NULL, 2 * T * D), DSV4_BF16, 2, xs, 1);
     void *ws = dput(NULL, wsb);
     for (int pass = 0; pass < 2; pass++) {
-        dsv4_device_graph *g = NULL;
         if (pass) {
             dsv4_device_memset(cu, ty.data, 0, 2 * T * D);
             dsv4_device_memset(cu, ti.data, 0xFF, 4 * T * K);
@@ -629,13 +640,7 @@ static void test_graph_moe(void)
         }
         CHECK_STATUS(dsv4_route(cu, &tx, &tg, &tb, NULL, NULL, 2.5f, &ti, &tw), DSV4_OK);
         CHECK_STATUS(dsv4_moe(cu, &tx, &ti, &tw, ex, E, &ex[E], 10.0f, &ty, ws, wsb), DSV4_OK);
-        if (pass) {
-            CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
-            if (!g) break;
-            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
-            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
-            dsv4_device_graph_destroy(g);
-        }
+        if (pass && !end_and_replay()) break;
         dget(pass ? y2 : y1, ty.data, 2 * T * D);
     }
     int nonzero = 0;
@@ -694,7 +699,6 @@ static void test_graph_indexer(void)
     int32_t *idx[2] = {malloc(4 * T * K), malloc(4 * T * K)}, len[2][T];
     float *sc[2] = {malloc(4 * T * N), malloc(4 * T * N)};
     for (int pass = 0; pass < 2; pass++) {
-        dsv4_device_graph *g = NULL;
         dsv4_device_memset(cu, tw.data, 0xA5, 4 * T * H);
         dsv4_device_memset(cu, tsc.data, 0xA5, 4 * T * N);
         dsv4_device_memset(cu, ti.data, 0xA5, 4 * T * K);
@@ -707,13 +711,7 @@ static void test_graph_indexer(void)
         CHECK_STATUS(dsv4_indexer_scores(cu, &args, &tsc), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_topk(cu, &tsc, NULL, K, &ti, &tl, ws, wsb), DSV4_OK);
         CHECK_STATUS(dsv4_indexer_select(cu, &args, K, &tsi, &tsl, ws, wsb), DSV4_OK);
-        if (pass) {
-            CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
-            if (!g) break;
-            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
-            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
-            dsv4_device_graph_destroy(g);
-        }
+        if (pass && !end_and_replay()) break;
         dget(sc[pass], tsc.data, 4 * T * N), dget(idx[pass], ti.data, 4 * T * K), dget(len[pass], tl.data, 4 * T);
         dget(qc[pass], tqc.data, T * H * D / 2);
         dget(sidx[pass], tsi.data, 4 * T * K), dget(slen[pass], tsl.data, 4 * T);

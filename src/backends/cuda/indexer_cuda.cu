@@ -46,25 +46,6 @@ extern "C" int dsv4_cu_ix_weights_launch(const void *proj, int proj_bf16, long l
  * operations: the butterflies of a stage are independent, the group maximum is order-free). */
 enum { IXQ_WARPS = 4 };
 
-/* E2M1 code of x (codec.h dsv4_e2m1_from_f32: midpoints to the even code, NaN -> +0). */
-DSV4_CU_INLINE uint32_t cu_f32_e2m1(float x)
-{
-    const uint32_t u = __float_as_uint(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0;
-    const uint32_t sign = (u >> 28) & 8u;
-    const float a = __uint_as_float(u & 0x7FFFFFFFu);
-    uint32_t c;
-    if (a <= 0.25f) c = 0;
-    else if (a < 0.75f) c = 1;
-    else if (a <= 1.25f) c = 2;
-    else if (a < 1.75f) c = 3;
-    else if (a <= 2.5f) c = 4;
-    else if (a < 3.5f) c = 5;
-    else if (a <= 5.0f) c = 6;
-    else c = 7;
-    return sign | c;
-}
-
 /* E2M1 code c as a float (codec.h dsv4_e2m1_to_f32: code 8 is -0). */
 DSV4_CU_INLINE float cu_e2m1_f32(uint32_t c)
 {
@@ -285,6 +266,19 @@ DSV4_CU_INLINE uint32_t order_key(float s)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* The digit of a radix pass: the bin b holding the *want-th largest key, given the counts of the
+ * keys that matched the prefix so far; *want becomes its rank among b's keys. */
+DSV4_CU_INLINE unsigned pick_bin(const unsigned *hist, unsigned *want)
+{
+    unsigned above = 0, b = 255;
+    for (; b > 0; b--) {
+        if (above + hist[b] >= *want) break;
+        above += hist[b];
+    }
+    *want -= above;
+    return b;
+}
+
 /* keys[0..n) in descending order by a bitonic sort over the next power of two (keys[n..) are
  * overwritten with 0, below every real key); every thread of the CTA takes part. */
 DSV4_CU_INLINE void sort_desc(unsigned long long *keys, unsigned n)
@@ -340,16 +334,7 @@ __global__ void __launch_bounds__(TK_THREADS) ix_topk_kernel(dsv4_cu_ix_topk a)
             if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
         }
         __syncthreads();
-        if (tid == 0) {
-            unsigned want = sh_want, above = 0;
-            int b = 255;
-            for (; b > 0; b--) {
-                if (above + hist[b] >= want) break;
-                above += hist[b];
-            }
-            sh_want = want - above;
-            sh_prefix = prefix | ((unsigned)b << shift);
-        }
+        if (tid == 0) sh_prefix = prefix | (pick_bin(hist, &sh_want) << shift);
         mask |= 255u << shift;
         __syncthreads();
     }
@@ -461,16 +446,7 @@ __global__ void __launch_bounds__(TK_THREADS) ix_select_merge_kernel(dsv4_cu_ix_
             if ((x & mask) == prefix) atomicAdd(&hist[(unsigned)(x >> shift) & 255u], 1u);
         }
         __syncthreads();
-        if (tid == 0) {
-            unsigned want = sh_want, above = 0;
-            int b = 255;
-            for (; b > 0; b--) {
-                if (above + hist[b] >= want) break;
-                above += hist[b];
-            }
-            sh_want = want - above;
-            sh_prefix = prefix | ((unsigned long long)b << shift);
-        }
+        if (tid == 0) sh_prefix = prefix | ((unsigned long long)pick_bin(hist, &sh_want) << shift);
         mask |= 255ull << shift;
         __syncthreads();
     }
