@@ -1,7 +1,8 @@
 /* Lightning-indexer kernels on the GPU (include/dsv4/indexer.h): the query path, head weights,
- * scores of the FP4 cache and the top-k selection. Every result is cpu-ref's to the bit (indexer_ref.c): the group
- * dots are exact integer sums, the scaled sums and the 16 per-lane head accumulations use cpu-ref's
- * fused multiply-adds in its order, and the selection reproduces its total order of keys
+ * scores of the FP4 cache and the top-k selection. Every result is cpu-ref's to the bit
+ * (indexer_ref.c, indexer_common.c): the group dots are exact integer sums, the scaled sums and the
+ * 16 per-lane head accumulations use cpu-ref's fused multiply-adds in its order, the query path
+ * its roundings, and the selection reproduces its total order of keys
  * (indexer_cpu.h dsv4_ix_key: score, then the smaller index; NaN ranks as -inf, -0 ties with +0).
  * Nothing here allocates or synchronizes; per-token candidate counts come in the launch
  * parameters (the op layer reads positions and n_valid on the host), so a captured graph replays
@@ -266,6 +267,16 @@ DSV4_CU_INLINE uint32_t order_key(float s)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* hist[bin] += 1 for the lanes with ok, one shared atomic per distinct bin of the warp (the scores
+ * of a row mostly share their top bits); every lane of the warp calls it. */
+DSV4_CU_INLINE void hist_add(unsigned *hist, bool ok, unsigned bin)
+{
+    const unsigned active = __ballot_sync(0xFFFFFFFFu, ok);
+    if (!ok) return;
+    const unsigned peers = __match_any_sync(active, bin);
+    if ((int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+}
+
 /* The digit of a radix pass: the bin b holding the *want-th largest key, given the counts of the
  * keys that matched the prefix so far; *want becomes its rank among b's keys. */
 DSV4_CU_INLINE unsigned pick_bin(const unsigned *hist, unsigned *want)
@@ -329,9 +340,10 @@ __global__ void __launch_bounds__(TK_THREADS) ix_topk_kernel(dsv4_cu_ix_topk a)
         for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
         __syncthreads();
         const unsigned prefix = sh_prefix;
-        for (long long c = tid; c < n; c += TK_THREADS) {
-            const uint32_t u = order_key(row[c]);
-            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+        for (long long c0 = 0; c0 < n; c0 += TK_THREADS) { /* whole warps: hist_add is warp-wide */
+            const long long c = c0 + tid;
+            const uint32_t u = c < n ? order_key(row[c]) : 0u;
+            hist_add(hist, c < n && (u & mask) == prefix, (u >> shift) & 255u);
         }
         __syncthreads();
         if (tid == 0) sh_prefix = prefix | (pick_bin(hist, &sh_want) << shift);
@@ -441,9 +453,10 @@ __global__ void __launch_bounds__(TK_THREADS) ix_select_merge_kernel(dsv4_cu_ix_
         for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
         __syncthreads();
         const unsigned long long prefix = sh_prefix;
-        for (long long i = tid; i < m; i += TK_THREADS) {
-            const unsigned long long x = src[i];
-            if ((x & mask) == prefix) atomicAdd(&hist[(unsigned)(x >> shift) & 255u], 1u);
+        for (long long i0 = 0; i0 < m; i0 += TK_THREADS) { /* whole warps: hist_add is warp-wide */
+            const long long i = i0 + tid;
+            const unsigned long long x = i < m ? src[i] : 0ull;
+            hist_add(hist, i < m && (x & mask) == prefix, (unsigned)(x >> shift) & 255u);
         }
         __syncthreads();
         if (tid == 0) sh_prefix = prefix | ((unsigned long long)pick_bin(hist, &sh_want) << shift);
