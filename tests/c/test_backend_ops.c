@@ -1144,7 +1144,7 @@ static void ix_query_and_weights(void)
  * N cache entries; topk on given scores with ties every `tie` candidates (tie 0: scores rounded to
  * quarters), a NaN, and n_valid. */
 static void ix_scores_topk_case(int T, int H, int D, int N, int TOPK, const int32_t *pos, const int32_t *nvalid,
-                                int tie)
+                                int tie, int entries)
 {
     uint8_t *q = bytes_rand((size_t)T * H * D / 2, 0, 256), *qs = bytes_rand((size_t)T * H * D / 32, 120, 12);
     uint8_t *k = bytes_rand((size_t)N * D / 2, 0, 256), *ks = bytes_rand((size_t)N * D / 32, 120, 12);
@@ -1152,6 +1152,15 @@ static void ix_scores_topk_case(int T, int H, int D, int N, int TOPK, const int3
     dsv4_tensor hq = view(q, DSV4_FP4X2, 3, T, H, D / 2), hqs = view(qs, DSV4_E8M0, 3, T, H, D / 32),
                 hw = view(w, DSV4_F32, 2, T, H, 0), hk = view(k, DSV4_FP4X2, 2, N, D / 2, 0),
                 hks = view(ks, DSV4_E8M0, 2, N, D / 32, 0), hp = view((void *)pos, DSV4_I32, 1, T, 0, 0);
+    uint8_t *ent = NULL;
+    if (entries) { /* the cache's entry layout: codes then scales in rows of D/2 + D/32 bytes */
+        const int64_t rb = D / 2 + D / 32;
+        ent = malloc((size_t)N * rb);
+        for (int64_t c = 0; c < N; c++)
+            memcpy(ent + c * rb, k + c * D / 2, D / 2), memcpy(ent + c * rb + D / 2, ks + c * D / 32, D / 32);
+        hk = view(ent, DSV4_FP4X2, 2, N, D / 2, 0), hks = view(ent + D / 2, DSV4_E8M0, 2, N, D / 32, 0);
+        hk.stride[0] = hks.stride[0] = rb;
+    }
     const size_t nsc = 4 * (size_t)T * N, nix = 4 * (size_t)T * TOPK;
     float *sc[2] = {poisoned(nsc), poisoned(nsc)};
     int32_t *ix[2] = {poisoned(nix), poisoned(nix)}, *ln[2] = {poisoned(4 * T), poisoned(4 * T)};
@@ -1194,25 +1203,25 @@ static void ix_scores_topk_case(int T, int H, int D, int N, int TOPK, const int3
         }
     }
     for (int s = 0; s < 2; s++) free(sc[s]), free(ix[s]), free(ln[s]);
-    free(q), free(qs), free(k), free(ks), free(w), free(given);
+    free(q), free(qs), free(k), free(ks), free(w), free(given), free(ent);
 }
 
 static void ix_scores_topk(void)
 {
     {
         const int32_t pos[4] = {4 * 700 - 1, 4 * 700 - 3, 9, 2}, nvalid[4] = {700, 300, 2, 0}; /* n_t <= N */
-        ix_scores_topk_case(4, 64, 128, 700, 64, pos, nvalid, 37);
+        ix_scores_topk_case(4, 64, 128, 700, 64, pos, nvalid, 37, 0);
     }
     if (tb->device == DSV4_DEVICE_CPU) return; /* the device kernels' shapes; CI time on the cpu backends */
     {   /* head dims 64 and 256, heads not a multiple of 16 or the maximum, a top-k wider than a pass */
         const int32_t pos[3] = {4 * 1000 - 1, 1999, 6}, nvalid[3] = {1000, 999, 1};
-        ix_scores_topk_case(3, 20, 64, 1000, 1024, pos, nvalid, 3);
-        ix_scores_topk_case(3, 128, 256, 1000, 100, pos, nvalid, 2);
+        ix_scores_topk_case(3, 20, 64, 1000, 1024, pos, nvalid, 3, 0);
+        ix_scores_topk_case(3, 128, 256, 1000, 100, pos, nvalid, 2, 1); /* 136-byte cache entries */
     }
     {   /* 256k candidates, the widest top-k of the cuda kernel; pairs tied, then mass ties */
         const int32_t pos[2] = {4 * 262144 - 1, 4 * 100000}, nvalid[2] = {262144, 200001};
-        ix_scores_topk_case(2, 16, 64, 262144, 4096, pos, nvalid, 2);
-        ix_scores_topk_case(2, 16, 64, 262144, 2048, pos, nvalid, 0);
+        ix_scores_topk_case(2, 16, 64, 262144, 4096, pos, nvalid, 2, 0);
+        ix_scores_topk_case(2, 16, 64, 262144, 2048, pos, nvalid, 0, 1);
     }
 }
 
