@@ -1128,9 +1128,13 @@ static void ix_query_and_weights(void)
             ix_query_case(4, 5, 128, MP, 0, 1, &trope);   /* BF16 values */
         }
     }
-    if (!missing("indexer.head_weights", HAS(indexer, head_weights))) {
+    const int proj_kinds = tb->device == DSV4_DEVICE_CPU ? 1 : 2; /* F32, and BF16 on device backends */
+    for (int bf = 0; bf < proj_kinds && !missing("indexer.head_weights", HAS(indexer, head_weights)); bf++) {
         float *proj = f32_rand(T * 64, 3.0f, 0.0f), *wr = poisoned(4 * T * 64), *wt = poisoned(4 * T * 64);
-        dsv4_tensor hp = view(proj, DSV4_F32, 2, T, 64, 0), hw = view(wr, DSV4_F32, 2, T, 64, 0);
+        uint16_t pb[T * 64];
+        for (int i = 0; i < T * 64; i++) pb[i] = dsv4_bf16_encode(proj[i]);
+        dsv4_tensor hp = bf ? view(pb, DSV4_BF16, 2, T, 64, 0) : view(proj, DSV4_F32, 2, T, 64, 0),
+                    hw = view(wr, DSV4_F32, 2, T, 64, 0);
         dsv4_tensor p_r = on(ref, &hp), p_t = on(tc, &hp), w_r = on(ref, &hw), w_t = on(tc, &hw);
         ran("indexer_weights", dsv4_indexer_weights(tc, &p_t, D, &w_t), dsv4_indexer_weights(ref, &p_r, D, &w_r));
         back(ref, &w_r, wr), back(tc, &w_t, wt);
