@@ -1,9 +1,9 @@
-/* The indexer family of the cuda backend (core/ops_indexer.h): head weights, scores and top-k on
- * the device (indexer_cuda.cu), launched on the context's stream with nothing allocated, read
- * back or waited for. The per-token candidate counts come from host arrays (the contract's
- * positions and n_valid) and travel in the launch parameters, DSV4_CU_IX_TOKENS tokens a launch.
- * The query path (RoPE, Hadamard, FP4) and select (scores and top-k fused: no [T, N] scores in
- * memory) are there too; compress is not (NULL: the op layer says so). */
+/* The indexer family of the cuda backend (core/ops_indexer.h): the query path (RoPE, Hadamard,
+ * FP4), head weights, scores, top-k and select (scores and top-k fused: no [T, N] scores in memory)
+ * on the device (indexer_cuda.cu), launched on the context's stream with nothing allocated, read
+ * back or waited for. Positions and n_valid are host arrays by contract: the glue reads them and
+ * they travel in the launch parameters, a bounded number of tokens a launch. compress is NULL
+ * (the op layer says so): the compressor's state is host memory by contract. */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_indexer.h"
 #include "core/error.h"
@@ -17,6 +17,11 @@ static dsv4_status cu_head_weights(const dsv4_exec *ex, const void *proj, int pr
     CU_LAUNCH(ex, "indexer_weights",
               dsv4_cu_ix_weights_launch(proj, proj_bf16, ld_proj, tokens, heads, scale, out, ld_out,
                                         dsv4_cu_stream(ex)));
+}
+
+static int64_t host_position(const void *p, int i64, int64_t ld, int64_t t)
+{
+    return i64 ? ((const int64_t *)p)[t * ld] : ((const int32_t *)p)[t * ld];
 }
 
 static dsv4_status cu_index_q(const dsv4_exec *ex, const dsv4_ixq_call *c)
@@ -34,9 +39,7 @@ static dsv4_status cu_index_q(const dsv4_exec *ex, const dsv4_ixq_call *c)
     for (int64_t t0 = 0; t0 < c->tokens && !err; t0 += DSV4_CU_IXQ_TOKENS) {
         a.t0 = t0;
         a.tokens = c->tokens - t0 < DSV4_CU_IXQ_TOKENS ? c->tokens - t0 : DSV4_CU_IXQ_TOKENS;
-        for (int64_t i = 0; i < a.tokens; i++)
-            a.pos[i] = c->pos_i64 ? ((const int64_t *)c->positions)[(t0 + i) * c->ld_pos]
-                                  : ((const int32_t *)c->positions)[(t0 + i) * c->ld_pos];
+        for (int64_t i = 0; i < a.tokens; i++) a.pos[i] = host_position(c->positions, c->pos_i64, c->ld_pos, t0 + i);
         err = dsv4_cu_ixq_launch(&a, dsv4_cu_stream(ex));
     }
     dsv4_cu_leave(&g);
@@ -46,9 +49,18 @@ static dsv4_status cu_index_q(const dsv4_exec *ex, const dsv4_ixq_call *c)
 /* Candidates of token t: (position + 1) / ratio (dsv4_indexer_args). */
 static int32_t n_candidates(const dsv4_ix_operands *o, int64_t t)
 {
-    const int64_t p = o->pos_i64 ? ((const int64_t *)o->positions)[t * o->ld_pos]
-                                 : ((const int32_t *)o->positions)[t * o->ld_pos];
-    return (int32_t)((p + 1) / o->ratio); /* <= n_cache < 2^31 - 1 (op layer) */
+    /* <= n_cache < 2^31 - 1 (op layer) */
+    return (int32_t)((host_position(o->positions, o->pos_i64, o->ld_pos, t) + 1) / o->ratio);
+}
+
+/* The operands of the scores kernels (counts filled per launch). */
+static dsv4_cu_ix_scores score_args(const dsv4_ix_operands *o)
+{
+    return (dsv4_cu_ix_scores){
+        .n_cache = o->n_cache, .heads = (int)o->heads, .dim = o->dim, .q = o->q, .q_scales = o->q_scales,
+        .ld_q_t = o->ld_q_t, .ld_q_h = o->ld_q_h, .ld_qs_t = o->ld_qs_t, .ld_qs_h = o->ld_qs_h,
+        .weights = o->weights, .ld_w = o->ld_w, .k = o->k, .k_scales = o->k_scales, .ld_k = o->ld_k, .ld_ks = o->ld_ks,
+    };
 }
 
 static dsv4_status cu_scores(const dsv4_exec *ex, const dsv4_ix_operands *o, float *scores, int64_t ld)
@@ -56,11 +68,7 @@ static dsv4_status cu_scores(const dsv4_exec *ex, const dsv4_ix_operands *o, flo
     const char *op = "indexer_scores";
     dsv4_cu_guard g;
     DSV4_TRY(dsv4_cu_enter(ex, op, &g));
-    dsv4_cu_ix_scores a = {
-        .n_cache = o->n_cache, .heads = (int)o->heads, .dim = o->dim, .q = o->q, .q_scales = o->q_scales,
-        .ld_q_t = o->ld_q_t, .ld_q_h = o->ld_q_h, .ld_qs_t = o->ld_qs_t, .ld_qs_h = o->ld_qs_h,
-        .weights = o->weights, .ld_w = o->ld_w, .k = o->k, .k_scales = o->k_scales, .ld_k = o->ld_k, .ld_ks = o->ld_ks,
-    };
+    dsv4_cu_ix_scores a = score_args(o);
     int err = 0;
     for (int64_t t0 = 0; t0 < o->tokens && !err; t0 += DSV4_CU_IX_TOKENS) {
         a.t0 = t0;
@@ -123,10 +131,7 @@ static dsv4_status cu_select(const dsv4_exec *ex, const dsv4_ix_operands *o, con
     dsv4_cu_guard g;
     DSV4_TRY(dsv4_cu_enter(ex, op, &g));
     dsv4_cu_ix_select a = {
-        .s = {.n_cache = o->n_cache, .heads = (int)o->heads, .dim = o->dim, .q = o->q, .q_scales = o->q_scales,
-              .ld_q_t = o->ld_q_t, .ld_q_h = o->ld_q_h, .ld_qs_t = o->ld_qs_t, .ld_qs_h = o->ld_qs_h,
-              .weights = o->weights, .ld_w = o->ld_w, .k = o->k, .k_scales = o->k_scales, .ld_k = o->ld_k,
-              .ld_ks = o->ld_ks},
+        .s = score_args(o),
         .topk = out->topk, .ws = (unsigned long long *)(((uintptr_t)out->workspace + 15) & ~(uintptr_t)15),
         .indices = out->indices, .ld_indices = out->ld_indices, .lengths = out->lengths,
         .ld_lengths = out->ld_lengths,
