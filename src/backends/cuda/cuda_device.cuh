@@ -385,4 +385,20 @@ DSV4_CU_INLINE uint2 cu_ldg8_stream(const void *p)
     return v;
 }
 
+
+/* ---- launch configuration (host) ---------------------------------------------------------- */
+/* The opt-in to more than 48 KB of dynamic shared memory is an attribute of a function on one
+ * device: each launcher keeps a flag per device ordinal (set once; a race sets it twice, which is
+ * harmless). A device beyond DSV4_CU_MAX_DEVICES sets it on every launch. */
+#define DSV4_CU_MAX_DEVICES 64
+template <typename F> static int cu_smem_opt_in(unsigned char *done, int device, F *kernel, int bytes)
+{
+    const bool known = device >= 0 && device < DSV4_CU_MAX_DEVICES;
+    if (known && done[device]) return 0;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return (int)e;
+    if (known) done[device] = 1;
+    return 0;
+}
+
 #endif

@@ -477,13 +477,18 @@ static size_t select_buffer(long long topk)
     return (size_t)pow2_at_least((unsigned)topk + SEL_THREADS) * sizeof(unsigned long long);
 }
 
+/* The part kernel opts in once per device to the buffer of the largest topk. */
 template <int D> static int select_parts(const dsv4_cu_ix_select *a, int parts, cudaStream_t s)
 {
-    const size_t smem = select_buffer(a->topk);
-    cudaError_t e =
-        cudaFuncSetAttribute(ix_select_part_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    static unsigned char configured[DSV4_CU_MAX_DEVICES];
+    int device = -1;
+    cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return (int)e;
-    ix_select_part_kernel<D><<<dim3((unsigned)parts, (unsigned)a->s.tokens), SEL_THREADS, smem, s>>>(*a);
+    const int err =
+        cu_smem_opt_in(configured, device, ix_select_part_kernel<D>, (int)select_buffer(DSV4_CU_IX_MAX_TOPK));
+    if (err) return err;
+    const dim3 grid((unsigned)parts, (unsigned)a->s.tokens);
+    ix_select_part_kernel<D><<<grid, SEL_THREADS, select_buffer(a->topk), s>>>(*a);
     return (int)cudaGetLastError();
 }
 
