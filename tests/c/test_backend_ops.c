@@ -1082,37 +1082,59 @@ static void ix_compressor(void)
     }
 }
 
+/* One indexer_q comparison: T tokens (positions spread over the MP rows of the rope table, the
+ * first 0 and the last MP - 1), H heads of dim D; packed codes + scales, or BF16 values. */
+static void ix_query_case(int T, int H, int D, int MP, int packed, int pos_i64, const dsv4_tensor *trope)
+{
+    uint16_t *q = bf16_rand((size_t)T * H * D, 2.0f);
+    int64_t *pos = malloc(8 * (size_t)T);
+    for (int t = 0; t < T; t++) {
+        const int64_t p = t == 0 ? 0 : t == T - 1 ? MP - 1 : (int64_t)(test_rand_u64() % (uint64_t)MP);
+        if (pos_i64) pos[t] = p;
+        else ((int32_t *)pos)[t] = (int32_t)p;
+    }
+    const size_t nc = packed ? (size_t)T * H * D / 2 : 2 * (size_t)T * H * D, ns = (size_t)T * H * D / 32;
+    uint8_t *oc[2] = {poisoned(nc), poisoned(nc)}, *os[2] = {poisoned(ns), poisoned(ns)};
+    dsv4_status st[2];
+    dsv4_ctx *cs[2] = {ref, tc};
+    for (int side = 0; side < 2; side++) {
+        dsv4_tensor hq = view(q, DSV4_BF16, 3, T, H, D), hp = view(pos, pos_i64 ? DSV4_I64 : DSV4_I32, 1, T, 0, 0),
+                    hc = packed ? view(oc[side], DSV4_U8, 3, T, H, D / 2) : view(oc[side], DSV4_BF16, 3, T, H, D),
+                    hs = view(os[side], DSV4_U8, 3, T, H, D / 32);
+        dsv4_tensor tq = on(cs[side], &hq), tr = on(cs[side], trope), tcd = on(cs[side], &hc), ts = on(cs[side], &hs);
+        st[side] = dsv4_indexer_q(cs[side], &tq, &hp, &tr, &tcd, packed ? &ts : NULL); /* positions: host memory */
+        back(cs[side], &tcd, oc[side]);
+        if (packed) back(cs[side], &ts, os[side]);
+        release();
+    }
+    ran("indexer_q", st[1], st[0]);
+    same("indexer_q", packed ? "codes" : "values", oc[1], oc[0], nc);
+    if (packed) same("indexer_q", "scales", os[1], os[0], ns);
+    free(q), free(pos), free(oc[0]), free(oc[1]), free(os[0]), free(os[1]);
+}
+
 static void ix_query_and_weights(void)
 {
-    enum { T = 3, H = 8, D = 128, MP = 64 };
+    enum { T = 3, D = 128, MP = 64 };
     float rope[MP * 64];
     dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
     dsv4_tensor trope = view(rope, DSV4_F32, 2, MP, 64, 0);
     CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
     if (!missing("indexer.index_q", HAS(indexer, index_q))) {
-        uint16_t *q = bf16_rand(T * H * D, 2.0f);
-        int32_t pos[T] = {0, 17, MP - 1};
-        uint8_t *oc[2] = {poisoned(T * H * D / 2), poisoned(T * H * D / 2)},
-                *os[2] = {poisoned(T * H * D / 32), poisoned(T * H * D / 32)};
-        dsv4_status st[2];
-        dsv4_ctx *cs[2] = {ref, tc};
-        for (int side = 0; side < 2; side++) {
-            dsv4_tensor hq = view(q, DSV4_BF16, 3, T, H, D), hp = view(pos, DSV4_I32, 1, T, 0, 0),
-                        hc = view(oc[side], DSV4_U8, 3, T, H, D / 2), hs = view(os[side], DSV4_U8, 3, T, H, D / 32);
-            dsv4_tensor tq = on(cs[side], &hq), tp = on(cs[side], &hp), tr = on(cs[side], &trope),
-                        tcd = on(cs[side], &hc), ts = on(cs[side], &hs);
-            st[side] = dsv4_indexer_q(cs[side], &tq, &tp, &tr, &tcd, &ts);
-            back(cs[side], &tcd, oc[side]), back(cs[side], &ts, os[side]);
-            release();
+        ix_query_case(T, 8, D, MP, 1, 0, &trope);
+        if (tb->device != DSV4_DEVICE_CPU) { /* the device kernel's shapes; CI time on the cpu backends */
+            ix_query_case(300, 2, 64, MP, 1, 1, &trope); /* two launches of tokens */
+            ix_query_case(5, 3, 256, MP, 1, 0, &trope);
+            ix_query_case(4, 5, 128, MP, 0, 1, &trope);   /* BF16 values */
         }
-        ran("indexer_q", st[1], st[0]);
-        same("indexer_q", "codes", oc[1], oc[0], T * H * D / 2);
-        same("indexer_q", "scales", os[1], os[0], T * H * D / 32);
-        free(q), free(oc[0]), free(oc[1]), free(os[0]), free(os[1]);
     }
-    if (!missing("indexer.head_weights", HAS(indexer, head_weights))) {
+    const int proj_kinds = tb->device == DSV4_DEVICE_CPU ? 1 : 2; /* F32, and BF16 on device backends */
+    for (int bf = 0; bf < proj_kinds && !missing("indexer.head_weights", HAS(indexer, head_weights)); bf++) {
         float *proj = f32_rand(T * 64, 3.0f, 0.0f), *wr = poisoned(4 * T * 64), *wt = poisoned(4 * T * 64);
-        dsv4_tensor hp = view(proj, DSV4_F32, 2, T, 64, 0), hw = view(wr, DSV4_F32, 2, T, 64, 0);
+        uint16_t pb[T * 64];
+        for (int i = 0; i < T * 64; i++) pb[i] = dsv4_bf16_encode(proj[i]);
+        dsv4_tensor hp = bf ? view(pb, DSV4_BF16, 2, T, 64, 0) : view(proj, DSV4_F32, 2, T, 64, 0),
+                    hw = view(wr, DSV4_F32, 2, T, 64, 0);
         dsv4_tensor p_r = on(ref, &hp), p_t = on(tc, &hp), w_r = on(ref, &hw), w_t = on(tc, &hw);
         ran("indexer_weights", dsv4_indexer_weights(tc, &p_t, D, &w_t), dsv4_indexer_weights(ref, &p_r, D, &w_r));
         back(ref, &w_r, wr), back(tc, &w_t, wt);
@@ -1122,24 +1144,38 @@ static void ix_query_and_weights(void)
     }
 }
 
-static void ix_scores_topk(void)
+/* One scores / select / topk comparison: T tokens at positions pos (ratio 4), H heads of dim D,
+ * N cache entries; topk on given scores with ties every `tie` candidates (tie 0: scores rounded to
+ * quarters), a NaN, and n_valid. */
+static void ix_scores_topk_case(int T, int H, int D, int N, int TOPK, const int32_t *pos, const int32_t *nvalid,
+                                int tie, int entries)
 {
-    enum { T = 4, H = 64, D = 128, N = 700, TOPK = 64 };
-    uint8_t *q = bytes_rand(T * H * D / 2, 0, 256), *qs = bytes_rand(T * H * D / 32, 120, 12);
-    uint8_t *k = bytes_rand(N * D / 2, 0, 256), *ks = bytes_rand(N * D / 32, 120, 12);
-    float *w = f32_rand(T * H, 0.1f, 0.0f);
-    int32_t pos[T] = {4 * N - 1, 4 * N - 3, 9, 2}; /* n_t = (p + 1) / 4 <= N */
+    uint8_t *q = bytes_rand((size_t)T * H * D / 2, 0, 256), *qs = bytes_rand((size_t)T * H * D / 32, 120, 12);
+    uint8_t *k = bytes_rand((size_t)N * D / 2, 0, 256), *ks = bytes_rand((size_t)N * D / 32, 120, 12);
+    float *w = f32_rand((size_t)T * H, 0.1f, 0.0f);
     dsv4_tensor hq = view(q, DSV4_FP4X2, 3, T, H, D / 2), hqs = view(qs, DSV4_E8M0, 3, T, H, D / 32),
                 hw = view(w, DSV4_F32, 2, T, H, 0), hk = view(k, DSV4_FP4X2, 2, N, D / 2, 0),
-                hks = view(ks, DSV4_E8M0, 2, N, D / 32, 0), hp = view(pos, DSV4_I32, 1, T, 0, 0);
-    float *sc[2] = {poisoned(4 * T * N), poisoned(4 * T * N)};
-    int32_t *ix[2] = {poisoned(4 * T * TOPK), poisoned(4 * T * TOPK)}, *ln[2] = {poisoned(4 * T), poisoned(4 * T)};
+                hks = view(ks, DSV4_E8M0, 2, N, D / 32, 0), hp = view((void *)pos, DSV4_I32, 1, T, 0, 0);
+    uint8_t *ent = NULL;
+    if (entries) { /* the cache's entry layout: codes then scales in rows of D/2 + D/32 bytes */
+        const int64_t rb = D / 2 + D / 32;
+        ent = malloc((size_t)N * rb);
+        for (int64_t c = 0; c < N; c++)
+            memcpy(ent + c * rb, k + c * D / 2, D / 2), memcpy(ent + c * rb + D / 2, ks + c * D / 32, D / 32);
+        hk = view(ent, DSV4_FP4X2, 2, N, D / 2, 0), hks = view(ent + D / 2, DSV4_E8M0, 2, N, D / 32, 0);
+        hk.stride[0] = hks.stride[0] = rb;
+    }
+    const size_t nsc = 4 * (size_t)T * N, nix = 4 * (size_t)T * TOPK;
+    float *sc[2] = {poisoned(nsc), poisoned(nsc)};
+    int32_t *ix[2] = {poisoned(nix), poisoned(nix)}, *ln[2] = {poisoned(4 * T), poisoned(4 * T)};
     const int have[3] = {HAS(indexer, scores), HAS(indexer, select) && HAS(indexer, workspace_size),
                          HAS(indexer, topk) && HAS(indexer, workspace_size)};
     static const char *const names[3] = {"indexer.scores", "indexer.select", "indexer.topk"};
-    int32_t nvalid[T] = {N, 300, 2, 0};
-    float *given = f32_rand(T * N, 1.0f, 0.0f);
-    for (int i = 0; i < T * N; i += 37) given[i] = given[i + 1]; /* ties */
+    float *given = f32_rand((size_t)T * N, 1.0f, 0.0f);
+    if (tie > 0)
+        for (size_t i = 0; i + 1 < (size_t)T * N; i += tie) given[i] = given[i + 1]; /* ties */
+    else /* a few distinct values: thousands tie at the k-th, both zeros among them */
+        for (size_t i = 0; i < (size_t)T * N; i++) given[i] = i % 97 == 3 ? -0.0f : floorf(given[i] * 4.0f) / 4.0f;
     given[5] = NAN;
     for (int op = 0; op < 3; op++) {
         if (missing(names[op], have[op])) continue;
@@ -1147,13 +1183,13 @@ static void ix_scores_topk(void)
         dsv4_ctx *cs[2] = {ref, tc};
         for (int side = 0; side < 2; side++) {
             dsv4_ctx *c = cs[side];
-            memset(sc[side], 0xA5, 4 * T * N), memset(ix[side], 0xA5, 4 * T * TOPK), memset(ln[side], 0xA5, 4 * T);
+            memset(sc[side], 0xA5, nsc), memset(ix[side], 0xA5, nix), memset(ln[side], 0xA5, 4 * T);
             dsv4_tensor tq = on(c, &hq), tqs = on(c, &hqs), tw = on(c, &hw), tk = on(c, &hk), tks = on(c, &hks);
             dsv4_indexer_args args = {&tq, &tqs, &tw, &tk, &tks, &hp, 4}; /* positions: host memory */
             dsv4_tensor hs = view(op == 2 ? given : sc[side], DSV4_F32, 2, T, N, 0), ts = on(c, &hs),
                         hi = view(ix[side], DSV4_I32, 2, T, TOPK, 0), ti = on(c, &hi),
                         hl = view(ln[side], DSV4_I32, 1, T, 0, 0), tl = on(c, &hl),
-                        hnv = view(nvalid, DSV4_I32, 1, T, 0, 0);
+                        hnv = view((void *)nvalid, DSV4_I32, 1, T, 0, 0);
             size_t wsb = op ? dsv4_indexer_workspace_size(c, T, TOPK) : 0;
             void *ws = scratch(c, wsb);
             if (op == 0) st[side] = dsv4_indexer_scores(c, &args, &ts);
@@ -1164,14 +1200,33 @@ static void ix_scores_topk(void)
             release();
         }
         ran(names[op] + 8, st[1], st[0]);
-        if (op == 0) same(names[op] + 8, "scores", sc[1], sc[0], 4 * T * N);
+        if (op == 0) same(names[op] + 8, "scores", sc[1], sc[0], nsc);
         else {
-            same(names[op] + 8, "indices", ix[1], ix[0], 4 * T * TOPK);
+            same(names[op] + 8, "indices", ix[1], ix[0], nix);
             same(names[op] + 8, "lengths", ln[1], ln[0], 4 * T);
         }
     }
     for (int s = 0; s < 2; s++) free(sc[s]), free(ix[s]), free(ln[s]);
-    free(q), free(qs), free(k), free(ks), free(w), free(given);
+    free(q), free(qs), free(k), free(ks), free(w), free(given), free(ent);
+}
+
+static void ix_scores_topk(void)
+{
+    {
+        const int32_t pos[4] = {4 * 700 - 1, 4 * 700 - 3, 9, 2}, nvalid[4] = {700, 300, 2, 0}; /* n_t <= N */
+        ix_scores_topk_case(4, 64, 128, 700, 64, pos, nvalid, 37, 0);
+    }
+    if (tb->device == DSV4_DEVICE_CPU) return; /* the device kernels' shapes; CI time on the cpu backends */
+    {   /* head dims 64 and 256, heads not a multiple of 16 or the maximum, a top-k wider than a pass */
+        const int32_t pos[3] = {4 * 1000 - 1, 1999, 6}, nvalid[3] = {1000, 999, 1};
+        ix_scores_topk_case(3, 20, 64, 1000, 1024, pos, nvalid, 3, 0);
+        ix_scores_topk_case(3, 128, 256, 1000, 100, pos, nvalid, 2, 1); /* 136-byte cache entries */
+    }
+    {   /* 256k candidates, the widest top-k of the cuda kernel; pairs tied, then mass ties */
+        const int32_t pos[2] = {4 * 262144 - 1, 4 * 100000}, nvalid[2] = {262144, 200001};
+        ix_scores_topk_case(2, 16, 64, 262144, 4096, pos, nvalid, 2, 0);
+        ix_scores_topk_case(2, 16, 64, 262144, 2048, pos, nvalid, 0, 1);
+    }
 }
 
 /* ---- driver ---------------------------------------------------------------------------------- */

@@ -9,7 +9,8 @@
  *     split and unsplit launches): out relative L2 <= 8e-3, lse within 1e-5 max(1, |lse|),
  *     +inf and exact zeros where nothing is valid;
  *   - graph capture and replay (also on a stream of the caller's), run-to-run determinism,
- *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph.
+ *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph;
+ *     the indexer's query path, head weights, scores, top-k and select in one graph.
  * Without a CUDA device it checks the host fallback of the memory API, says why it skips and exits
  * 77 (CTest SKIP_RETURN_CODE: reported as skipped, not passed). */
 #include "dsv4.h"
@@ -583,6 +584,18 @@ static void test_graph(int on_stream)
     }
 }
 
+/* End the capture begun on cu and replay the graph twice; 0 when no graph came of it. */
+static int end_and_replay(void)
+{
+    dsv4_device_graph *g = NULL;
+    CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
+    if (!g) return 0;
+    CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+    CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+    dsv4_device_graph_destroy(g);
+    return 1;
+}
+
 /* The router and the MoE block (FP4 experts, their stagings, a shared expert) captured in one
  * graph: neither waits on the host (a readback or a synchronization inside would fail the
  * capture), the MoE takes the router's ids where they lie, and the replay gives the direct
@@ -620,7 +633,6 @@ static void test_graph_moe(void)
                 tw = view(dput(NULL, 4 * T * K), DSV4_F32, 2, ks, 1), ty = view(dput(NULL, 2 * T * D), DSV4_BF16, 2, xs, 1);
     void *ws = dput(NULL, wsb);
     for (int pass = 0; pass < 2; pass++) {
-        dsv4_device_graph *g = NULL;
         if (pass) {
             dsv4_device_memset(cu, ty.data, 0, 2 * T * D);
             dsv4_device_memset(cu, ti.data, 0xFF, 4 * T * K);
@@ -628,13 +640,7 @@ static void test_graph_moe(void)
         }
         CHECK_STATUS(dsv4_route(cu, &tx, &tg, &tb, NULL, NULL, 2.5f, &ti, &tw), DSV4_OK);
         CHECK_STATUS(dsv4_moe(cu, &tx, &ti, &tw, ex, E, &ex[E], 10.0f, &ty, ws, wsb), DSV4_OK);
-        if (pass) {
-            CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
-            if (!g) break;
-            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
-            CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
-            dsv4_device_graph_destroy(g);
-        }
+        if (pass && !end_and_replay()) break;
         dget(pass ? y2 : y1, ty.data, 2 * T * D);
     }
     int nonzero = 0;
@@ -643,6 +649,94 @@ static void test_graph_moe(void)
     CHECK(memcmp(y1, y2, 2 * T * D) == 0, "route + moe: the graph replay differs from the direct call");
     dfree_all();
     free(x), free(gw), free(y1), free(y2), free(codes), free(scales);
+}
+
+/* The indexer's query path, head weights, scores, top-k and select captured in one graph: no op waits on
+ * the host (positions and the candidate counts of host arrays travel in the launches), the top-k
+ * reads the scores where the scores op left them, and the replay gives the direct call's bits. */
+static void test_graph_indexer(void)
+{
+    enum { T = 3, H = 32, D = 128, N = 5000, K = 512 };
+    float *proj = malloc(4 * T * H);
+    uint8_t *q = malloc(T * H * D / 2), *qs = malloc(T * H * D / 32), *k = malloc(N * D / 2), *ks = malloc(N * D / 32);
+    for (int i = 0; i < T * H; i++) proj[i] = test_randn();
+    for (int i = 0; i < T * H * D / 2; i++) q[i] = (uint8_t)test_rand_u64();
+    for (int i = 0; i < T * H * D / 32; i++) qs[i] = (uint8_t)(120 + rnd(12));
+    for (int i = 0; i < N * D / 2; i++) k[i] = (uint8_t)test_rand_u64();
+    for (int i = 0; i < N * D / 32; i++) ks[i] = (uint8_t)(120 + rnd(12));
+    int64_t pos[T] = {4 * N - 1, 4 * 300 + 2, 1}; /* 5000, 300 and 0 candidates */
+    const int64_t sp[2] = {T, H}, sq[3] = {T, H, D / 2}, sqs[3] = {T, H, D / 32}, sk[2] = {N, D / 2},
+                  sks[2] = {N, D / 32}, st[1] = {T}, ss[2] = {T, N}, si[2] = {T, K};
+    dsv4_tensor tp = view(dput(proj, 4 * T * H), DSV4_F32, 2, sp, 1),
+                tw = view(dput(NULL, 4 * T * H), DSV4_F32, 2, sp, 1),
+                tq = view(dput(q, T * H * D / 2), DSV4_FP4X2, 3, sq, 1),
+                tqs = view(dput(qs, T * H * D / 32), DSV4_E8M0, 3, sqs, 1),
+                tk = view(dput(k, N * D / 2), DSV4_FP4X2, 2, sk, 1),
+                tks = view(dput(ks, N * D / 32), DSV4_E8M0, 2, sks, 1),
+                hpos = view(pos, DSV4_I64, 1, st, 0), tsc = view(dput(NULL, 4 * T * N), DSV4_F32, 2, ss, 1),
+                ti = view(dput(NULL, 4 * T * K), DSV4_I32, 2, si, 1), tl = view(dput(NULL, 4 * T), DSV4_I32, 1, st, 1);
+    enum { MP = 64 };
+    int64_t qpos[T] = {0, 17, MP - 1};
+    uint16_t *qb = malloc(2 * T * H * D);
+    for (int i = 0; i < T * H * D; i++) qb[i] = rbf16(2.0f);
+    float *rope = malloc(4 * MP * 64);
+    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
+    const int64_t srope[2] = {MP, 64}, sqb[3] = {T, H, D};
+    dsv4_tensor hrope = view(rope, DSV4_F32, 2, srope, 0);
+    CHECK_STATUS(dsv4_rope_table(ref, &rp, &hrope), DSV4_OK);
+    dsv4_tensor trope = view(dput(rope, 4 * MP * 64), DSV4_F32, 2, srope, 1),
+                tqb = view(dput(qb, 2 * T * H * D), DSV4_BF16, 3, sqb, 1), hqpos = view(qpos, DSV4_I64, 1, st, 0),
+                tqc = view(dput(NULL, T * H * D / 2), DSV4_U8, 3, sq, 1),
+                tqsc = view(dput(NULL, T * H * D / 32), DSV4_U8, 3, sqs, 1);
+    uint8_t *qc[2] = {malloc(T * H * D / 2), malloc(T * H * D / 2)};
+    dsv4_tensor tsi = view(dput(NULL, 4 * T * K), DSV4_I32, 2, si, 1),
+                tsl = view(dput(NULL, 4 * T), DSV4_I32, 1, st, 1);
+    int32_t *sidx[2] = {malloc(4 * T * K), malloc(4 * T * K)}, slen[2][T];
+    const size_t wsb = dsv4_indexer_workspace_size(cu, T, K);
+    CHECK(wsb > 0, "indexer workspace size: %s", dsv4_last_error());
+    void *ws = dput(NULL, wsb);
+    dsv4_indexer_args args = {&tq, &tqs, &tw, &tk, &tks, &hpos, 4};
+    int32_t *idx[2] = {malloc(4 * T * K), malloc(4 * T * K)}, len[2][T];
+    float *sc[2] = {malloc(4 * T * N), malloc(4 * T * N)};
+    for (int pass = 0; pass < 2; pass++) {
+        dsv4_device_memset(cu, tw.data, 0xA5, 4 * T * H);
+        dsv4_device_memset(cu, tsc.data, 0xA5, 4 * T * N);
+        dsv4_device_memset(cu, ti.data, 0xA5, 4 * T * K);
+        dsv4_device_memset(cu, tl.data, 0xA5, 4 * T);
+        dsv4_device_memset(cu, tqc.data, 0xA5, T * H * D / 2);
+        dsv4_device_memset(cu, tsi.data, 0xA5, 4 * T * K);
+        if (pass) CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_q(cu, &tqb, &hqpos, &trope, &tqc, &tqsc), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_weights(cu, &tp, D, &tw), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_scores(cu, &args, &tsc), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_topk(cu, &tsc, NULL, K, &ti, &tl, ws, wsb), DSV4_OK);
+        CHECK_STATUS(dsv4_indexer_select(cu, &args, K, &tsi, &tsl, ws, wsb), DSV4_OK);
+        if (pass && !end_and_replay()) break;
+        dget(sc[pass], tsc.data, 4 * T * N), dget(idx[pass], ti.data, 4 * T * K), dget(len[pass], tl.data, 4 * T);
+        dget(qc[pass], tqc.data, T * H * D / 2);
+        dget(sidx[pass], tsi.data, 4 * T * K), dget(slen[pass], tsl.data, 4 * T);
+    }
+    /* topk without n_valid takes all N: the -inf tails count, after every real score */
+    CHECK(len[0][0] == K && len[0][1] == K && len[0][2] == K, "indexer graph: lengths %d %d %d, want %d", len[0][0],
+          len[0][1], len[0][2], K);
+    CHECK(idx[0][0] >= 0 && idx[0][0] < N && idx[0][K] < 300 && idx[0][2 * K] == 0 && idx[0][2 * K + 1] == 1,
+          "indexer graph: first indices %d %d %d %d", idx[0][0], idx[0][K], idx[0][2 * K], idx[0][2 * K + 1]);
+    /* select (scores and top-k fused) against topk on the scores: the same order where both rank the
+     * same candidates */
+    CHECK(slen[0][0] == K && slen[0][1] == 300 && slen[0][2] == 0, "indexer select: lengths %d %d %d", slen[0][0],
+          slen[0][1], slen[0][2]);
+    CHECK(memcmp(sidx[0], idx[0], 4 * K) == 0 && memcmp(sidx[0] + K, idx[0] + K, 4 * 300) == 0 &&
+              sidx[0][K + 300] == -1 && sidx[0][2 * K] == -1 && sidx[0][3 * K - 1] == -1,
+          "indexer select differs from topk on the scores");
+    CHECK(memcmp(sidx[0], sidx[1], 4 * T * K) == 0 && memcmp(slen[0], slen[1], sizeof slen[0]) == 0,
+          "indexer select: the graph replay differs from the direct call");
+    CHECK(memcmp(qc[0], qc[1], T * H * D / 2) == 0, "indexer q: the graph replay differs from the direct call");
+    CHECK(memcmp(sc[0], sc[1], 4 * T * N) == 0, "indexer scores: the graph replay differs from the direct call");
+    CHECK(memcmp(idx[0], idx[1], 4 * T * K) == 0 && memcmp(len[0], len[1], sizeof len[0]) == 0,
+          "indexer top-k: the graph replay differs from the direct call");
+    dfree_all();
+    free(proj), free(q), free(qs), free(k), free(ks), free(idx[0]), free(idx[1]), free(sc[0]), free(sc[1]);
+    free(qb), free(rope), free(qc[0]), free(qc[1]), free(sidx[0]), free(sidx[1]);
 }
 
 int main(void)
@@ -725,6 +819,7 @@ int main(void)
         test_graph(1);
     }
     test_graph_moe();
+    test_graph_indexer();
 
     dsv4_ctx_destroy(cu);
     dsv4_ctx_destroy(cu_mma);

@@ -287,4 +287,5 @@ const dsv4_backend dsv4_backend_cuda = {
     .linear = &dsv4_cuda_linear_ops,
     .layer = &dsv4_cuda_layer_ops,
     .tensor = &dsv4_cuda_tensor_ops,
+    .indexer = &dsv4_cuda_indexer_ops,
 };

@@ -42,6 +42,25 @@ DSV4_CU_INLINE uint32_t cu_f32_e4m3(float x)
 }
 
 
+/* E2M1 code of x (codec.h dsv4_e2m1_from_f32: midpoints to the even code, NaN -> +0). */
+DSV4_CU_INLINE uint32_t cu_f32_e2m1(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0;
+    const uint32_t sign = (u >> 28) & 8u;
+    const float a = __uint_as_float(u & 0x7FFFFFFFu);
+    uint32_t c;
+    if (a <= 0.25f) c = 0;
+    else if (a < 0.75f) c = 1;
+    else if (a <= 1.25f) c = 2;
+    else if (a < 1.75f) c = 3;
+    else if (a <= 2.5f) c = 4;
+    else if (a < 3.5f) c = 5;
+    else if (a <= 5.0f) c = 6;
+    else c = 7;
+    return sign | c;
+}
+
 /* Sixteen E4M3FN codes (c, byte i = code i) times the UE8M0 scale 2^(sb - 127) as BF16 (code i in
  * the 16 bits of out[i / 8] word (i % 8) / 2 at bit 16 (i % 2)), exact: the conversion unit turns
  * code pairs into FP16 pairs (every E4M3 value is an FP16 value), FP32 products with the scale are
@@ -364,6 +383,22 @@ DSV4_CU_INLINE uint2 cu_ldg8_stream(const void *p)
     uint2 v;
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
+}
+
+
+/* ---- launch configuration (host) ---------------------------------------------------------- */
+/* The opt-in to more than 48 KB of dynamic shared memory is an attribute of a function on one
+ * device: each launcher keeps a flag per device ordinal (set once; a race sets it twice, which is
+ * harmless). A device beyond DSV4_CU_MAX_DEVICES sets it on every launch. */
+#define DSV4_CU_MAX_DEVICES 64
+template <typename F> static int cu_smem_opt_in(unsigned char *done, int device, F *kernel, int bytes)
+{
+    const bool known = device >= 0 && device < DSV4_CU_MAX_DEVICES;
+    if (known && done[device]) return 0;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return (int)e;
+    if (known) done[device] = 1;
+    return 0;
 }
 
 #endif

@@ -51,5 +51,6 @@ extern const struct dsv4_attention_ops dsv4_cuda_attention_ops;
 extern const struct dsv4_linear_ops dsv4_cuda_linear_ops; /* linear_cuda.c */
 extern const struct dsv4_layer_ops dsv4_cuda_layer_ops;   /* layer_cuda.c */
 extern const struct dsv4_tensor_ops dsv4_cuda_tensor_ops; /* tensor_cuda.c */
+extern const struct dsv4_indexer_ops dsv4_cuda_indexer_ops; /* indexer_cuda.c */
 
 #endif

@@ -1379,25 +1379,12 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
 
 extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
 
-/* The opt-in to more than 48 KB of dynamic shared memory is an attribute of a function on one
- * device: each launcher keeps a flag per device ordinal (set once; a race sets it twice, which is
- * harmless). A device beyond MAX_DEVICES sets it on every launch. */
-#define MAX_DEVICES 64
-template <typename F> static int smem_opt_in(unsigned char *done, int device, F *kernel, int bytes)
-{
-    const bool known = device >= 0 && device < MAX_DEVICES;
-    if (known && done[device]) return 0;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e != cudaSuccess) return (int)e;
-    if (known) done[device] = 1;
-    return 0;
-}
 
 template <int MT, bool FP8> static int launch_decode(const dsv4_cu_decode *d, cudaStream_t stream)
 {
     typedef decode_cfg<MT, FP8> C;
-    static unsigned char configured[MAX_DEVICES];
-    const int e = smem_opt_in(configured, d->device, decode_kernel<MT, FP8>, C::SMEM);
+    static unsigned char configured[DSV4_CU_MAX_DEVICES];
+    const int e = cu_smem_opt_in(configured, d->device, decode_kernel<MT, FP8>, C::SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + C::ROWS - 1) / C::ROWS), (unsigned)d->splits);
     decode_kernel<MT, FP8><<<grid, NT, C::SMEM, stream>>>(*d);
@@ -1407,8 +1394,8 @@ template <int MT, bool FP8> static int launch_decode(const dsv4_cu_decode *d, cu
 template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_t stream)
 {
     void (*kernel)(dsv4_cu_decode) = FP8 ? decode_fp8_kernel : decode_wgmma_bf16_kernel;
-    static unsigned char configured[MAX_DEVICES];
-    const int e = smem_opt_in(configured, d->device, kernel, wg_cfg<FP8>::SMEM);
+    static unsigned char configured[DSV4_CU_MAX_DEVICES];
+    const int e = cu_smem_opt_in(configured, d->device, kernel, wg_cfg<FP8>::SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
     kernel<<<grid, NT, wg_cfg<FP8>::SMEM, stream>>>(*d);
@@ -1421,9 +1408,9 @@ static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int p
 {
     void (*const kernels[4])(dsv4_cu_decode) = {decode_ws_kernel<false>, decode_ws_pair_kernel<false>,
                                                 decode_ws_kernel<true>, decode_ws_pair_kernel<true>};
-    static unsigned char configured[4][MAX_DEVICES];
+    static unsigned char configured[4][DSV4_CU_MAX_DEVICES];
     const int k = 2 * w2 + pair;
-    const int e = smem_opt_in(configured[k], d->device, kernels[k], WS_SMEM);
+    const int e = cu_smem_opt_in(configured[k], d->device, kernels[k], WS_SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
     kernels[k]<<<grid, WS_NT, WS_SMEM, stream>>>(*d);
