@@ -48,12 +48,13 @@ DSV4_API dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const
  * context's backend, as the views are, so that a device runs a step's sampling without the host.
  * A row that cannot be sampled gets a negative code instead of a token (its rng untouched): the
  * op itself succeeds, and dsv4_sample_result turns the code into the error dsv4_engine_sample
- * gives. The workspace holds dsv4_sample_workspace_size bytes (B·V·8: a row's probabilities and
- * its nucleus order); nothing is allocated. tokens overlaps neither logits nor the workspace. */
+ * gives. The workspace holds dsv4_sample_workspace_size bytes (B·DSV4_SAMPLE_ROW_BYTES(V): a
+ * row's probabilities and its nucleus order or block sums); nothing is allocated. tokens overlaps neither logits nor the workspace. */
 #define DSV4_SAMPLE_BAD_PARAMS (-1)           /* temperature not finite or < 0, or top_p not >= 0 */
 #define DSV4_SAMPLE_ALL_MASKED (-2)           /* every logit is -Inf */
 #define DSV4_SAMPLE_NAN_LOGIT(i) (-3 - 2 * (i)) /* logit i, the first that is NaN or +Inf, is NaN */
 #define DSV4_SAMPLE_INF_LOGIT(i) (-4 - 2 * (i)) /* ... is +Inf */
+#define DSV4_SAMPLE_ROW_BYTES(V) (8 * (int64_t)(V) + 64)
 struct dsv4_sampling;
 DSV4_API dsv4_status dsv4_sample_workspace_size(dsv4_ctx *ctx, int64_t rows, int64_t V, size_t *bytes);
 DSV4_API dsv4_status dsv4_sample_rows(dsv4_ctx *ctx, const dsv4_tensor *logits, const struct dsv4_sampling *params,

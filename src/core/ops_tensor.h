@@ -38,7 +38,8 @@ typedef struct dsv4_copy_rows_args {
 } dsv4_copy_rows_args;
 
 /* tokens[r*tok_s] = the sampled token or result code of row r (logits + r*ldl [V], params[r],
- * rng + 4r) for r < B; ws: B*V*8 bytes (row r's V floats then V int32 at ws + r*V*8). The op layer
+ * rng + 4r) for r < B; row r's workspace: ws_row bytes at ws + r*ws_row (the cpu backends: V
+ * floats, then V int32; a device: its probabilities and block sums). The op layer
  * checked the views, B >= 1 and 0 < V <= 2^29; params are the entry's to check (a code, not a
  * failure of the call). */
 typedef struct dsv4_sample_args {
@@ -49,6 +50,7 @@ typedef struct dsv4_sample_args {
     int32_t *tokens;
     int64_t tok_s;
     void *ws;
+    int64_t ws_row;
 } dsv4_sample_args;
 
 struct dsv4_tensor_ops {

@@ -4,39 +4,19 @@
 #include "core/sample.h"
 
 #include "core/error.h"
+#include "core/sample_math.h"
+
 #include "dsv4/tensor_ops.h"
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void dsv4_rng_seed(uint64_t seed, uint64_t rng[4])
 {
     if (!rng) return;
-    for (int i = 0; i < 4; i++) rng[i] = splitmix64(&seed);
+    for (int i = 0; i < 4; i++) rng[i] = dsv4_sm_splitmix64(&seed);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t next_u64(uint64_t s[4])
-{
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
-double dsv4_rng_uniform(uint64_t rng[4]) { return (double)(next_u64(rng) >> 11) * 0x1.0p-53; }
+double dsv4_rng_uniform(uint64_t rng[4]) { return dsv4_sm_uniform(rng); }
 
 int32_t dsv4_sample_check_row(const float *x, int64_t n)
 {
@@ -78,7 +58,7 @@ int32_t dsv4_sample_gumbel(const float *p, int64_t n, uint64_t rng[4])
     int64_t best = -1;
     double best_v = -1.0;
     for (int64_t i = 0; i < n; i++) {
-        double ex = -log1p(-dsv4_rng_uniform(rng)); /* Exp(1); one draw per token keeps the stream aligned */
+        const double ex = dsv4_sm_neg_log(1.0 - dsv4_sm_uniform(rng)); /* Exp(1); one draw per id keeps the stream aligned */
         if (!(p[i] > 0.0f)) continue;
         double v = (double)p[i] / ex;
         if (v > best_v) {
@@ -111,28 +91,37 @@ void dsv4_sample_probs(const float *logits, int64_t V, float temperature, float 
     double m = -INFINITY, sum = 0.0;
     for (int64_t i = 0; i < V; i++)
         if (logits[i] > m) m = logits[i];
-    for (int64_t i = 0; i < V; i++) {
-        double v = exp(((double)logits[i] - m) / temperature);
-        out[i] = (float)v;
-        sum += v;
+    for (int64_t b = 0; b < V; b += DSV4_SAMPLE_SUM_BLOCK) { /* the fixed order of core/sample_math.h */
+        const int64_t e = b + DSV4_SAMPLE_SUM_BLOCK < V ? b + DSV4_SAMPLE_SUM_BLOCK : V;
+        double part = 0.0;
+        for (int64_t i = b; i < e; i++) {
+            const double v = dsv4_sm_exp(((double)logits[i] - m) / temperature);
+            out[i] = (float)v;
+            part += v;
+        }
+        sum += part;
     }
     for (int64_t i = 0; i < V; i++) out[i] = (float)(out[i] / sum);
     if (top_p <= 0.0f) top_p = 1.0f; /* 0: the default, every token */
     if (!(top_p < 1.0f)) return;
     /* nucleus: the most likely tokens, one at a time off a max-heap (no sort of the whole
-     * vocabulary, no allocation), until their mass reaches top_p */
+     * vocabulary, no allocation), until their mass reaches top_p; the mass is exact while the
+     * tokens popped have p >= DSV4_SAMPLE_P_EXACT (core/sample_math.h), and a nucleus that would
+     * reach below that (or take every token) keeps every token as it is */
     int32_t *h = order;
     for (int64_t i = 0; i < V; i++) h[i] = (int32_t)i;
     for (int64_t i = V / 2 - 1; i >= 0; i--) sift_down(h, V, i, out);
     double mass = 0.0;
     int64_t n = V;
     while (n > 0 && (n == V || mass < top_p)) { /* popped ids collect at h[n..V-1] */
-        int32_t top = h[0];
+        const int32_t top = h[0];
+        if (out[top] < DSV4_SAMPLE_P_EXACT) return;
         mass += out[top];
         h[0] = h[--n];
         h[n] = top;
         sift_down(h, n, 0, out);
     }
+    if (mass < top_p) return; /* every token popped: all kept */
     for (int64_t i = 0; i < n; i++) out[h[i]] = 0.0f;
     for (int64_t i = n; i < V; i++) out[h[i]] = (float)(out[h[i]] / mass);
 }

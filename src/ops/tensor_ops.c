@@ -104,7 +104,7 @@ dsv4_status dsv4_sample_workspace_size(dsv4_ctx *ctx, int64_t rows, int64_t V, s
     (void)ctx; /* the same for every backend */
     DSV4_CHECK_ARG(bytes && rows >= 0 && V >= 0, "sample_workspace_size: rows %lld and V %lld must be >= 0", (long long)rows,
                    (long long)V);
-    *bytes = (size_t)rows * (size_t)V * 8u;
+    *bytes = (size_t)rows * (size_t)DSV4_SAMPLE_ROW_BYTES(V);
     return DSV4_OK;
 }
 
@@ -132,6 +132,6 @@ dsv4_status dsv4_sample_rows(dsv4_ctx *ctx, const dsv4_tensor *logits, const str
     if (B && lo < whi && wlo < hi) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: tokens overlaps the workspace", op);
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, tensor, sample, op));
     const dsv4_sample_args a = {logits->data, logits->stride[0], B, V, params, rng, tokens->data, tokens->stride[0],
-                                workspace};
+                                workspace, DSV4_SAMPLE_ROW_BYTES(V)};
     return B ? b->tensor->sample(&ex, &a) : DSV4_OK;
 }

@@ -76,7 +76,7 @@ static void sample_rows(void *v, int64_t lo, int64_t hi)
 {
     const dsv4_sample_args *a = v;
     for (int64_t r = lo; r < hi; r++) {
-        float *probs = (float *)((char *)a->ws + r * a->V * 8);
+        float *probs = (float *)((char *)a->ws + r * a->ws_row);
         a->tokens[r * a->tok_s] = dsv4_sample_row(a->logits + r * a->ldl, a->V, &a->params[r], a->rng + 4 * r, probs,
                                                   (int32_t *)(probs + a->V));
     }
