@@ -755,12 +755,12 @@ static void tensor_sample(void)
     static char done_for[48];
     if (missing("tensor.sample", HAS(tensor, sample)) || !strcmp(done_for, tb->name)) return;
     snprintf(done_for, sizeof done_for, "%s", tb->name);
-    enum { V = 129280, LD = V + 3, B = 10 };
+    enum { V = 129280, LD = V + 3, B = 11 };
     const int64_t nan_at = 777, inf_at = 12345, tie_a = 4242, tie_b = 99999;
     float *lg = f32_rand((size_t)B * LD, 3.0f, 0.0f);
     const dsv4_sampling sp[B] = {{0.0f, 0.0f, 0},   {1.0f, 0.0f, 1},   {0.7f, 0.9f, 2},  {1.6f, 0.5f, 3},
                                  {0.3f, 0.95f, 4},  {1.0f, 1.0f, 5},   {0.0f, 0.0f, 6},  {-1.0f, 0.5f, 7},
-                                 {1.0f, 0.0f, 8},   {1.0f, 0.9f, 9}};
+                                 {1.0f, 0.0f, 8},   {1.0f, 0.9f, 9},   {2.5f, 0.99999f, 10}};
     lg[tie_a] = lg[tie_b] = 50.0f;                                         /* row 0: greedy, a tie */
     for (int64_t i = 0; i < V; i += 4) lg[3 * LD + i + (i / 4) % 4] = -INFINITY; /* row 3: a quarter masked */
     lg[5 * LD + nan_at] = NAN, lg[5 * LD + inf_at] = INFINITY;            /* row 5: the first is NaN */

@@ -81,6 +81,11 @@ int dsv4_cu_add_bf16_launch(long long t, long long n, long long d, const uint16_
 int dsv4_cu_copy_rows_launch(const void *src, long long lds, const int32_t *idx, long long idx_s, void *dst,
                              long long ldd, long long n, long long row_bytes, void *stream);
 
+/* The sample entry of the tensor family (sample_cuda.cu; core/ops_tensor.h dsv4_sample_args, the
+ * same fields; params: dsv4_sampling [B]). */
+int dsv4_cu_sample_launch(const float *logits, long long ldl, long long B, long long V, const void *params,
+                          uint64_t *rng, int32_t *tokens, long long tok_s, void *ws, long long ws_row, void *stream);
+
 /* ---- layer family (layer_cuda.cu) ------------------------------------------------------------- */
 int dsv4_cu_rms_launch(const void *x, long long ldx, int x_bf16, const void *w, int w_bf16, void *y, long long ldy,
                        int y_bf16, long long rows, long long d, float eps, void *stream);

@@ -66,4 +66,12 @@ static dsv4_status cu_copy(const dsv4_exec *ex, const dsv4_copy_rows_args *a)
     return dsv4_cu_status(e, "copy_rows");
 }
 
-const struct dsv4_tensor_ops dsv4_cuda_tensor_ops = {cu_embed, cu_add, cu_copy};
+/* sample_cuda.cu: one launch, parameters and states read on the device, refused rows as codes. */
+static dsv4_status cu_sample(const dsv4_exec *ex, const dsv4_sample_args *a)
+{
+    CU_LAUNCH(ex, "sample_rows",
+              dsv4_cu_sample_launch(a->logits, a->ldl, a->B, a->V, a->params, a->rng, a->tokens, a->tok_s, a->ws,
+                                    a->ws_row, dsv4_cu_stream(ex)));
+}
+
+const struct dsv4_tensor_ops dsv4_cuda_tensor_ops = {cu_embed, cu_add, cu_copy, cu_sample};
