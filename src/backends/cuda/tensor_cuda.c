@@ -1,8 +1,9 @@
-/* The tensor family of the cuda backend (core/ops_tensor.h). The add launches and returns. The two
- * gathers must reject an index entry out of range before writing anything, and the entries are in
- * device memory: they are read back first (in pieces of 1024 through a stack buffer, a wait on
- * the context's stream each), so embed_rows and copy_rows with an index cannot be captured in a
- * CUDA graph; a graph-ready form needs a device-side status word the caller reads later. */
+/* The tensor family of the cuda backend (core/ops_tensor.h). The add and the sampling
+ * (sample_cuda.cu) launch and return. The two gathers must reject an index entry out of range
+ * before writing anything, and the entries are in device memory: they are read back first (in
+ * pieces of 1024 through a stack buffer, a wait on the context's stream each), so embed_rows and
+ * copy_rows with an index cannot be captured in a CUDA graph; a graph-ready form needs a
+ * device-side status word the caller reads later (as the sampling's result codes are). */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_ops.h"
 #include "core/error.h"
