@@ -49,7 +49,8 @@ DSV4_API dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const
  * A row that cannot be sampled gets a negative code instead of a token (its rng untouched): the
  * op itself succeeds, and dsv4_sample_result turns the code into the error dsv4_engine_sample
  * gives. The workspace holds dsv4_sample_workspace_size bytes (B·DSV4_SAMPLE_ROW_BYTES(V): a
- * row's probabilities and its nucleus order or block sums); nothing is allocated. tokens overlaps neither logits nor the workspace. */
+ * row's probabilities and its nucleus order or block sums); nothing is allocated. tokens
+ * overlaps neither logits nor the workspace. */
 #define DSV4_SAMPLE_BAD_PARAMS (-1)           /* temperature not finite or < 0, or top_p not >= 0 */
 #define DSV4_SAMPLE_ALL_MASKED (-2)           /* every logit is -Inf */
 #define DSV4_SAMPLE_NAN_LOGIT(i) (-3 - 2 * (i)) /* logit i, the first that is NaN or +Inf, is NaN */

@@ -1,7 +1,7 @@
 /* Tensor op family (include/dsv4/tensor_ops.h): data movement, and the sampling of rows of
- * logits. The op layer (src/ops/tensor_ops.c) has validated shapes, dtypes, strides, memories and overlaps; index tensors are the entries' to
- * read: an entry out of range fails (DSV4_ERR_RANGE) before anything is written. Strides are in
- * elements except where named in bytes. */
+ * logits. The op layer (src/ops/tensor_ops.c) has validated shapes, dtypes, strides, memories and
+ * overlaps; index tensors are the entries' to read: an entry out of range fails (DSV4_ERR_RANGE)
+ * before anything is written. Strides are in elements except where named in bytes. */
 #ifndef DSV4_CORE_OPS_TENSOR_H
 #define DSV4_CORE_OPS_TENSOR_H
 

@@ -58,7 +58,8 @@ int32_t dsv4_sample_gumbel(const float *p, int64_t n, uint64_t rng[4])
     int64_t best = -1;
     double best_v = -1.0;
     for (int64_t i = 0; i < n; i++) {
-        const double ex = dsv4_sm_neg_log(1.0 - dsv4_sm_uniform(rng)); /* Exp(1); one draw per id keeps the stream aligned */
+        /* Exp(1); one draw per id keeps the stream aligned */
+        const double ex = dsv4_sm_neg_log(1.0 - dsv4_sm_uniform(rng));
         if (!(p[i] > 0.0f)) continue;
         double v = (double)p[i] / ex;
         if (v > best_v) {

@@ -102,8 +102,8 @@ dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const dsv4_ten
 dsv4_status dsv4_sample_workspace_size(dsv4_ctx *ctx, int64_t rows, int64_t V, size_t *bytes)
 {
     (void)ctx; /* the same for every backend */
-    DSV4_CHECK_ARG(bytes && rows >= 0 && V >= 0, "sample_workspace_size: rows %lld and V %lld must be >= 0", (long long)rows,
-                   (long long)V);
+    DSV4_CHECK_ARG(bytes && rows >= 0 && V >= 0, "sample_workspace_size: rows %lld and V %lld must be >= 0",
+                   (long long)rows, (long long)V);
     *bytes = (size_t)rows * (size_t)DSV4_SAMPLE_ROW_BYTES(V);
     return DSV4_OK;
 }
@@ -123,7 +123,8 @@ dsv4_status dsv4_sample_rows(dsv4_ctx *ctx, const dsv4_tensor *logits, const str
     size_t need = 0;
     DSV4_TRY(dsv4_sample_workspace_size(ctx, B, V, &need));
     if (workspace_bytes < need)
-        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the workspace has %zu bytes, %zu are needed", op, workspace_bytes, need);
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the workspace has %zu bytes, %zu are needed", op, workspace_bytes,
+                         need);
     const dsv4_layer_io outs[1] = {{tokens, "tokens", NULL}};
     const dsv4_layer_io ins[1] = {{logits, "logits", NULL}};
     DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 1));

@@ -167,7 +167,8 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float *logits, lo
     const double m = (double)bv, temp = (double)sp.temperature;
     const long long nb = (V + DSV4_SAMPLE_SUM_BLOCK - 1) / DSV4_SAMPLE_SUM_BLOCK;
     for (long long b = tid; b < nb; b += THREADS) {
-        const long long i0 = b * DSV4_SAMPLE_SUM_BLOCK, i1 = i0 + DSV4_SAMPLE_SUM_BLOCK < V ? i0 + DSV4_SAMPLE_SUM_BLOCK : V;
+        const long long i0 = b * DSV4_SAMPLE_SUM_BLOCK;
+        const long long i1 = i0 + DSV4_SAMPLE_SUM_BLOCK < V ? i0 + DSV4_SAMPLE_SUM_BLOCK : V;
         double part = 0.0;
         for (long long i = i0; i < i1; i++) {
             const double e = dsv4_sm_exp(__ddiv_rn(__dsub_rn((double)x[i], m), temp));
