@@ -1,7 +1,8 @@
 /* Data movement on tensor views, run by the context's backend so that no step of a forward pass
  * has to stop on the host between ops: embedding rows by token id (with the copies the mHC
  * residual streams start from), the BF16 residual add broadcast over those copies, and plain or
- * gathered copies of rows (saved projections, state snapshots).
+ * gathered copies of rows (saved projections, state snapshots), and the sampling of rows of
+ * logits (so that a step reads back only the sampled tokens).
  *
  * Conventions as in dsv4/layer.h: BF16 tensors hold uint16 bit patterns; the last dim has unit
  * stride, outer strides are free; every tensor is in the memory of the context's backend. Index
@@ -36,6 +37,32 @@ DSV4_API dsv4_status dsv4_add_bf16(dsv4_ctx *ctx, const dsv4_tensor *a, const ds
  * or I32 [n] with entries in [0, R). dst overlaps neither src nor idx, except that dst may be the
  * very view of src when idx is NULL (nothing to copy). */
 DSV4_API dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const dsv4_tensor *idx, dsv4_tensor *dst);
+
+/* ---- sampling ------------------------------------------------------------------------------
+ * tokens[r] = the token that the rule of dsv4/engine.h (greedy, temperature, top-p, Gumbel-max)
+ * samples from row r of logits with params[r] and the generator state rng[4r .. 4r+3]
+ * (xoshiro256**, dsv4_rng_seed), which advances exactly as dsv4_engine_sample advances it, so a
+ * row gives the token dsv4_engine_sample gives for the same logits, parameters and state.
+ * logits: F32 [B, V] (0 < V <= 2^29; row stride free); tokens: I32 [B] (any stride); params
+ * (dsv4_sampling [B]), rng (uint64 [B, 4]) and the workspace are raw pointers in the memory of the
+ * context's backend, as the views are, so that a device runs a step's sampling without the host.
+ * A row that cannot be sampled gets a negative code instead of a token (its rng untouched): the
+ * op itself succeeds, and dsv4_sample_result turns the code into the error dsv4_engine_sample
+ * gives. The workspace holds dsv4_sample_workspace_size bytes (B·DSV4_SAMPLE_ROW_BYTES(V): a
+ * row's probabilities and its nucleus order or block sums); nothing is allocated. tokens
+ * overlaps neither logits nor the workspace. */
+#define DSV4_SAMPLE_BAD_PARAMS (-1)           /* temperature not finite or < 0, or top_p not >= 0 */
+#define DSV4_SAMPLE_ALL_MASKED (-2)           /* every logit is -Inf */
+#define DSV4_SAMPLE_NAN_LOGIT(i) (-3 - 2 * (i)) /* logit i, the first that is NaN or +Inf, is NaN */
+#define DSV4_SAMPLE_INF_LOGIT(i) (-4 - 2 * (i)) /* ... is +Inf */
+#define DSV4_SAMPLE_ROW_BYTES(V) (8 * (int64_t)(V) + 64)
+struct dsv4_sampling;
+DSV4_API dsv4_status dsv4_sample_workspace_size(dsv4_ctx *ctx, int64_t rows, int64_t V, size_t *bytes);
+DSV4_API dsv4_status dsv4_sample_rows(dsv4_ctx *ctx, const dsv4_tensor *logits, const struct dsv4_sampling *params,
+                                      uint64_t *rng, dsv4_tensor *tokens, void *workspace, size_t workspace_bytes);
+/* DSV4_OK for a token (>= 0); else the code's error (DSV4_ERR_INVALID_ARG for the parameters,
+ * DSV4_ERR_RANGE naming the logit for the logits) with a message that starts with `what`. */
+DSV4_API dsv4_status dsv4_sample_result(int32_t token, const char *what);
 
 #ifdef __cplusplus
 }

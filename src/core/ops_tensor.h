@@ -1,7 +1,7 @@
-/* Tensor op family (include/dsv4/tensor_ops.h): data movement. The op layer (src/ops/tensor_ops.c)
- * has validated shapes, dtypes, strides, memories and overlaps; index tensors are the entries' to
- * read: an entry out of range fails (DSV4_ERR_RANGE) before anything is written. Strides are in
- * elements except where named in bytes. */
+/* Tensor op family (include/dsv4/tensor_ops.h): data movement, and the sampling of rows of
+ * logits. The op layer (src/ops/tensor_ops.c) has validated shapes, dtypes, strides, memories and
+ * overlaps; index tensors are the entries' to read: an entry out of range fails (DSV4_ERR_RANGE)
+ * before anything is written. Strides are in elements except where named in bytes. */
 #ifndef DSV4_CORE_OPS_TENSOR_H
 #define DSV4_CORE_OPS_TENSOR_H
 
@@ -37,10 +37,27 @@ typedef struct dsv4_copy_rows_args {
     int64_t ldd, n, row_bytes;
 } dsv4_copy_rows_args;
 
+/* tokens[r*tok_s] = the sampled token or result code of row r (logits + r*ldl [V], params[r],
+ * rng + 4r) for r < B; row r's workspace: ws_row bytes at ws + r*ws_row (the cpu backends: V
+ * floats, then V int32; a device: its probabilities and block sums). The op layer
+ * checked the views, B >= 1 and 0 < V <= 2^29; params are the entry's to check (a code, not a
+ * failure of the call). */
+typedef struct dsv4_sample_args {
+    const float *logits;
+    int64_t ldl, B, V;
+    const struct dsv4_sampling *params;
+    uint64_t *rng;
+    int32_t *tokens;
+    int64_t tok_s;
+    void *ws;
+    int64_t ws_row;
+} dsv4_sample_args;
+
 struct dsv4_tensor_ops {
     dsv4_status (*embed_rows)(const dsv4_exec *ex, const dsv4_embed_args *a);
     dsv4_status (*add_bf16)(const dsv4_exec *ex, const dsv4_add_args *a);
     dsv4_status (*copy_rows)(const dsv4_exec *ex, const dsv4_copy_rows_args *a);
+    dsv4_status (*sample)(const dsv4_exec *ex, const dsv4_sample_args *a);
 };
 
 #endif

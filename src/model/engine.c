@@ -509,9 +509,9 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     const int64_t draft_rows = T < (int64_t)S * e->opt.max_mtp ? T : (int64_t)S * e->opt.max_mtp;
     x->logits = take(s, (uint64_t)((e->opt.logits_rows > step_rows ? e->opt.logits_rows : step_rows) * V) * 4);
     x->qlogits = take(s, (uint64_t)(draft_rows * V) * 4);
-    x->probs = take(s, (uint64_t)V * 4);
+    x->probs = take(s, (uint64_t)DSV4_SAMPLE_ROW_BYTES(V));
+    x->order = x->probs ? (int32_t *)(x->probs + V) : NULL;
     x->probs2 = take(s, (uint64_t)V * 4);
-    x->order = take(s, (uint64_t)V * 4);
     if (!s->base) DSV4_TRY(plan_workspace(e, &e->s.ws_bytes)); /* sizes pass: the blocks' weights are set */
     x->ws = take(s, e->s.ws_bytes ? e->s.ws_bytes : 1);
     return DSV4_OK;

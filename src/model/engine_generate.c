@@ -15,6 +15,7 @@
 #include "model/engine_internal.h"
 
 #include "core/error.h"
+#include "core/sample.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -126,22 +127,22 @@ static int accept(dsv4_engine *e, const dsv4_step_request *r, const int32_t *d, 
     const dsv4_sampling *sp = &r->sampling;
     if (sp->temperature == 0.0f) {
         int i = 0;
-        while (i < k && eng_argmax(lg + i * V, V) == d[i]) i++;
-        *bonus = eng_argmax(lg + i * V, V);
+        while (i < k && dsv4_sample_argmax(lg + i * V, V) == d[i]) i++;
+        *bonus = dsv4_sample_argmax(lg + i * V, V);
         return i;
     }
     for (int i = 0; i < k; i++) {
-        eng_probs(e, lg + i * V, sp, s->probs);
-        eng_probs(e, qg + i * V, sp, s->probs2);
+        dsv4_sample_probs(lg + i * V, V, sp->temperature, sp->top_p, s->probs, s->order);
+        dsv4_sample_probs(qg + i * V, V, sp->temperature, sp->top_p, s->probs2, s->order);
         double pd = s->probs[d[i]], qd = s->probs2[d[i]];
-        if (qd > 0.0 && eng_rng_uniform(r->rng) * qd < pd) continue;
+        if (qd > 0.0 && dsv4_rng_uniform(r->rng) * qd < pd) continue;
         double sum = 0.0;
         for (int64_t v = 0; v < V; v++) {
             float x = s->probs[v] - s->probs2[v];
             s->probs2[v] = x > 0.0f ? x : 0.0f;
             sum += s->probs2[v];
         }
-        *bonus = eng_gumbel_pick(sum > 0.0 ? s->probs2 : s->probs, V, r->rng);
+        *bonus = dsv4_sample_gumbel(sum > 0.0 ? s->probs2 : s->probs, V, r->rng);
         return i;
     }
     *bonus = sample(e, lg + k * V, r);

@@ -110,8 +110,8 @@ typedef struct eng_scratch {
     float *logits;              /* [logits_rows, vocab] target-model logits */
     float *qlogits;             /* [step_rows, vocab] draft logits */
     int64_t *lrow;              /* [max_segs] first logits row of each request of a step */
-    float *probs, *probs2;      /* [vocab] sampling */
-    int32_t *order;             /* [vocab] */
+    float *probs, *probs2;      /* [vocab] sampling; probs is the sample op's workspace, */
+    int32_t *order;             /* [vocab] right after it (dsv4_sample_workspace_size of a row) */
     void *ws;                   /* one workspace for every op */
     size_t ws_bytes;
 } eng_scratch;
@@ -208,12 +208,6 @@ dsv4_linear_format eng_tfmt(const dsv4_tensor *w);       /* BF16 or F32 plain we
 dsv4_status eng_wrap(dsv4_status st, const char *what, int index);
 
 /* ---- sampler.c ---- */
-/* Probabilities after temperature and top-p (zero outside the nucleus) into out [vocab]. */
-void eng_probs(dsv4_engine *e, const float *logits, const dsv4_sampling *s, float *out);
-/* argmax_i p_i / E_i, E_i ~ Exp(1) from rng. */
-int32_t eng_gumbel_pick(const float *p, int64_t n, uint64_t rng[4]);
-double eng_rng_uniform(uint64_t rng[4]);
-int32_t eng_argmax(const float *x, int64_t n);
 /* The sampler's rule for non-finite logits (include/dsv4/engine.h): DSV4_OK when the row can be
  * sampled, else DSV4_ERR_RANGE with a message naming `what` (the row's sequence and position). */
 dsv4_status eng_check_logits(const dsv4_engine *e, const float *logits, const char *what);

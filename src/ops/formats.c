@@ -20,6 +20,7 @@ dsv4_status dsv4_encode_array(dsv4_ctx *ctx, dsv4_scalar_format fmt, const float
     const dsv4_backend *b;
     dsv4_exec ex;
     DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, formats, encode, op));
     return b->formats->encode(&ex, fmt, x, n, codes);
 }
 
@@ -32,6 +33,7 @@ dsv4_status dsv4_decode_array(dsv4_ctx *ctx, dsv4_scalar_format fmt, const void 
     const dsv4_backend *b;
     dsv4_exec ex;
     DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_FORMATS, &b, &ex));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, formats, decode, op));
     return b->formats->decode(&ex, fmt, codes, n, x);
 }
 
@@ -39,6 +41,16 @@ static dsv4_status check_rule(const char *op, dsv4_qrule rule)
 {
     if ((unsigned)rule >= DSV4_QRULE_COUNT)
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: unknown quantization rule %d", op, (int)rule);
+    return DSV4_OK;
+}
+
+/* Every view of `all` in the memory of backend b. */
+static dsv4_status in_memory(const char *op, const dsv4_tensor *const *all, const char *const *names, int n,
+                             const dsv4_backend *b)
+{
+    for (int i = 0; i < n; i++)
+        if (all[i]->device != b->device)
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s is not in the memory of backend '%s'", op, names[i], b->name);
     return DSV4_OK;
 }
 
@@ -60,12 +72,8 @@ static dsv4_status check_qtriple(const char *op, dsv4_qrule rule, const dsv4_ten
                          dsv4_dtype_name(codes->dtype));
     const dsv4_tensor *all[3] = {x, codes, scales};
     const char *names[3] = {"x", "codes", "scales"};
-    for (int i = 0; i < 3; i++) {
-        DSV4_TRY(dsv4_check_inner_contiguous(op, names[i], all[i]));
-        if (all[i]->device != b->device)
-            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: %s is not in the memory of backend '%s'", op, names[i], b->name);
-    }
-    return DSV4_OK;
+    for (int i = 0; i < 3; i++) DSV4_TRY(dsv4_check_inner_contiguous(op, names[i], all[i]));
+    return in_memory(op, all, names, 3, b);
 }
 
 dsv4_status dsv4_quantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *x, dsv4_tensor *codes,
@@ -77,6 +85,7 @@ dsv4_status dsv4_quantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *x, 
     DSV4_TRY(dsv4_check_output(op, "scales", scales));
     if (dsv4_tensors_overlap(x, codes) || dsv4_tensors_overlap(x, scales) || dsv4_tensors_overlap(codes, scales))
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: x, codes and scales must not overlap", op);
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, formats, quantize_rows, op));
     return b->formats->quantize_rows(&ex, rule, x->data, x->stride[0], x->shape[0], x->shape[1], codes->data,
                                      codes->stride[0], scales->data, scales->stride[0]);
 }
@@ -89,6 +98,7 @@ dsv4_status dsv4_dequantize(dsv4_ctx *ctx, dsv4_qrule rule, const dsv4_tensor *c
     DSV4_TRY(dsv4_check_output(op, "x", x));
     if (dsv4_tensors_overlap(x, codes) || dsv4_tensors_overlap(x, scales))
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: x must not overlap codes or scales", op);
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, formats, dequantize_rows, op));
     return b->formats->dequantize_rows(&ex, rule, codes->data, codes->stride[0], scales->data, scales->stride[0],
                                        x->shape[0], x->shape[1], x->data, x->stride[0]);
 }
@@ -109,9 +119,15 @@ dsv4_status dsv4_dequantize_weight(dsv4_ctx *ctx, const dsv4_tensor *w, const ds
     DSV4_TRY(dsv4_check_tensor(op, "scale", scale, DSV4_DT(DSV4_E8M0) | DSV4_DT(DSV4_U8), 2, sshape));
     if (dsv4_tensors_overlap(out, w) || dsv4_tensors_overlap(out, scale))
         return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: out must not overlap the weight or its scale", op);
-    if (fp4)
+    const dsv4_tensor *all[3] = {w, scale, out};
+    const char *names[3] = {"w", "scale", "out"};
+    DSV4_TRY(in_memory(op, all, names, 3, b));
+    if (fp4) {
+        DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, formats, dequantize_fp4_g32, op));
         return b->formats->dequantize_fp4_g32(&ex, w->data, w->stride[0], n, k, scale->data, scale->stride[0],
                                               scale->stride[1], out->data, out->stride[0]);
+    }
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, formats, dequantize_fp8_b128, op));
     return b->formats->dequantize_fp8_b128(&ex, w->data, w->stride[0], n, k, scale->data, scale->stride[0],
                                            scale->stride[1], out->data, out->stride[0]);
 }

@@ -1,6 +1,7 @@
 /* Op layer of the tensor family (include/dsv4/tensor_ops.h): embedding rows, the broadcast BF16
  * add, row copies. Contract checks on the views, then one call into the backend's table; index
- * tensors are left to the backend to read (this file reads no tensor data). */
+ * tensors are left to the backend to read (this file reads no tensor data), and so are the
+ * sampling parameters. */
 #include "core/ops_tensor.h"
 #include "ops/layer_check.h"
 
@@ -96,4 +97,42 @@ dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const dsv4_ten
     const dsv4_copy_rows_args a = {src->data, src->stride[0] * es, R, idx ? idx->data : NULL, idx ? idx->stride[0] : 0,
                                    dst->data, dst->stride[0] * es, n, C * es};
     return b->tensor->copy_rows(&ex, &a);
+}
+
+dsv4_status dsv4_sample_workspace_size(dsv4_ctx *ctx, int64_t rows, int64_t V, size_t *bytes)
+{
+    (void)ctx; /* the same for every backend */
+    DSV4_CHECK_ARG(bytes && rows >= 0 && V >= 0, "sample_workspace_size: rows %lld and V %lld must be >= 0",
+                   (long long)rows, (long long)V);
+    *bytes = (size_t)rows * (size_t)DSV4_SAMPLE_ROW_BYTES(V);
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_sample_rows(dsv4_ctx *ctx, const dsv4_tensor *logits, const struct dsv4_sampling *params,
+                             uint64_t *rng, dsv4_tensor *tokens, void *workspace, size_t workspace_bytes)
+{
+    DSV4_OP_BEGIN("sample_rows", TENSOR);
+    DSV4_TRY(dsv4_layer_arg(op, "logits", logits, DSV4_DT(DSV4_F32), 2, NULL, b));
+    const int64_t B = logits->shape[0], V = logits->shape[1];
+    if (V < 1 || V > (1 << 29))
+        return dsv4_fail(DSV4_ERR_SHAPE, "%s: V = %lld is outside [1, 2^29]", op, (long long)V);
+    DSV4_CHECK_ARG(tokens, "%s: tokens is null", op);
+    DSV4_TRY(check_index(op, "tokens", tokens, B, b));
+    DSV4_TRY(dsv4_check_output(op, "tokens", tokens));
+    DSV4_CHECK_ARG(!B || (params && rng && workspace), "%s: null params, rng or workspace", op);
+    size_t need = 0;
+    DSV4_TRY(dsv4_sample_workspace_size(ctx, B, V, &need));
+    if (workspace_bytes < need)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the workspace has %zu bytes, %zu are needed", op, workspace_bytes,
+                         need);
+    const dsv4_layer_io outs[1] = {{tokens, "tokens", NULL}};
+    const dsv4_layer_io ins[1] = {{logits, "logits", NULL}};
+    DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 1));
+    const char *wlo = workspace, *whi = wlo + need, *lo, *hi;
+    dsv4_tensor_span(tokens, &lo, &hi);
+    if (B && lo < whi && wlo < hi) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: tokens overlaps the workspace", op);
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, tensor, sample, op));
+    const dsv4_sample_args a = {logits->data, logits->stride[0], B, V, params, rng, tokens->data, tokens->stride[0],
+                                workspace, DSV4_SAMPLE_ROW_BYTES(V)};
+    return B ? b->tensor->sample(&ex, &a) : DSV4_OK;
 }

@@ -744,6 +744,78 @@ static void tensor_ops(void)
     free(table), free(a), free(b);
 }
 
+/* Sampling is defined to the token and the generator state (core/sample.h; include/dsv4/tensor_ops.h
+ * says what a device must keep to): identical tokens and states on every backend, at the model's
+ * vocabulary, for greedy rows (a tie to the lower id), temperatures with and without top-p (masked
+ * tokens, a row of few distinct values: the nucleus's tie rule) and the rows the rule refuses. The
+ * expectations are checked on cpu-ref's results. The entry does not depend on the ISA level: the
+ * cpu backend runs it at its first level only, and at a smaller vocabulary (the same code as
+ * cpu-ref's: a few ms of CI instead of a second). */
+static void tensor_sample(void)
+{
+    static char done_for[48];
+    if (missing("tensor.sample", HAS(tensor, sample)) || !strcmp(done_for, tb->name)) return;
+    snprintf(done_for, sizeof done_for, "%s", tb->name);
+    enum { B = 11 };
+    const int64_t V = tb->device == DSV4_DEVICE_CPU ? 1031 : 129280, LD = V + 3;
+    const int64_t nan_at = V / 97, inf_at = V / 11, tie_a = V / 31, tie_b = V - 5;
+    float *lg = f32_rand((size_t)B * LD, 3.0f, 0.0f);
+    const dsv4_sampling sp[B] = {{0.0f, 0.0f, 0},   {1.0f, 0.0f, 1},   {0.7f, 0.9f, 2},  {1.6f, 0.5f, 3},
+                                 {0.3f, 0.95f, 4},  {1.0f, 1.0f, 5},   {0.0f, 0.0f, 6},  {-1.0f, 0.5f, 7},
+                                 {1.0f, 0.0f, 8},   {1.0f, 0.9f, 9},   {2.5f, 0.99999f, 10}};
+    lg[tie_a] = lg[tie_b] = 50.0f;                                         /* row 0: greedy, a tie */
+    for (int64_t i = 0; i < V; i += 4) lg[3 * LD + i + (i / 4) % 4] = -INFINITY; /* row 3: a quarter masked */
+    lg[5 * LD + nan_at] = NAN, lg[5 * LD + inf_at] = INFINITY;            /* row 5: the first is NaN */
+    for (int64_t i = 0; i < V; i++) lg[6 * LD + i] = -INFINITY;           /* row 6: nothing to sample */
+    lg[8 * LD + inf_at] = INFINITY;                                       /* row 8: +Inf */
+    for (int64_t i = 0; i < V; i++) lg[9 * LD + i] = roundf(lg[9 * LD + i]); /* row 9: many ties */
+    uint64_t rng0[B][4];
+    for (int r = 0; r < B; r++) dsv4_rng_seed(sp[r].seed, rng0[r]);
+    int32_t tok[2][B];
+    uint64_t rng[2][B][4];
+    dsv4_status st[2];
+    dsv4_ctx *cs[2] = {ref, tc};
+    size_t wsb = 0;
+    CHECK_STATUS(dsv4_sample_workspace_size(ref, B, V, &wsb), DSV4_OK);
+    for (int side = 0; side < 2; side++) {
+        dsv4_ctx *c = cs[side];
+        memset(tok[side], 0xA5, sizeof tok[side]);
+        dsv4_tensor hl, ht = view(tok[side], DSV4_I32, 1, B, 0, 0);
+        dsv4_tensor_init_strided(&hl, lg, DSV4_F32, 2, (int64_t[]){B, V}, (int64_t[]){LD, 1});
+        dsv4_tensor tl = on(c, &hl), tt = on(c, &ht);
+        const dsv4_sampling *dp = put(c, sp, sizeof sp);
+        uint64_t *dr = put(c, rng0, sizeof rng0);
+        st[side] = dsv4_sample_rows(c, &tl, dp, dr, &tt, scratch(c, wsb), wsb);
+        back(c, &tt, tok[side]);
+        if (dsv4_device_download(c, rng[side], dr, sizeof rng0) != DSV4_OK) die("device_download");
+        release();
+    }
+    ran("sample_rows", st[1], st[0]);
+    same("sample_rows", "tokens", tok[1], tok[0], sizeof tok[0]);
+    same("sample_rows", "generator states", rng[1], rng[0], sizeof rng[0]);
+    const int32_t *t = tok[0];
+    CHECK(t[0] == tie_a, "sample_rows: greedy row gave %d, want %lld (the lower id of a tie)", t[0], (long long)tie_a);
+    CHECK(t[5] == DSV4_SAMPLE_NAN_LOGIT(nan_at), "sample_rows: NaN row gave %d", t[5]);
+    CHECK(t[6] == DSV4_SAMPLE_ALL_MASKED, "sample_rows: all -Inf row gave %d", t[6]);
+    CHECK(t[7] == DSV4_SAMPLE_BAD_PARAMS, "sample_rows: temperature -1 gave %d", t[7]);
+    CHECK(t[8] == DSV4_SAMPLE_INF_LOGIT(inf_at), "sample_rows: +Inf row gave %d", t[8]);
+    char want[64];
+    snprintf(want, sizeof want, "logit %lld is NaN", (long long)nan_at);
+    CHECK(dsv4_sample_result(t[5], "x") == DSV4_ERR_RANGE && strstr(dsv4_last_error(), want), "sample_result: %s",
+          dsv4_last_error());
+    snprintf(want, sizeof want, "logit %lld is +Inf", (long long)inf_at);
+    CHECK(dsv4_sample_result(t[8], "x") == DSV4_ERR_RANGE && strstr(dsv4_last_error(), want), "sample_result: %s",
+          dsv4_last_error());
+    for (int r = 0; r < B; r++) {
+        const int sampled = r != 0 && r != 5 && r != 6 && r != 7 && r != 8;
+        if (sampled)
+            CHECK(t[r] >= 0 && t[r] < V && lg[r * LD + t[r]] > -INFINITY, "sample_rows: row %d gave %d", r, t[r]);
+        /* a draw per id at temperature > 0; greedy and refused rows leave the state as it was */
+        CHECK(!memcmp(rng[0][r], rng0[r], 32) == !sampled, "sample_rows: row %d's generator state", r);
+    }
+    free(lg);
+}
+
 /* ---- attention ------------------------------------------------------------------------------ */
 /* Insert, gather and inverse RoPE are defined to the bit (fp32 operations in a fixed order, no
  * contraction, then the exact KV64 rule): bit-identical cache bytes and values on every backend
@@ -1244,6 +1316,7 @@ static void run_families(void)
     layer_swiglu();
     layer_moe();
     tensor_ops();
+    tensor_sample();
     attn_host a;
     attn_make(&a);
     attn_rope_table();

@@ -10,7 +10,8 @@
  *     +inf and exact zeros where nothing is valid;
  *   - graph capture and replay (also on a stream of the caller's), run-to-run determinism,
  *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph;
- *     the indexer's query path, head weights, scores, top-k and select in one graph.
+ *     the indexer's query path, head weights, scores, top-k and select in one graph;
+ *     sampling in a graph, replayed, against cpu-ref.
  * Without a CUDA device it checks the host fallback of the memory API, says why it skips and exits
  * 77 (CTest SKIP_RETURN_CODE: reported as skipped, not passed). */
 #include "dsv4.h"
@@ -737,6 +738,47 @@ static void test_graph_indexer(void)
     dfree_all();
     free(proj), free(q), free(qs), free(k), free(ks), free(idx[0]), free(idx[1]), free(sc[0]), free(sc[1]);
     free(qb), free(rope), free(qc[0]), free(qc[1]), free(sidx[0]), free(sidx[1]);
+/* Sampling captured in a graph and replayed twice: no wait on the host inside, the generator
+ * states advance on the device from one replay to the next, and both replays give cpu-ref's
+ * tokens and states bit for bit (docs/contracts.md §9). */
+static void test_graph_sample(void)
+{
+    enum { B = 4, V = 129280 };
+    float *lg = malloc(sizeof(float) * B * V);
+    for (int i = 0; i < B * V; i++) lg[i] = 2.5f * test_randn();
+    for (int i = 0; i < V; i += 3) lg[2 * V + i] = -INFINITY;
+    const dsv4_sampling sp[B] = {{1.0f, 0.0f, 0}, {0.7f, 0.9f, 0}, {1.4f, 0.6f, 0}, {0.0f, 0.0f, 0}};
+    uint64_t rng[B][4], want_rng[B][4], got_rng[B][4];
+    for (int r = 0; r < B; r++) dsv4_rng_seed(40 + (uint64_t)r, rng[r]);
+    memcpy(want_rng, rng, sizeof rng);
+    size_t wsb = 0;
+    CHECK_STATUS(dsv4_sample_workspace_size(cu, B, V, &wsb), DSV4_OK);
+    float *hws = malloc(wsb);
+    const int64_t ls[2] = {B, V}, ts[1] = {B};
+    dsv4_tensor dl = view(dput(lg, sizeof(float) * B * V), DSV4_F32, 2, ls, 1),
+                dt = view(dput(NULL, 4 * B), DSV4_I32, 1, ts, 1);
+    dsv4_sampling *dp = dput(sp, sizeof sp);
+    uint64_t *dr = dput(rng, sizeof rng);
+    void *dws = dput(NULL, wsb);
+    dsv4_device_graph *g = NULL;
+    CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
+    CHECK_STATUS(dsv4_sample_rows(cu, &dl, dp, dr, &dt, dws, wsb), DSV4_OK);
+    CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
+    for (int rep = 0; g && rep < 2; rep++) {
+        int32_t want[B], got[B];
+        dsv4_tensor hl = view(lg, DSV4_F32, 2, ls, 0), ht = view(want, DSV4_I32, 1, ts, 0);
+        CHECK_STATUS(dsv4_sample_rows(ref, &hl, sp, &want_rng[0][0], &ht, hws, wsb), DSV4_OK);
+        CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+        dget(got, dt.data, sizeof got);
+        dget(got_rng, dr, sizeof got_rng);
+        CHECK(!memcmp(got, want, sizeof got),
+              "sample_rows graph replay %d: tokens differ from cpu-ref (%d %d %d %d vs %d %d %d %d)", rep, got[0], got[1],
+              got[2], got[3], want[0], want[1], want[2], want[3]);
+        CHECK(!memcmp(got_rng, want_rng, sizeof got_rng), "sample_rows graph replay %d: generator states differ", rep);
+    }
+    if (g) dsv4_device_graph_destroy(g);
+    dfree_all();
+    free(lg), free(hws);
 }
 
 int main(void)
@@ -820,6 +862,7 @@ int main(void)
     }
     test_graph_moe();
     test_graph_indexer();
+    test_graph_sample();
 
     dsv4_ctx_destroy(cu);
     dsv4_ctx_destroy(cu_mma);

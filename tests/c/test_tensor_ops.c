@@ -1,4 +1,4 @@
-/* Tensor family (embed_rows, add_bf16, copy_rows): every cpu path (AVX-512, AVX2, scalar) against
+/* Tensor family (embed_rows, add_bf16, copy_rows, sample_rows): every cpu path (AVX-512, AVX2, scalar) against
  * the cpu-ref reference bit for bit, 1 vs 2 threads, and bad input (status, outputs untouched).
  * The numpy oracles are in tests/python/test_tensor_ops.py. */
 #include "dsv4.h"
@@ -112,6 +112,50 @@ static void test_copy(void)
     CHECK(!memcmp(y, y2, sizeof y), "copy_rows wrote its output on error");
 }
 
+/* sample_rows: rows spread over threads give cpu-ref's tokens and states; bad input is refused
+ * with nothing written (the cross-backend comparison is in test_backend_ops.c). */
+static void test_sample(void)
+{
+    enum { B = 6, NV = 1000 };
+    static float lg[B * NV], ws[B * (2 * NV + 16)];
+    for (int i = 0; i < B * NV; i++) lg[i] = 2.0f * test_randn();
+    const dsv4_sampling sp[B] = {{0.0f, 0.0f, 0}, {1.0f, 0.0f, 0}, {0.8f, 0.9f, 0},
+                                 {1.3f, 0.5f, 0}, {0.5f, 0.95f, 0}, {2.0f, 0.7f, 0}};
+    uint64_t rng0[B][4], r_ref[B][4], r1[B][4], r2[B][4];
+    for (int r = 0; r < B; r++) dsv4_rng_seed(100 + (uint64_t)r, rng0[r]);
+    memcpy(r_ref, rng0, sizeof rng0), memcpy(r1, rng0, sizeof rng0), memcpy(r2, rng0, sizeof rng0);
+    int32_t t_ref[B], t1[B], t2[B];
+    size_t wsb = 0;
+    CHECK_STATUS(dsv4_sample_workspace_size(ref_ctx, B, NV, &wsb), DSV4_OK);
+    CHECK(wsb <= sizeof ws && wsb == (size_t)B * DSV4_SAMPLE_ROW_BYTES(NV), "sample_workspace_size %zu", wsb);
+    dsv4_tensor tl = view(lg, DSV4_F32, 2, B, NV, 0), tr = view(t_ref, DSV4_I32, 1, B, 0, 0),
+                tt1 = view(t1, DSV4_I32, 1, B, 0, 0), tt2 = view(t2, DSV4_I32, 1, B, 0, 0);
+    CHECK_STATUS(dsv4_sample_rows(ref_ctx, &tl, sp, &r_ref[0][0], &tr, ws, wsb), DSV4_OK);
+    CHECK_STATUS(dsv4_sample_rows(one[0], &tl, sp, &r1[0][0], &tt1, ws, wsb), DSV4_OK);
+    CHECK_STATUS(dsv4_sample_rows(two[0], &tl, sp, &r2[0][0], &tt2, ws, wsb), DSV4_OK);
+    int valid = 1;
+    for (int r = 0; r < B; r++) valid &= t_ref[r] >= 0 && t_ref[r] < NV;
+    CHECK(valid, "sample_rows cpu-ref: a token outside [0, V)");
+    CHECK(!memcmp(t1, t_ref, sizeof t1) && !memcmp(t2, t_ref, sizeof t2), "sample_rows: tokens of 1 / 2 threads");
+    CHECK(!memcmp(r1, r_ref, sizeof r1) && !memcmp(r2, r_ref, sizeof r2), "sample_rows: states of 1 / 2 threads");
+    /* bad input: nothing written */
+    memcpy(t2, t1, sizeof t1), memcpy(r2, r1, sizeof r1);
+    CHECK_STATUS(dsv4_sample_rows(two[0], &tl, sp, &r1[0][0], &tt1, ws, wsb - 1), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_sample_rows(two[0], &tl, NULL, &r1[0][0], &tt1, ws, wsb), DSV4_ERR_INVALID_ARG);
+    dsv4_tensor ti = view(lg, DSV4_I32, 2, B, NV, 0), tshort = view(t1, DSV4_I32, 1, B - 1, 0, 0),
+                tf = view(t1, DSV4_F32, 1, B, 0, 0), t0 = view(lg, DSV4_F32, 2, B, 0, 0);
+    CHECK_STATUS(dsv4_sample_rows(two[0], &ti, sp, &r1[0][0], &tt1, ws, wsb), DSV4_ERR_DTYPE);
+    CHECK_STATUS(dsv4_sample_rows(two[0], &tl, sp, &r1[0][0], &tshort, ws, wsb), DSV4_ERR_SHAPE);
+    CHECK_STATUS(dsv4_sample_rows(two[0], &tl, sp, &r1[0][0], &tf, ws, wsb), DSV4_ERR_DTYPE);
+    CHECK_STATUS(dsv4_sample_rows(two[0], &t0, sp, &r1[0][0], &tt1, ws, wsb), DSV4_ERR_SHAPE);
+    dsv4_tensor tin = view((float *)ws + 8, DSV4_I32, 1, B, 0, 0);
+    CHECK_STATUS(dsv4_sample_rows(two[0], &tl, sp, &r1[0][0], &tin, ws, wsb), DSV4_ERR_INVALID_ARG);
+    CHECK(!memcmp(t1, t2, sizeof t1) && !memcmp(r1, r2, sizeof r1), "sample_rows wrote on error");
+    CHECK_STATUS(dsv4_sample_result(DSV4_SAMPLE_BAD_PARAMS, "x"), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_sample_result(DSV4_SAMPLE_ALL_MASKED, "x"), DSV4_ERR_RANGE);
+    CHECK_STATUS(dsv4_sample_result(7, "x"), DSV4_OK);
+}
+
 int main(void)
 {
     test_seed();
@@ -123,6 +167,7 @@ int main(void)
     test_embed();
     test_add();
     test_copy();
+    test_sample();
     dsv4_ctx_destroy(ref_ctx);
     for (int i = 0; i < 3; i++) dsv4_ctx_destroy(one[i]), dsv4_ctx_destroy(two[i]);
     TEST_DONE();

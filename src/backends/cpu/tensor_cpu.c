@@ -2,11 +2,12 @@
  * loops on one thread, the definitions; cpu: whole-row copies and the best ISA's add, rows spread
  * over the threads (each row is computed whole by one thread, so results never depend on the
  * thread count). Both read the index tensors first and fail before writing on an entry out of
- * range. */
+ * range. Sampling is core/sample.h's rule, row by row (cpu: rows spread over the threads). */
 #include "backends/cpu/cpu_layer.h"
 #include "core/error.h"
 #include "core/ops_tensor.h"
 #include "core/pool.h"
+#include "core/sample.h"
 
 #include <string.h>
 
@@ -70,7 +71,25 @@ static dsv4_status ref_copy(const dsv4_exec *ex, const dsv4_copy_rows_args *a)
     return DSV4_OK;
 }
 
-const struct dsv4_tensor_ops dsv4_cpu_ref_tensor_ops = {ref_embed, ref_add, ref_copy};
+/* Rows [lo, hi) of a sampling, each whole on one thread in its own piece of the workspace. */
+static void sample_rows(void *v, int64_t lo, int64_t hi)
+{
+    const dsv4_sample_args *a = v;
+    for (int64_t r = lo; r < hi; r++) {
+        float *probs = (float *)((char *)a->ws + r * a->ws_row);
+        a->tokens[r * a->tok_s] = dsv4_sample_row(a->logits + r * a->ldl, a->V, &a->params[r], a->rng + 4 * r, probs,
+                                                  (int32_t *)(probs + a->V));
+    }
+}
+
+static dsv4_status ref_sample(const dsv4_exec *ex, const dsv4_sample_args *a)
+{
+    (void)ex;
+    sample_rows((void *)a, 0, a->B);
+    return DSV4_OK;
+}
+
+const struct dsv4_tensor_ops dsv4_cpu_ref_tensor_ops = {ref_embed, ref_add, ref_copy, ref_sample};
 
 /* ---- cpu ---------------------------------------------------------------------------------- */
 static void embed_rows(void *v, int64_t lo, int64_t hi)
@@ -130,4 +149,10 @@ static dsv4_status cpu_copy(const dsv4_exec *ex, const dsv4_copy_rows_args *a)
     return DSV4_OK;
 }
 
-const struct dsv4_tensor_ops dsv4_cpu_tensor_ops = {cpu_embed, cpu_add, cpu_copy};
+static dsv4_status cpu_sample(const dsv4_exec *ex, const dsv4_sample_args *a)
+{
+    dsv4_par_for(ex, a->B, 1, sample_rows, (void *)a);
+    return DSV4_OK;
+}
+
+const struct dsv4_tensor_ops dsv4_cpu_tensor_ops = {cpu_embed, cpu_add, cpu_copy, cpu_sample};

@@ -283,6 +283,7 @@ const dsv4_backend dsv4_backend_cuda = {
     .available = cuda_available,
     .configure = dsv4_cu_configure,
     .memory = &cuda_memory_ops,
+    .formats = &dsv4_cuda_format_ops,
     .attention = &dsv4_cuda_attention_ops,
     .linear = &dsv4_cuda_linear_ops,
     .layer = &dsv4_cuda_layer_ops,

@@ -48,6 +48,7 @@ struct dsv4_moe_args;
 dsv4_status dsv4_cu_moe(const dsv4_exec *ex, const struct dsv4_moe_args *a);
 
 extern const struct dsv4_attention_ops dsv4_cuda_attention_ops;
+extern const struct dsv4_format_ops dsv4_cuda_format_ops; /* formats_cuda.c */
 extern const struct dsv4_linear_ops dsv4_cuda_linear_ops; /* linear_cuda.c */
 extern const struct dsv4_layer_ops dsv4_cuda_layer_ops;   /* layer_cuda.c */
 extern const struct dsv4_tensor_ops dsv4_cuda_tensor_ops; /* tensor_cuda.c */

@@ -64,6 +64,14 @@ typedef struct dsv4_cu_moe_chunk {
 /* a->m: the R sorted rows in all (> 0); a->groups must be 1, a->x BF16. */
 int dsv4_cu_moe_linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream);
 
+/* ---- formats family (formats_cuda.cu) ---------------------------------------------------------- */
+/* out [n, k] F32 (row stride ldo) = the FP8 E4M3 codes w [n, k] (fp4 = 0; scale element (i/128,
+ * j/128) at scale[(i/128)*ss0 + (j/128)*ss1]) or the packed FP4 codes w [n, k/2] (fp4 = 1; low
+ * nibble first; scale (i, j/32)) times their UE8M0 scales; row stride ldw bytes. */
+int dsv4_cu_dequant_weight_launch(int fp4, const uint8_t *w, long long ldw, long long n, long long k,
+                                  const uint8_t *scale, long long ss0, long long ss1, float *out, long long ldo,
+                                  void *stream);
+
 /* ---- tensor family (tensor_cuda.cu) ----------------------------------------------------------- */
 int dsv4_cu_embed_launch(const uint16_t *table, long long ldt, long long d, const int32_t *ids, long long ids_s,
                          long long t, uint16_t *out, long long so_t, long long so_j, long long copies, void *stream);
@@ -72,6 +80,11 @@ int dsv4_cu_add_bf16_launch(long long t, long long n, long long d, const uint16_
                             void *stream);
 int dsv4_cu_copy_rows_launch(const void *src, long long lds, const int32_t *idx, long long idx_s, void *dst,
                              long long ldd, long long n, long long row_bytes, void *stream);
+
+/* The sample entry of the tensor family (sample_cuda.cu; core/ops_tensor.h dsv4_sample_args, the
+ * same fields; params: dsv4_sampling [B]). */
+int dsv4_cu_sample_launch(const float *logits, long long ldl, long long B, long long V, const void *params,
+                          uint64_t *rng, int32_t *tokens, long long tok_s, void *ws, long long ws_row, void *stream);
 
 /* ---- layer family (layer_cuda.cu) ------------------------------------------------------------- */
 int dsv4_cu_rms_launch(const void *x, long long ldx, int x_bf16, const void *w, int w_bf16, void *y, long long ldy,

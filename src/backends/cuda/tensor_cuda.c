@@ -1,8 +1,9 @@
-/* The tensor family of the cuda backend (core/ops_tensor.h). The add launches and returns. The two
- * gathers must reject an index entry out of range before writing anything, and the entries are in
- * device memory: they are read back first (in pieces of 1024 through a stack buffer, a wait on
- * the context's stream each), so embed_rows and copy_rows with an index cannot be captured in a
- * CUDA graph; a graph-ready form needs a device-side status word the caller reads later. */
+/* The tensor family of the cuda backend (core/ops_tensor.h). The add and the sampling
+ * (sample_cuda.cu) launch and return. The two gathers must reject an index entry out of range
+ * before writing anything, and the entries are in device memory: they are read back first (in
+ * pieces of 1024 through a stack buffer, a wait on the context's stream each), so embed_rows and
+ * copy_rows with an index cannot be captured in a CUDA graph; a graph-ready form needs a
+ * device-side status word the caller reads later (as the sampling's result codes are). */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_ops.h"
 #include "core/error.h"
@@ -66,4 +67,12 @@ static dsv4_status cu_copy(const dsv4_exec *ex, const dsv4_copy_rows_args *a)
     return dsv4_cu_status(e, "copy_rows");
 }
 
-const struct dsv4_tensor_ops dsv4_cuda_tensor_ops = {cu_embed, cu_add, cu_copy};
+/* sample_cuda.cu: one launch, parameters and states read on the device, refused rows as codes. */
+static dsv4_status cu_sample(const dsv4_exec *ex, const dsv4_sample_args *a)
+{
+    CU_LAUNCH(ex, "sample_rows",
+              dsv4_cu_sample_launch(a->logits, a->ldl, a->B, a->V, a->params, a->rng, a->tokens, a->tok_s, a->ws,
+                                    a->ws_row, dsv4_cu_stream(ex)));
+}
+
+const struct dsv4_tensor_ops dsv4_cuda_tensor_ops = {cu_embed, cu_add, cu_copy, cu_sample};
