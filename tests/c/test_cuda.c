@@ -738,6 +738,8 @@ static void test_graph_indexer(void)
     dfree_all();
     free(proj), free(q), free(qs), free(k), free(ks), free(idx[0]), free(idx[1]), free(sc[0]), free(sc[1]);
     free(qb), free(rope), free(qc[0]), free(qc[1]), free(sidx[0]), free(sidx[1]);
+}
+
 /* Sampling captured in a graph and replayed twice: no wait on the host inside, the generator
  * states advance on the device from one replay to the next, and both replays give cpu-ref's
  * tokens and states bit for bit (docs/contracts.md §9). */
