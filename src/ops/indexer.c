@@ -106,9 +106,10 @@ dsv4_status dsv4_indexer_q(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tenso
         DSV4_TRY(dsv4_check_tensor(op, "out", out, DSV4_DT(DSV4_BF16), 3, (const int64_t[]){T, H, d}));
     DSV4_TRY(dsv4_check_output(op, "out", out));
     }
-    const dsv4_tensor *ins[3] = {q, positions, rope}, *outs[2] = {out, packed ? out_scales : NULL};
-    const char *inames[3] = {"q", "positions", "rope"}, *onames[2] = {"out", "out_scales"};
-    DSV4_TRY(dsv4_ix_check_views(op, b, ins, inames, 3));
+    /* positions are host memory on every backend (check_positions): not among the views */
+    const dsv4_tensor *ins[3] = {q, rope, positions}, *outs[2] = {out, packed ? out_scales : NULL};
+    const char *inames[3] = {"q", "rope", "positions"}, *onames[2] = {"out", "out_scales"};
+    DSV4_TRY(dsv4_ix_check_views(op, b, ins, inames, 2));
     DSV4_TRY(dsv4_ix_check_views(op, b, outs, onames, 2));
     DSV4_TRY(dsv4_ix_check_disjoint(op, outs, onames, 2, ins, inames, 3));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, index_q, op));
@@ -171,9 +172,9 @@ static dsv4_status check_args(const char *op, const dsv4_backend *b, const dsv4_
                              "%s: token %lld at position %lld has %lld candidates but the cache holds %lld entries", op,
                              (long long)t, (long long)pos_at(a->positions, t), (long long)nt, (long long)N);
     }
-    const dsv4_tensor *ins[6] = {a->q, a->q_scales, a->weights, a->k, a->k_scales, a->positions};
-    const char *names[6] = {"q", "q_scales", "weights", "k", "k_scales", "positions"};
-    DSV4_TRY(dsv4_ix_check_views(op, b, ins, names, 6));
+    const dsv4_tensor *ins[5] = {a->q, a->q_scales, a->weights, a->k, a->k_scales}; /* positions: host */
+    const char *names[5] = {"q", "q_scales", "weights", "k", "k_scales"};
+    DSV4_TRY(dsv4_ix_check_views(op, b, ins, names, 5));
     *o = (dsv4_ix_operands){
         .tokens = T, .heads = H, .n_cache = N, .dim = (int)d, .ratio = a->ratio,
         .q = a->q->data, .q_scales = a->q_scales->data, .ld_q_t = a->q->stride[0], .ld_q_h = a->q->stride[1],

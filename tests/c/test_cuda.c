@@ -821,12 +821,10 @@ int main(void)
     for (int v = 0; v < N_FORCED; v++)
         if (!cu_forced[v]) TEST_DONE();
     test_memory(cu, "cuda");
-    { /* a family the backend leaves NULL: DSV4_ERR_UNSUPPORTED before anything is read */
-        dsv4_tensor t;
-        const int64_t shape[2] = {1, 8};
-        dsv4_tensor_init(&t, (void *)&t, DSV4_BF16, 2, shape);
-        t.device = DSV4_DEVICE_CUDA;
-        CHECK_STATUS(dsv4_indexer_weights(cu, &t, 64, &t), DSV4_ERR_UNSUPPORTED);
+    { /* an entry the backend leaves NULL (formats.encode): DSV4_ERR_UNSUPPORTED before anything is read */
+        float x[8];
+        uint8_t codes[8];
+        CHECK_STATUS(dsv4_encode_array(cu, DSV4_FMT_E4M3, x, 8, codes), DSV4_ERR_UNSUPPORTED);
     }
 
     /* inserts: n, h, n_ins, bs, pages, stride (0 = padded), fused q, rope */
