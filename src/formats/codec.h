@@ -7,8 +7,16 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t dsv4_f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static inline float dsv4_bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+/* The functions marked DSV4_CODEC_FN are plain arithmetic that CUDA kernels call too (through
+ * src/backends/cuda/cuda_device.cuh): one definition of the rule for host and device. */
+#ifdef __CUDACC__
+#define DSV4_CODEC_FN static __host__ __device__ __forceinline__
+#else
+#define DSV4_CODEC_FN static inline
+#endif
+
+DSV4_CODEC_FN uint32_t dsv4_f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+DSV4_CODEC_FN float dsv4_bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
 /* 2^k as a float for k in [-149, 127] (exact; subnormal below -126). */
 static inline float dsv4_pow2f(int k)
@@ -64,7 +72,7 @@ static inline float dsv4_bf16_round(float x) { return dsv4_bf16_to_f32(dsv4_bf16
 static const float dsv4_e2m1_table[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-static inline uint8_t dsv4_e2m1_from_f32(float x)
+DSV4_CODEC_FN uint8_t dsv4_e2m1_from_f32(float x)
 {
     uint32_t u = dsv4_f32_bits(x);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0;     /* NaN -> +0 (no NaN code) */

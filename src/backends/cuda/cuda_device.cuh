@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "formats/codec.h" /* dsv4_e2m1_from_f32: the E2M1 rule, host and device */
+
 #define DSV4_CU_INLINE __device__ __forceinline__
 
 /* ---- formats ----------------------------------------------------------------------------- */
@@ -41,25 +43,6 @@ DSV4_CU_INLINE uint32_t cu_f32_e4m3(float x)
     return (uint32_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
 }
 
-
-/* E2M1 code of x (codec.h dsv4_e2m1_from_f32: midpoints to the even code, NaN -> +0). */
-DSV4_CU_INLINE uint32_t cu_f32_e2m1(float x)
-{
-    const uint32_t u = __float_as_uint(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0;
-    const uint32_t sign = (u >> 28) & 8u;
-    const float a = __uint_as_float(u & 0x7FFFFFFFu);
-    uint32_t c;
-    if (a <= 0.25f) c = 0;
-    else if (a < 0.75f) c = 1;
-    else if (a <= 1.25f) c = 2;
-    else if (a < 1.75f) c = 3;
-    else if (a <= 2.5f) c = 4;
-    else if (a < 3.5f) c = 5;
-    else if (a <= 5.0f) c = 6;
-    else c = 7;
-    return sign | c;
-}
 
 /* Sixteen E4M3FN codes (c, byte i = code i) times the UE8M0 scale 2^(sb - 127) as BF16 (code i in
  * the 16 bits of out[i / 8] word (i % 8) / 2 at bit 16 (i % 2)), exact: the conversion unit turns

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(IXQ_WARPS * 32) ixq_kernel(dsv4_cu_ixq a)
         const float amax = m >= 6.0f * 1.17549435e-38f ? m : 6.0f * 1.17549435e-38f;
         int e = cu_ceil_log2_bits(__fdiv_rn(amax, 6.0f));
         e = e < -127 ? -127 : (e > 128 ? 128 : e);
-        const uint32_t code = cu_f32_e2m1(__fmul_rn(v, cu_pow2f(-e)));
+        const uint32_t code = dsv4_e2m1_from_f32(__fmul_rn(v, cu_pow2f(-e)));
         if (a.packed) {
             const uint32_t up = __shfl_down_sync(0xFFFFFFFFu, code, 1);
             uint8_t *oc = (uint8_t *)a.out + t * a.ld_out_t + h * a.ld_out_h;
