@@ -74,7 +74,7 @@ static int report(const char *label, const char *dir)
     const int64_t ctx[] = {4096, 65536, 1048576};
     for (int k = 0; k < 3; k++) {
         if (ctx[k] > c.max_position_embeddings) break;
-        dsv4_engine_options eo = {ctx[k], 1, 0, 1, 0, DSV4_LOAD_MAP};
+        dsv4_engine_options eo = {ctx[k], 1, 0, 1, 0, DSV4_LOAD_MAP, NULL, NULL};
         dsv4_engine *e = NULL;
         double t0 = bench_now();
         if (dsv4_engine_create(NULL, dir, &eo, &e) != DSV4_OK) {

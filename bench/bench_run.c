@@ -443,7 +443,7 @@ static int batched(const char *dir, const model_cost *mc, const run_opts *ro, do
 {
     dsv4_ctx *ctx = NULL;
     dsv4_ctx_options co = {.threads = ro->threads};
-    dsv4_engine_options eo = {1024, ro->max_b + 2, ro->max_b > 64 ? ro->max_b : 64, 0, 0, DSV4_LOAD_MAP};
+    dsv4_engine_options eo = {1024, ro->max_b + 2, ro->max_b > 64 ? ro->max_b : 64, 0, 0, DSV4_LOAD_MAP, NULL, NULL};
     dsv4_engine *e = NULL;
     if (dsv4_ctx_create(&co, &ctx) != DSV4_OK || dsv4_engine_create(ctx, dir, &eo, &e) != DSV4_OK) {
         fprintf(stderr, "bench run: %s\n", dsv4_last_error());
@@ -557,7 +557,7 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
     }
     dsv4_ctx *ctx = NULL;
     dsv4_ctx_options co = {.backend = NULL, .threads = threads};
-    dsv4_engine_options eo = {1024, 1, 64, 2, 0, DSV4_LOAD_MAP};
+    dsv4_engine_options eo = {1024, 1, 64, 2, 0, DSV4_LOAD_MAP, NULL, NULL};
     dsv4_engine *e = NULL;
     if (dsv4_ctx_create(&co, &ctx) != DSV4_OK || dsv4_engine_create(ctx, dir, &eo, &e) != DSV4_OK) {
         fprintf(stderr, "bench run: %s\n", dsv4_last_error());
@@ -653,7 +653,7 @@ static int threads_vs_one(const char *dir, int threads, int rounds, int n_decode
     const int th[MODES] = {threads, 1, 1}, mtp[2] = {0, 2};
     dsv4_ctx *ctx[MODES] = {NULL};
     dsv4_engine *e[MODES] = {NULL};
-    dsv4_engine_options eo = {1024, 1, 64, 2, 0, DSV4_LOAD_MAP};
+    dsv4_engine_options eo = {1024, 1, 64, 2, 0, DSV4_LOAD_MAP, NULL, NULL};
     int32_t ids[8];
     dsv4_generate_stats st;
     int ok = 1;

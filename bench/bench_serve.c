@@ -292,7 +292,7 @@ static int bench_one(const char *name, const char *dir, int T, int reps, int thr
     dsv4_ctx *ctx = NULL;
     dsv4_ctx_options co = {.threads = threads};
     if (threads && dsv4_ctx_create(&co, &ctx) != DSV4_OK) return 1;
-    dsv4_engine_options eo = {CONTEXT, MAX_SEQS, MAX_BATCH, 0, 0, DSV4_LOAD_MAP};
+    dsv4_engine_options eo = {CONTEXT, MAX_SEQS, MAX_BATCH, 0, 0, DSV4_LOAD_MAP, NULL, NULL};
     dsv4_engine *e = NULL;
     if (dsv4_engine_create(ctx, dir, &eo, &e) != DSV4_OK) {
         fprintf(stderr, "bench serve: %s\n", dsv4_last_error());

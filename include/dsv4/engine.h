@@ -41,6 +41,10 @@ typedef struct dsv4_engine_options {
                             deliver the prompt in chunks of that many. */
     dsv4_load_mode load; /* how the checkpoint is loaded (dsv4_model_open_options.load): DSV4_LOAD_COPY
                             for a process that must not die of SIGBUS if a shard is truncated */
+    /* Where the load reports its progress on a device backend (the weights' copy to the device):
+     * a line about every GB and a last one with the time and the GB/s reached; NULL: silent. */
+    void (*progress)(void *user, const char *line);
+    void *progress_user;
 } dsv4_engine_options;
 
 /* Open the checkpoint in `model_dir` (dsv4_model_open) and plan every buffer. ctx NULL = default. */
@@ -59,6 +63,7 @@ typedef struct dsv4_engine_memory {
     uint64_t scratch;           /* activations, workspaces, index lists, logits */
     uint64_t planned;           /* all the engine allocated (converted + kv_cache + state + scratch) */
     uint64_t kv_used;           /* cache bytes holding entries of the live sequences now */
+    uint64_t weights_device;    /* on a device backend: the weights copied to its memory at load (else 0) */
 } dsv4_engine_memory;
 
 DSV4_API dsv4_status dsv4_engine_memory_info(const dsv4_engine *e, dsv4_engine_memory *out);

@@ -38,6 +38,17 @@ DSV4_API dsv4_status dsv4_add_bf16(dsv4_ctx *ctx, const dsv4_tensor *a, const ds
  * very view of src when idx is NULL (nothing to copy). */
 DSV4_API dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const dsv4_tensor *idx, dsv4_tensor *dst);
 
+/* slots[i] = the cache slot of entry entries[i] of a paged sequence (dsv4/attention.h):
+ * block_table[e / block_size] * block_size + e % block_size for e in [0, n_blocks * block_size);
+ * any other entry, negative ones ("no entry", as the indexer's top-k leaves them) included, gives
+ * -1. The entries come from producers on the device (the lightning indexer's top-k) and are not
+ * read back to be checked: an entry outside the table means no entry, as -1 does everywhere a
+ * sparse scope is read. block_table: I32 [n_blocks] (page numbers >= 0, as dsv4_kv_seq_block_table
+ * gives them, copied to the backend's memory); entries, slots: I32 [n] (any stride); slots may be
+ * the very view of entries (in place), no other overlap. block_size >= 1. */
+DSV4_API dsv4_status dsv4_paged_slots(dsv4_ctx *ctx, const dsv4_tensor *block_table, int64_t block_size,
+                                      const dsv4_tensor *entries, dsv4_tensor *slots);
+
 /* ---- sampling ------------------------------------------------------------------------------
  * tokens[r] = the token that the rule of dsv4/engine.h (greedy, temperature, top-p, Gumbel-max)
  * samples from row r of logits with params[r] and the generator state rng[4r .. 4r+3]

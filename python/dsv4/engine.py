@@ -16,13 +16,14 @@ _P = ctypes.c_void_p
 @c_struct("dsv4_engine_options")
 class EngineOptions(ctypes.Structure):
     _fields_ = [("max_context", ctypes.c_int64), ("max_seqs", ctypes.c_int), ("max_batch", ctypes.c_int),
-                ("max_mtp", ctypes.c_int), ("logits_rows", ctypes.c_int), ("load", ctypes.c_int)]
+                ("max_mtp", ctypes.c_int), ("logits_rows", ctypes.c_int), ("load", ctypes.c_int),
+                ("progress", _P), ("progress_user", _P)]
 
 
 @c_struct("dsv4_engine_memory")
 class EngineMemory(ctypes.Structure):
     _fields_ = [(f, ctypes.c_uint64) for f in ("weights_mapped", "weights_converted", "kv_cache", "state", "scratch",
-                                               "planned", "kv_used")]
+                                               "planned", "kv_used", "weights_device")]
 
 
 @c_struct("dsv4_sampling")

@@ -91,6 +91,14 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The engine's load progress (the weights' copy to a device), a line each on stderr. */
+static void load_progress(void *user, const char *line)
+{
+    (void)user;
+    fprintf(stderr, "\n  %s", line);
+    fflush(stderr);
+}
+
 int cli_session_open(cli_session *s, const char *cmd, const cli_gen_args *a, int64_t max_seqs, int64_t logits_rows,
                      int need_tokenizer)
 {
@@ -111,7 +119,8 @@ int cli_session_open(cli_session *s, const char *cmd, const cli_gen_args *a, int
         dsv4_ctx_options co = {.backend = a->backend, .threads = (int)a->threads};
         if (dsv4_ctx_create(&co, &s->ctx) != DSV4_OK) goto fail;
     }
-    dsv4_engine_options eo = {a->max_context, (int)max_seqs, (int)a->max_batch, (int)a->mtp, (int)logits_rows, DSV4_LOAD_MAP};
+    dsv4_engine_options eo = {a->max_context, (int)max_seqs, (int)a->max_batch, (int)a->mtp, (int)logits_rows, DSV4_LOAD_MAP,
+                              load_progress, NULL};
     int tty = cli_stderr_tty();
     double t0 = now();
     if (tty) fprintf(stderr, "loading %s ...", a->model), fflush(stderr);

@@ -247,11 +247,12 @@ static int print_json(const run_args *a, const cli_session *s, run_state *r, con
                       : cJSON_AddNullToObject(o, "acceptance")) &&
          cJSON_AddItemToObject(o, "memory", m);
     if (ok) m = NULL;
-    const char *names[] = {"planned", "kv_cache", "kv_used", "state", "scratch", "weights_mapped", "weights_converted"};
+    const char *names[] = {"planned", "kv_cache", "kv_used", "state", "scratch", "weights_mapped", "weights_converted",
+                           "weights_device"};
     const uint64_t vals[] = {mem->planned, mem->kv_cache, mem->kv_used, mem->state, mem->scratch, mem->weights_mapped,
-                             mem->weights_converted};
+                             mem->weights_converted, mem->weights_device};
     cJSON *mo = cJSON_GetObjectItem(o, "memory");
-    for (int i = 0; ok && i < 7; i++) ok = add_u64(mo, names[i], vals[i]) != NULL;
+    for (int i = 0; ok && i < 8; i++) ok = add_u64(mo, names[i], vals[i]) != NULL;
     char *txt = ok ? cJSON_PrintUnformatted(o) : NULL;
     if (txt) printf("%s\n", txt);
     cJSON_free(txt);
@@ -284,9 +285,10 @@ static int generate(const run_args *a, cli_session *s, run_state *r, const int32
     fflush(stdout); /* the output before the speed line (stderr), also when both go to one file */
     const double mib = 1048576.0;
     cli_speed_line(&st, (int)a->g.mtp);
-    fprintf(stderr, " | memory planned %.1f MiB (KV %.1f MiB, used %.2f MiB), weights mapped %.1f MiB | seed %llu%s\n",
-            (double)mem.planned / mib, (double)mem.kv_cache / mib, (double)mem.kv_used / mib,
-            (double)mem.weights_mapped / mib, (unsigned long long)s->seed, a->g.seed >= 0 ? "" : " (random)");
+    fprintf(stderr, " | memory planned %.1f MiB (KV %.1f MiB, used %.2f MiB), weights mapped %.1f MiB",
+            (double)mem.planned / mib, (double)mem.kv_cache / mib, (double)mem.kv_used / mib, (double)mem.weights_mapped / mib);
+    if (mem.weights_device) fprintf(stderr, ", on the device %.1f MiB", (double)mem.weights_device / mib);
+    fprintf(stderr, " | seed %llu%s\n", (unsigned long long)s->seed, a->g.seed >= 0 ? "" : " (random)");
     return 0;
 }
 

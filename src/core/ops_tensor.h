@@ -53,11 +53,31 @@ typedef struct dsv4_sample_args {
     int64_t ws_row;
 } dsv4_sample_args;
 
+/* slots[i*ss] = entries[i*es] = e in [0, n_blocks*block_size) ? table[e / block_size] *
+ * block_size + e % block_size : -1, for i < n (slots may be entries: each element is read before
+ * it is written, by the same thread). */
+typedef struct dsv4_paged_slots_args {
+    const int32_t *table;
+    int64_t n_blocks, block_size;
+    const int32_t *entries;
+    int64_t es;
+    int32_t *slots;
+    int64_t ss, n;
+} dsv4_paged_slots_args;
+
+/* The rule of dsv4_paged_slots for one entry (every backend's). */
+static inline int32_t dsv4_paged_slot(const int32_t *table, int64_t n_blocks, int64_t block_size, int32_t e)
+{
+    if (e < 0 || (int64_t)e >= n_blocks * block_size) return -1;
+    return (int32_t)((int64_t)table[e / block_size] * block_size + e % block_size);
+}
+
 struct dsv4_tensor_ops {
     dsv4_status (*embed_rows)(const dsv4_exec *ex, const dsv4_embed_args *a);
     dsv4_status (*add_bf16)(const dsv4_exec *ex, const dsv4_add_args *a);
     dsv4_status (*copy_rows)(const dsv4_exec *ex, const dsv4_copy_rows_args *a);
     dsv4_status (*sample)(const dsv4_exec *ex, const dsv4_sample_args *a);
+    dsv4_status (*paged_slots)(const dsv4_exec *ex, const dsv4_paged_slots_args *a);
 };
 
 #endif

@@ -108,15 +108,33 @@ static void *take(arena *a, uint64_t bytes)
     return a->base ? a->base + o : NULL;
 }
 
-/* ---- parameter conversion (second layout pass only) ---------------------------------------- */
+/* ---- parameter conversion (second layout pass only) ----------------------------------------
+ * Conversions run on the host (the host context, bit-exact as every backend is) from the
+ * checkpoint's mapping. A converted parameter is written where the ops read it: straight into its
+ * arena when the context's memory is host memory, else into a host buffer that is then uploaded. */
 static int64_t numel(const dsv4_tensor *t) { return t->data ? dsv4_tensor_numel(t) : 0; }
 
-/* dst = src as contiguous F32: the mapped tensor itself when it is F32 and aligned, else a copy. */
+static void *stage(const dsv4_engine *e, void *dst, uint64_t bytes)
+{
+    return e->on_device ? malloc(bytes ? (size_t)bytes : 1) : dst;
+}
+
+/* The staged bytes into dst (a device upload, or nothing), the buffer released; st: the conversion's. */
+static dsv4_status unstage(const dsv4_engine *e, void *dst, void *buf, uint64_t bytes, dsv4_status st)
+{
+    if (!e->on_device) return st;
+    if (st == DSV4_OK && bytes) st = dsv4_device_upload(e->ctx, dst, buf, (size_t)bytes);
+    free(buf);
+    return st;
+}
+
+/* dst = src as contiguous F32: the mapped tensor itself when it is F32 and aligned (on a CPU
+ * backend), else a copy. */
 static dsv4_status param_f32(dsv4_engine *e, arena *conv, const dsv4_tensor *src, dsv4_tensor *dst)
 {
     memset(dst, 0, sizeof *dst);
     if (!src->data) return DSV4_OK;
-    if (src->dtype == DSV4_F32 && !((uintptr_t)src->data & 3)) {
+    if (!e->on_device && src->dtype == DSV4_F32 && !((uintptr_t)src->data & 3)) {
         *dst = *src;
         return DSV4_OK;
     }
@@ -124,13 +142,14 @@ static dsv4_status param_f32(dsv4_engine *e, arena *conv, const dsv4_tensor *src
     float *buf = take(conv, (uint64_t)n * 4);
     *dst = view(buf, DSV4_F32, src->ndim, src->shape);
     if (!buf) return DSV4_OK;
-    if (src->dtype == DSV4_F32) {
-        memcpy(buf, src->data, (size_t)n * 4);
-        return DSV4_OK;
-    }
-    if (src->dtype != DSV4_BF16)
+    if (src->dtype != DSV4_F32 && src->dtype != DSV4_BF16)
         return dsv4_fail(DSV4_ERR_DTYPE, "engine: parameter of dtype %s where F32 or BF16 is needed", dsv4_dtype_name(src->dtype));
-    return dsv4_decode_array(e->ctx, DSV4_FMT_BF16, src->data, n, buf);
+    float *h = stage(e, buf, (uint64_t)n * 4);
+    if (!h) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory converting a parameter");
+    dsv4_status st = DSV4_OK;
+    if (src->dtype == DSV4_F32) memcpy(h, src->data, (size_t)n * 4);
+    else st = dsv4_decode_array(e->hctx, DSV4_FMT_BF16, src->data, n, h);
+    return unstage(e, buf, h, (uint64_t)n * 4, st);
 }
 
 static dsv4_status hc_site(dsv4_engine *e, arena *conv, const dsv4_tensor *fn, const dsv4_tensor *scale,
@@ -145,12 +164,14 @@ static dsv4_status hc_site(dsv4_engine *e, arena *conv, const dsv4_tensor *fn, c
     return DSV4_OK;
 }
 
-/* wo_a as the ops take it: BF16/F32 in place; FP8 dequantized to BF16 once (exact: E4M3 times a
- * power of two fits BF16), as DeepSeek's converter does, so it runs as the BF16 grouped product. */
-static dsv4_status wo_a_weight(dsv4_engine *e, arena *conv, const dsv4_linear_weight *lw, dsv4_tensor *dst)
+/* wo_a as the ops take it: BF16/F32 in place (dev: the copy the ops read); FP8 (lw: the
+ * checkpoint's) dequantized to BF16 once (exact: E4M3 times a power of two fits BF16), as
+ * DeepSeek's converter does, so it runs as the BF16 grouped product. */
+static dsv4_status wo_a_weight(dsv4_engine *e, arena *conv, const dsv4_linear_weight *lw, const dsv4_linear_weight *dev,
+                               dsv4_tensor *dst)
 {
     if (lw->format != DSV4_WFMT_FP8) {
-        *dst = lw->weight;
+        *dst = dev->weight;
         return DSV4_OK;
     }
     const int64_t N = lw->out_features, K = lw->in_features;
@@ -158,18 +179,22 @@ static dsv4_status wo_a_weight(dsv4_engine *e, arena *conv, const dsv4_linear_we
     *dst = eng_t2(buf, DSV4_BF16, N, K);
     if (!buf) return DSV4_OK;
     float *tmp = malloc((size_t)(128 * K) * sizeof *tmp);
-    if (!tmp) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory converting wo_a");
+    uint16_t *h = stage(e, buf, (uint64_t)(N * K) * 2);
+    if (!tmp || !h) {
+        free(tmp);
+        return unstage(e, buf, h, 0, dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory converting wo_a"));
+    }
     dsv4_status st = DSV4_OK;
     for (int64_t r0 = 0; r0 < N && st == DSV4_OK; r0 += 128) {
         int64_t rows = N - r0 < 128 ? N - r0 : 128;
         dsv4_tensor w, sc, out = eng_t2(tmp, DSV4_F32, rows, K);
         st = dsv4_tensor_slice(&lw->weight, 0, r0, r0 + rows, &w);
         if (st == DSV4_OK) st = dsv4_tensor_slice(&lw->scale, 0, r0 / 128, r0 / 128 + 1, &sc);
-        if (st == DSV4_OK) st = dsv4_dequantize_weight(e->ctx, &w, &sc, &out);
-        if (st == DSV4_OK) st = dsv4_encode_array(e->ctx, DSV4_FMT_BF16, tmp, rows * K, buf + r0 * K);
+        if (st == DSV4_OK) st = dsv4_dequantize_weight(e->hctx, &w, &sc, &out);
+        if (st == DSV4_OK) st = dsv4_encode_array(e->hctx, DSV4_FMT_BF16, tmp, rows * K, h + r0 * K);
     }
     free(tmp);
-    return st;
+    return unstage(e, buf, h, (uint64_t)(N * K) * 2, st);
 }
 
 static const dsv4_tensor *opt_t(const dsv4_tensor *t) { return t->data ? t : NULL; }
@@ -304,7 +329,7 @@ static dsv4_status embed_table(dsv4_engine *e, arena *conv)
 {
     const dsv4_tensor *t = &e->w->embed;
     if (t->dtype == DSV4_BF16) {
-        e->embed = t->data;
+        e->embed = e->dw->embed.data;
         return DSV4_OK;
     }
     if (t->dtype != DSV4_F32)
@@ -312,15 +337,16 @@ static dsv4_status embed_table(dsv4_engine *e, arena *conv)
     const int64_t n = e->V * e->D;
     uint16_t *buf = take(conv, (uint64_t)n * 2);
     e->embed = buf;
-    if (buf) {
-        const uint8_t *src = t->data;
-        for (int64_t i = 0; i < n; i++) {
-            float f;
-            memcpy(&f, src + i * 4, 4); /* mapped in place: maybe unaligned */
-            buf[i] = dsv4_bf16_from_f32(f);
-        }
+    if (!buf) return DSV4_OK;
+    uint16_t *h = stage(e, buf, (uint64_t)n * 2);
+    if (!h) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory converting the embedding");
+    const uint8_t *src = t->data;
+    for (int64_t i = 0; i < n; i++) {
+        float f;
+        memcpy(&f, src + i * 4, 4); /* mapped in place: maybe unaligned */
+        h[i] = dsv4_bf16_from_f32(f);
     }
-    return DSV4_OK;
+    return unstage(e, buf, h, (uint64_t)n * 2, DSV4_OK);
 }
 
 static int64_t tid2eid_at(const dsv4_tensor *t, int64_t v, int64_t j)
@@ -366,14 +392,17 @@ static dsv4_status check_tid2eid(const dsv4_engine *e, int b)
     return DSV4_OK;
 }
 
+/* Block size of a compressed pool of ratio r: about 256 positions a page, 1 to 64 entries. */
+static int64_t pool_block(int64_t r) { return 256 / r < 1 ? 1 : 256 / r > 64 ? 64 : 256 / r; }
+
 /* ---- the layout walk ----------------------------------------------------------------------- */
 static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
 {
     const dsv4_model_config *c = e->cfg;
-    const dsv4_layer_weights *w = &e->w->layers[b];
+    const dsv4_layer_weights *w = &e->w->layers[b], *dw = &e->dw->layers[b]; /* the checkpoint's; the ops' */
     const int64_t S = e->opt.max_seqs, E = c->n_routed_experts;
     arena *conv = &A[A_CONV];
-    L->w = w;
+    L->w = dw;
     L->is_mtp = w->is_mtp;
     L->kind = w->kind;
     L->ratio = w->kind == DSV4_ATTN_SWA ? 0 : w->compress_ratio;
@@ -386,12 +415,12 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
     DSV4_TRY(param_f32(e, conv, &w->compressor.ape, &L->ape));
     DSV4_TRY(param_f32(e, conv, &w->index_compressor.ape, &L->index_ape));
     DSV4_TRY(param_f32(e, conv, &w->gate_bias, &L->gate_bias));
-    DSV4_TRY(wo_a_weight(e, conv, &w->wo_a, &L->wo_a));
-    L->experts = take(conv, (uint64_t)E * sizeof *L->experts);
+    DSV4_TRY(wo_a_weight(e, conv, &w->wo_a, &dw->wo_a, &L->wo_a));
+    L->experts = take(&A[A_HOST], (uint64_t)E * sizeof *L->experts); /* views the moe op reads on the host */
     if (L->experts)
-        for (int64_t x = 0; x < E; x++) L->experts[x] = ffn_of(&w->experts[x]);
+        for (int64_t x = 0; x < E; x++) L->experts[x] = ffn_of(&dw->experts[x]);
     L->has_shared = c->n_shared_experts > 0;
-    if (L->has_shared) L->shared = ffn_of(&w->shared);
+    if (L->has_shared) L->shared = ffn_of(&dw->shared);
 
     /* caches: the ring of every block; compressed entries and the indexer cache */
     int64_t ring_pages = S * (e->R / ENG_RING_BLOCK), pb = dsv4_kv_page_bytes(ENG_RING_BLOCK);
@@ -402,7 +431,7 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
         int p = 0;
         while (p < e->n_pools && e->pool_ratio[p] != L->ratio) p++;
         L->pool = p;
-        int64_t bs = 256 / L->ratio < 1 ? 1 : 256 / L->ratio > 64 ? 64 : 256 / L->ratio;
+        int64_t bs = pool_block(L->ratio);
         int64_t entries = (e->opt.max_context + L->ratio - 1) / L->ratio;
         int64_t pages = S * ((entries + bs - 1) / bs);
         void *comp = take(&A[A_KV], (uint64_t)(pages * dsv4_kv_page_bytes(bs)));
@@ -424,23 +453,47 @@ static dsv4_status layout_layer(dsv4_engine *e, arena *A, eng_layer *L, int b)
     return DSV4_OK;
 }
 
+/* The index tables of one call carved from `base` (NULL: only sized); returns their bytes. */
+static uint64_t tables(const dsv4_engine *e, uint8_t *base, eng_tables *t)
+{
+    arena a = {base, 0};
+    const int64_t T = e->opt.max_batch;
+    memset(t, 0, sizeof *t);
+    t->positions = take(&a, (uint64_t)T * 8);
+    t->tokens = take(&a, (uint64_t)T * 4);
+    t->rslots = take(&a, (uint64_t)T * 8);
+    t->sidx = take(&a, (uint64_t)(T * e->W) * 4);
+    t->slen = take(&a, (uint64_t)T * 4);
+    for (int p = 0; p < e->n_pools; p++) {
+        t->pslots[p] = take(&a, (uint64_t)T * 8);
+        if (!e->pool_hca[p]) continue;
+        t->hidx[p] = take(&a, (uint64_t)(e->max_segs * e->hrow[p]) * 4);
+        t->hlen[p] = take(&a, (uint64_t)T * 4);
+    }
+    return a.off;
+}
+
 static dsv4_status layout(dsv4_engine *e, arena *A)
 {
     const dsv4_model_config *c = e->cfg;
     const int64_t T = e->opt.max_batch, D = e->D, hc = e->hc, H = e->H, V = e->V, S = e->opt.max_seqs;
     const int64_t ql = c->q_lora_rank, nI = c->index_n_heads, dI = c->index_head_dim, topk = c->n_activated_experts;
     const int64_t maxc = e->opt.max_context;
+    for (int p = 0; p < e->n_pools; p++) e->hrow[p] = maxc / e->pool_ratio[p] + 1;
     /* RoPE tables and the model-level hc_head */
     float *rm = take(&A[A_CONV], (uint64_t)maxc * 64 * 4), *rc = take(&A[A_CONV], (uint64_t)maxc * 64 * 4);
     e->rope_main = eng_t2(rm, DSV4_F32, maxc, 64);
     e->rope_compress = eng_t2(rc, DSV4_F32, maxc, 64);
     if (rm) {
         const dsv4_rope_config *rcf[2] = {&c->rope_main, &c->rope_compress};
-        dsv4_tensor *tab[2] = {&e->rope_main, &e->rope_compress};
+        float *dst[2] = {rm, rc};
         for (int i = 0; i < 2; i++) {
             dsv4_rope_params p = {rcf[i]->theta, rcf[i]->yarn ? rcf[i]->factor : 1.0, (double)rcf[i]->original_max_position,
                                   rcf[i]->beta_fast, rcf[i]->beta_slow};
-            DSV4_TRY(dsv4_rope_table(e->ctx, &p, tab[i]));
+            float *h = stage(e, dst[i], (uint64_t)maxc * 64 * 4);
+            if (!h) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory building the RoPE tables");
+            dsv4_tensor tab = eng_t2(h, DSV4_F32, maxc, 64);
+            DSV4_TRY(unstage(e, dst[i], h, (uint64_t)maxc * 64 * 4, dsv4_rope_table(e->hctx, &p, &tab)));
         }
     }
     DSV4_TRY(hc_site(e, &A[A_CONV], &e->w->hc_head_fn, &e->w->hc_head_scale, &e->w->hc_head_base, &e->hc_head));
@@ -451,8 +504,13 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
         q->pending = take(&A[A_STATE], (uint64_t)(2 * hc * D) * 2);
         q->hist = take(&A[A_HOST], (uint64_t)maxc * sizeof *q->hist);
         if (e->opt.max_mtp) {
-            q->head_logits = take(&A[A_STATE], (uint64_t)V * 4);
+            q->head_logits = take(&A[A_HOST], (uint64_t)V * 4);
             q->head_streams = take(&A[A_STATE], (uint64_t)(hc * D) * 2);
+        }
+        for (int p = 0; p < e->n_pools; p++) {
+            const int64_t r = e->pool_ratio[p], entries = (maxc + r - 1) / r, bs = pool_block(r);
+            q->btab_n[p] = (entries + bs - 1) / bs;
+            q->btab[p] = take(&A[A_STATE], (uint64_t)q->btab_n[p] * 4);
         }
     }
 
@@ -474,11 +532,24 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->ckv = take(s, (uint64_t)(T * 2 * 512) * 4);
     x->cgate = take(s, (uint64_t)(T * 2 * 512) * 4);
     x->cout = take(s, (uint64_t)(T * 512) * 2);
-    x->cslots = take(s, (uint64_t)T * 8);
-    x->positions = take(s, (uint64_t)T * 8);
-    x->tokens = take(s, (uint64_t)T * 4);
-    x->mtok = take(s, (uint64_t)T * 4);
-    x->vtok = take(s, (uint64_t)T * 4);
+    x->tab_bytes = tables(e, NULL, &x->t);
+    x->tab = take(&A[A_HOST], x->tab_bytes);
+    tables(e, x->tab, &x->t);
+    x->dtab = e->on_device ? take(s, x->tab_bytes) : x->tab;
+    tables(e, x->dtab, &x->dt);
+    int64_t state_max = 0; /* the largest compressor state half (state_reset) */
+    for (int b = 0; b < e->n_blocks; b++) {
+        const eng_layer *L = &e->layers[b];
+        const int64_t coff = eng_overlap(L) ? 2 : 1;
+        if (L->ratio && coff * L->ratio * coff * DSV4_KV_DIM > state_max) state_max = coff * L->ratio * coff * DSV4_KV_DIM;
+        if (L->kind == DSV4_ATTN_CSA && 4 * L->ratio * c->index_head_dim > state_max) state_max = 4 * L->ratio * c->index_head_dim;
+    }
+    e->neg_inf_n = e->on_device ? state_max : 0;
+    e->neg_inf = take(&A[A_HOST], (uint64_t)e->neg_inf_n * 4);
+    for (int64_t i = 0; e->neg_inf && i < e->neg_inf_n; i++) e->neg_inf[i] = -INFINITY;
+    x->cslots = take(&A[A_HOST], (uint64_t)T * 8);
+    x->mtok = take(&A[A_HOST], (uint64_t)T * 4);
+    x->vtok = take(&A[A_HOST], (uint64_t)T * 4);
     x->qrow = take(&A[A_HOST], (uint64_t)e->max_segs * 8);
     x->xrow = take(&A[A_HOST], (uint64_t)e->max_segs * 8);
     x->segs = take(&A[A_HOST], (uint64_t)e->max_segs * sizeof *x->segs);
@@ -492,26 +563,21 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->wts = take(s, (uint64_t)(T * nI) * 4);
     x->ikv = take(s, (uint64_t)(T * 2 * dI) * 4);
     x->igate = take(s, (uint64_t)(T * 2 * dI) * 4);
-    x->rslots = take(s, (uint64_t)T * 8);
-    x->sidx = take(s, (uint64_t)(T * e->W) * 4);
-    x->slen = take(s, (uint64_t)T * 4);
     x->cidx = take(s, (uint64_t)(T * c->index_topk) * 4);
     x->clen = take(s, (uint64_t)T * 4);
-    for (int p = 0; p < e->n_pools; p++) {
-        e->hrow[p] = maxc / e->pool_ratio[p] + 1;
-        x->hidx[p] = e->pool_hca[p] ? take(s, (uint64_t)(e->max_segs * e->hrow[p]) * 4) : NULL;
-        x->hlen[p] = e->pool_hca[p] ? take(s, (uint64_t)T * 4) : NULL;
-    }
     x->ids = take(s, (uint64_t)(T * topk) * 4);
     x->rw = take(s, (uint64_t)(T * topk) * 4);
     /* a step's rows: every request's verified tokens (or its last one), every draft */
     const int64_t step_rows = T < (int64_t)S * (1 + e->opt.max_mtp) ? T : (int64_t)S * (1 + e->opt.max_mtp);
     const int64_t draft_rows = T < (int64_t)S * e->opt.max_mtp ? T : (int64_t)S * e->opt.max_mtp;
-    x->logits = take(s, (uint64_t)((e->opt.logits_rows > step_rows ? e->opt.logits_rows : step_rows) * V) * 4);
-    x->qlogits = take(s, (uint64_t)(draft_rows * V) * 4);
-    x->probs = take(s, (uint64_t)DSV4_SAMPLE_ROW_BYTES(V));
+    const int64_t logits_rows = e->opt.logits_rows > step_rows ? e->opt.logits_rows : step_rows;
+    x->logits = take(&A[A_HOST], (uint64_t)(logits_rows * V) * 4);
+    x->qlogits = take(&A[A_HOST], (uint64_t)(draft_rows * V) * 4);
+    x->dlogits_rows = e->on_device ? logits_rows : 0;
+    x->dlogits = e->on_device ? take(s, (uint64_t)(logits_rows * V) * 4) : NULL;
+    x->probs = take(&A[A_HOST], (uint64_t)DSV4_SAMPLE_ROW_BYTES(V));
     x->order = x->probs ? (int32_t *)(x->probs + V) : NULL;
-    x->probs2 = take(s, (uint64_t)V * 4);
+    x->probs2 = take(&A[A_HOST], (uint64_t)V * 4);
     if (!s->base) DSV4_TRY(plan_workspace(e, &e->s.ws_bytes)); /* sizes pass: the blocks' weights are set */
     x->ws = take(s, e->s.ws_bytes ? e->s.ws_bytes : 1);
     return DSV4_OK;
@@ -540,10 +606,6 @@ static dsv4_status check_config(const dsv4_engine *e)
             return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: block %d is %s with ratio %d (the compressor takes 2 to 512)", b,
                              dsv4_attn_kind_name(w->kind), w->compress_ratio);
     }
-    if (dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU)
-        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: backend '%s' computes in device memory: the engine's arenas would be placed there, "
-                         "but its weights are used in place from the host mapping and its per-call index tables are built "
-                         "in host memory (use a CPU backend)", dsv4_ctx_backend_name(e->ctx));
     return DSV4_OK;
 }
 
@@ -586,9 +648,9 @@ static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }
 /* The plan against the memory it is to live in, before any of it is allocated: refused at once
  * (with the numbers) when it exceeds what is available, a warning when it takes more than half.
  * The context's arenas are device memory on an accelerator backend, host memory otherwise. */
-static dsv4_status check_memory(const dsv4_engine *e, const arena *A)
+static dsv4_status check_memory(const dsv4_engine *e, const arena *A, uint64_t weights_bytes)
 {
-    uint64_t ctx_bytes = 0, host_bytes = A[A_HOST].off;
+    uint64_t ctx_bytes = weights_bytes, host_bytes = A[A_HOST].off;
     for (int i = 0; i < N_ARENAS; i++)
         if (i != A_HOST) ctx_bytes += A[i].off;
     const int on_device = dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU;
@@ -609,6 +671,10 @@ static dsv4_status check_memory(const dsv4_engine *e, const arena *A)
     }
     for (int k = 0; k < 2; k++) {
         if (!m[k].have || !m[k].need) continue;
+        if (m[k].need > m[k].have && k == 1 && weights_bytes)
+            return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: the weights (%.2f GiB) and the plan (%s, %.2f GiB) need %.2f GiB of "
+                             "device memory, %.2f GiB is free on the device: the model does not fit one device",
+                             gib(weights_bytes), what, gib(m[k].need - weights_bytes), gib(m[k].need), gib(m[k].have));
         if (m[k].need > m[k].have)
             return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: the plan (%s) needs %.2f GiB of %s, %.2f GiB is available",
                              what, gib(m[k].need), m[k].where, gib(m[k].have));
@@ -619,10 +685,32 @@ static dsv4_status check_memory(const dsv4_engine *e, const arena *A)
     return DSV4_OK;
 }
 
+/* The host context of a device engine: the cpu backend (its conversions and sampling are the
+ * definitions' bits, as every backend's). */
+static dsv4_status host_context(dsv4_engine *e)
+{
+    e->on_device = dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU;
+    if (!e->on_device) {
+        e->hctx = e->ctx;
+        return DSV4_OK;
+    }
+    const dsv4_ctx_options o = {.backend = "cpu"};
+    return eng_wrap(dsv4_ctx_create(&o, &e->hctx), "engine: the host context", -1);
+}
+
+static void upload_progress(void *user, const eng_dev_progress *p)
+{
+    const dsv4_engine *e = user;
+    char line[160];
+    eng_dev_progress_line(p, line, sizeof line);
+    e->opt.progress(e->opt.progress_user, line);
+}
+
 static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
 {
     e->cfg = dsv4_model_get_config(e->model);
-    e->w = dsv4_model_get_weights(e->model);
+    e->w = e->dw = dsv4_model_get_weights(e->model);
+    DSV4_TRY(host_context(e));
     const dsv4_model_config *c = e->cfg;
     DSV4_TRY(resolve_options(e, options));
     e->n_blocks = (int)c->n_layers + (e->opt.max_mtp ? 1 : 0);
@@ -666,7 +754,9 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
     arena A[N_ARENAS];
     memset(A, 0, sizeof A);
     DSV4_TRY(layout(e, A)); /* sizes */
-    DSV4_TRY(check_memory(e, A));
+    uint64_t weights_bytes = 0;
+    if (e->on_device) DSV4_TRY(eng_dev_weights_size(e->model, e->n_blocks, &weights_bytes));
+    DSV4_TRY(check_memory(e, A, weights_bytes));
     for (int i = 0; i < N_ARENAS; i++) { /* placement: one zeroed allocation per arena */
         e->mem_bytes[i] = A[i].off;
         const size_t bytes = (size_t)A[i].off + 64;
@@ -677,6 +767,11 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
             return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: cannot allocate the planned %.1f MiB", (double)A[i].off / 1048576.0);
         A[i].base = (uint8_t *)(((uintptr_t)e->mem[i] + 63) & ~(uintptr_t)63);
         A[i].off = 0;
+    }
+    if (e->on_device) { /* every weight the ops read, copied once */
+        const eng_dev_upload_options uo = {.progress = e->opt.progress ? upload_progress : NULL, .user = e};
+        DSV4_TRY(eng_wrap(eng_dev_weights_upload(e->ctx, e->model, e->n_blocks, &uo, &e->devw), "engine: weights", -1));
+        e->dw = &e->devw.w;
     }
     DSV4_TRY(layout(e, A)); /* pointers and conversions */
     /* page pools: every sequence reserves its whole context when it is created */
@@ -724,6 +819,10 @@ void dsv4_engine_destroy(dsv4_engine *e)
         if (i == A_HOST) free(e->mem[i]);
         else dsv4_device_free(e->ctx, e->mem[i]);
     }
+    if (e->on_device) {
+        eng_dev_weights_free(e->ctx, &e->devw);
+        dsv4_ctx_destroy(e->hctx);
+    }
     free(e->layers);
     free(e->seqs);
     dsv4_model_close(e->model);
@@ -739,6 +838,19 @@ dsv4_engine_options dsv4_engine_get_options(const dsv4_engine *e)
 }
 
 /* ---- sequences ----------------------------------------------------------------------------- */
+/* A compressor's fresh state (kv 0, scores -inf: dsv4_compressor_state_init) in the context's
+ * memory: on a device, zeros and a copy of the host row of -inf planned at load. Both tensors are
+ * contiguous (eng_state). */
+static dsv4_status state_reset(dsv4_engine *e, const dsv4_compressor_desc *d, dsv4_tensor *kv, dsv4_tensor *sc)
+{
+    if (!e->on_device) return dsv4_compressor_state_init(d, kv, sc);
+    const int64_t n = dsv4_tensor_numel(kv);
+    if (n > e->neg_inf_n) return dsv4_fail(DSV4_ERR_CAPACITY, "engine: a compressor state of %lld floats, %lld planned",
+                                           (long long)n, (long long)e->neg_inf_n);
+    DSV4_TRY(dsv4_device_memset(e->ctx, kv->data, 0, (size_t)n * 4));
+    return dsv4_device_upload(e->ctx, sc->data, e->neg_inf, (size_t)n * 4);
+}
+
 /* An empty sequence: fresh compressor states, length 0. Cache entries left by an earlier use of
  * the slot are never read: a query sees only positions and entries written before it. */
 static dsv4_status seq_clear(dsv4_engine *e, int sq)
@@ -754,14 +866,14 @@ static dsv4_status seq_clear(dsv4_engine *e, int sq)
         dsv4_compressor_desc md = {.kind = DSV4_COMPRESSOR_MAIN, .ratio = L->ratio, .dim = (int)d, .eps = 1e-6f,
                                    .overlap = eng_overlap(L)};
         dsv4_tensor skv = eng_t2(st, DSV4_F32, rows, cols), ssc = eng_t2(st + rows * cols, DSV4_F32, rows, cols);
-        DSV4_TRY(dsv4_compressor_state_init(&md, &skv, &ssc));
+        DSV4_TRY(state_reset(e, &md, &skv, &ssc));
         if (L->kind != DSV4_ATTN_CSA) continue;
         float *ist = st + 2 * rows * cols;
         dsv4_compressor_desc id = {.kind = DSV4_COMPRESSOR_INDEXER, .ratio = L->ratio, .dim = (int)dI, .eps = 1e-6f,
                                    .overlap = 1};
         skv = eng_t2(ist, DSV4_F32, 2 * L->ratio, 2 * dI);
         ssc = eng_t2(ist + 2 * L->ratio * 2 * dI, DSV4_F32, 2 * L->ratio, 2 * dI);
-        DSV4_TRY(dsv4_compressor_state_init(&id, &skv, &ssc));
+        DSV4_TRY(state_reset(e, &id, &skv, &ssc));
     }
     s->len = 0;
     s->mtp_len = 0;
@@ -778,6 +890,12 @@ static dsv4_status seq_init(dsv4_engine *e, int sq)
         int64_t entries = (e->opt.max_context + e->pool_ratio[p] - 1) / e->pool_ratio[p];
         DSV4_TRY(dsv4_kv_seq_create(e->pools[p], entries, &s->comp[p]));
         DSV4_TRY(dsv4_kv_seq_reserve(s->comp[p], entries));
+        int64_t nb = 0; /* the table the ops read (dsv4_paged_slots): fixed while the sequence lives */
+        const int32_t *table = dsv4_kv_seq_block_table(s->comp[p], &nb);
+        if (nb != s->btab_n[p])
+            return dsv4_fail(DSV4_ERR_CAPACITY, "engine: sequence %d holds %lld blocks of pool %d, %lld planned", sq,
+                             (long long)nb, p, (long long)s->btab_n[p]);
+        DSV4_TRY(dsv4_device_upload(e->ctx, s->btab[p], table, (size_t)nb * 4));
     }
     DSV4_TRY(seq_clear(e, sq));
     s->live = 1;
@@ -856,7 +974,7 @@ static dsv4_status copy_seq(dsv4_engine *e, int src, int dst)
     memcpy(b->hist, a->hist, (size_t)a->len * sizeof *a->hist); /* host bookkeeping */
     DSV4_TRY(eng_copy(e, b->pending, a->pending, 2 * rs * 2));
     if (e->opt.max_mtp) {
-        DSV4_TRY(eng_copy(e, b->head_logits, a->head_logits, e->V * 4));
+        memcpy(b->head_logits, a->head_logits, (size_t)e->V * 4); /* host */
         DSV4_TRY(eng_copy(e, b->head_streams, a->head_streams, rs * 2));
     }
     b->len = a->len;
@@ -953,6 +1071,7 @@ dsv4_status dsv4_engine_memory_info(const dsv4_engine *e, dsv4_engine_memory *ou
     DSV4_CHECK_ARG(e && out, "engine_memory_info: null argument");
     memset(out, 0, sizeof *out);
     out->weights_mapped = e->weights_mapped;
+    out->weights_device = e->on_device ? e->devw.bytes : 0;
     out->weights_converted = e->mem_bytes[A_CONV];
     out->kv_cache = e->mem_bytes[A_KV];
     out->state = e->mem_bytes[A_STATE];
@@ -972,20 +1091,26 @@ dsv4_status dsv4_engine_memory_info(const dsv4_engine *e, dsv4_engine_memory *ou
     return DSV4_OK;
 }
 
-/* Append `n` bytes to the export (or only count them). */
-static void put(uint8_t *out, size_t cap, size_t *pos, const void *src, size_t n)
+/* Append `n` bytes of the context's memory to the export (or only count them). */
+static dsv4_status put(const dsv4_engine *e, uint8_t *out, size_t cap, size_t *pos, const void *src, size_t n)
 {
-    if (out && *pos + n <= cap) memcpy(out + *pos, src, n);
+    dsv4_status st = DSV4_OK;
+    if (out && *pos + n <= cap && n) {
+        if (e->on_device) st = dsv4_device_download(e->ctx, out + *pos, src, n);
+        else memcpy(out + *pos, src, n);
+    }
     *pos += n;
+    return st;
 }
 
 /* The 584 bytes of a cache entry at `slot`: data row, then its scale row (formats/kv_entry.h). */
-static void put_entry(const dsv4_kv_cache *c, int64_t slot, uint8_t *out, size_t cap, size_t *pos)
+static dsv4_status put_entry(const dsv4_engine *e, const dsv4_kv_cache *c, int64_t slot, uint8_t *out, size_t cap,
+                             size_t *pos)
 {
     const uint8_t *pages = (const uint8_t *)c->pages.data;
     const int64_t ps = c->pages.stride[0];
-    put(out, cap, pos, pages + dsv4_kve_slot_data(ps, c->block_size, slot), DSV4_KVE_DATA_BYTES);
-    put(out, cap, pos, pages + dsv4_kve_slot_scale(ps, c->block_size, slot), DSV4_KVE_SCALE_BYTES);
+    DSV4_TRY(put(e, out, cap, pos, pages + dsv4_kve_slot_data(ps, c->block_size, slot), DSV4_KVE_DATA_BYTES));
+    return put(e, out, cap, pos, pages + dsv4_kve_slot_scale(ps, c->block_size, slot), DSV4_KVE_SCALE_BYTES);
 }
 
 /* The export's bytes into out (NULL: only counted in *pos). */
@@ -998,18 +1123,18 @@ static dsv4_status export_bytes(const dsv4_engine *e, int seq, uint8_t *o, size_
         for (int64_t p = n - e->W < 0 ? 0 : n - e->W; p < n; p++) {
             int64_t entry = p % e->R, slot;
             DSV4_TRY(dsv4_kv_seq_slots(s->ring, &entry, 1, &slot));
-            put_entry(&L->ring, slot, o, cap, pos);
+            DSV4_TRY(put_entry(e, &L->ring, slot, o, cap, pos));
         }
         if (!L->ratio) continue;
         for (int64_t c = 0; c < n / L->ratio; c++) {
             int64_t slot;
             DSV4_TRY(dsv4_kv_seq_slots(s->comp[L->pool], &c, 1, &slot));
-            put_entry(&L->comp, slot, o, cap, pos);
+            DSV4_TRY(put_entry(e, &L->comp, slot, o, cap, pos));
         }
         if (L->kind == DSV4_ATTN_CSA)
-            put(o, cap, pos, L->index_cache + (size_t)(seq * e->index_entries * e->index_entry_bytes),
-                (size_t)(n / L->ratio * e->index_entry_bytes));
-        put(o, cap, pos, eng_state(e, L, seq), (size_t)L->state_floats * 4);
+            DSV4_TRY(put(e, o, cap, pos, L->index_cache + (size_t)(seq * e->index_entries * e->index_entry_bytes),
+                         (size_t)(n / L->ratio * e->index_entry_bytes)));
+        DSV4_TRY(put(e, o, cap, pos, eng_state(e, L, seq), (size_t)L->state_floats * 4));
     }
     return DSV4_OK;
 }

@@ -78,7 +78,7 @@ dsv4_status eng_mtp_catch_up(dsv4_engine *e, const eng_seg *g, int *k, int64_t *
 {
     eng_seq *q = &e->seqs[g->sq];
     const int64_t rs = e->hc * e->D, first = q->mtp_len, n = g->start + g->T - 1 - first; /* first >= start - 1 */
-    DSV4_TRY(eng_mtp_add(e, k, m, g, first, n, e->s.tokens + g->row + first + 1 - g->start));
+    DSV4_TRY(eng_mtp_add(e, k, m, g, first, n, e->s.t.tokens + g->row + first + 1 - g->start));
     DSV4_TRY(eng_copy(e, q->pending + (1 - q->pend) * rs, e->s.X + (g->row + g->T - 1) * rs, rs * 2));
     q->pend = 1 - q->pend;
     q->mtp_len = first + (n > 0 ? n : 0);
@@ -102,12 +102,12 @@ static dsv4_status run_chunks(dsv4_engine *e, const dsv4_batch_entry *en, int n_
             const dsv4_batch_entry *b = &en[ei];
             int64_t take = b->n_tokens - off < e->opt.max_batch - T ? b->n_tokens - off : e->opt.max_batch - T;
             s->segs[k++] = (eng_seg){b->seq, 0, e->seqs[b->seq].len, take, T, ei, off};
-            memcpy(s->tokens + T, b->tokens + off, (size_t)take * sizeof *s->tokens);
+            memcpy(s->t.tokens + T, b->tokens + off, (size_t)take * sizeof *s->t.tokens);
             T += take;
             off += take;
             if (off == b->n_tokens) ei++, off = 0;
         }
-        TRY(eng_main_forward(e, s->segs, k, s->tokens, 0));
+        TRY(eng_main_forward(e, s->segs, k, s->t.tokens, 0));
         /* rows whose logits were asked for: tokens >= n_tokens - n_logits of each entry */
         int64_t n_rows = 0;
         for (int i = 0; i < k; i++) {

@@ -167,7 +167,7 @@ static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
             const uint16_t *src;
             if (j == 0) {
                 if (q->mtp_len == q->len && q->head_tok == rq[i].tokens[0]) { /* the head row is there */
-                    DSV4_TRY(eng_copy(e, s->qlogits + s->qrow[i] * V, q->head_logits, V * 4));
+                    memcpy(s->qlogits + s->qrow[i] * V, q->head_logits, (size_t)V * 4); /* host */
                     s->xrow[i] = -1;
                     continue;
                 }
@@ -185,7 +185,7 @@ static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
             DSV4_TRY(eng_logits(e, M, s->X, k, s->logits));
             for (int r = 0; r < k; r++) {
                 int i = s->msegs[r].src;
-                DSV4_TRY(eng_copy(e, s->qlogits + (s->qrow[i] + j) * V, s->logits + r * V, V * 4));
+                memcpy(s->qlogits + (s->qrow[i] + j) * V, s->logits + r * V, (size_t)V * 4); /* host */
                 if (j == 0) e->seqs[rq[i].seq].mtp_len = s->segs[i].start;
             }
         }
@@ -279,7 +279,7 @@ static dsv4_status run_step(dsv4_engine *e, dsv4_step_request *rq, int n)
         const eng_seg *g = &s->msegs[r];
         if (!rq[g->src].mtp) continue;
         eng_seq *q = &e->seqs[g->sq];
-        DSV4_TRY(eng_copy(e, q->head_logits, s->qlogits + h++ * V, V * 4));
+        memcpy(q->head_logits, s->qlogits + h++ * V, (size_t)V * 4); /* host */
         DSV4_TRY(eng_copy(e, q->head_streams, s->X + (g->row + g->T - 1) * rs, rs * 2));
     }
     return DSV4_OK;

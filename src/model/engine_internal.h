@@ -9,6 +9,7 @@
 #include "dsv4/indexer.h"
 #include "dsv4/layer.h"
 #include "dsv4/linear.h"
+#include "model/weights_device.h"
 
 #define ENG_MAX_RATIOS 8 /* distinct compression ratios (one page pool each) */
 #define ENG_RING_BLOCK 64
@@ -64,8 +65,10 @@ typedef struct eng_seq {
     /* The MTP head: when mtp_len == len, the MTP row of position len-1 was run with next token
      * head_tok (by a speculative step); its logits and output streams wait for the next draft. */
     int32_t head_tok;
-    float *head_logits;     /* [vocab] */
+    float *head_logits;     /* host [vocab] */
     uint16_t *head_streams; /* [hc, D] */
+    int32_t *btab[ENG_MAX_RATIOS]; /* the pools' block tables in the context's memory (dsv4_paged_slots) */
+    int64_t btab_n[ENG_MAX_RATIOS];
 } eng_seq;
 
 /* One sequence's rows in a forward call: rows row .. row+T-1 at positions start .. start+T-1. */
@@ -82,7 +85,22 @@ enum {
                       compressors update their states, their entries are dropped */
 };
 
-/* Scratch of one forward call of up to max_batch tokens (engine.c plans the sizes). */
+/* Index tables of one forward call, built by the host (forward.c, before the call's first op) in
+ * host memory; the ops read their twins in the context's memory (eng_scratch.dt): the very same
+ * memory on a CPU backend, one upload of the whole block per call on a device. */
+typedef struct eng_tables {
+    int64_t *positions;            /* [T] */
+    int32_t *tokens;               /* [T] */
+    int64_t *rslots;               /* [T] ring slots of the call's positions (every block's ring) */
+    int32_t *sidx, *slen;          /* [T, window], [T] SWA scope (every block's) */
+    int64_t *pslots[ENG_MAX_RATIOS]; /* [T] pools: cache slots of the entries the call emits */
+    int32_t *hidx[ENG_MAX_RATIOS]; /* HCA pools: a row [hrow] of entry slots per segment */
+    int32_t *hlen[ENG_MAX_RATIOS]; /* [T] visible entries per query */
+} eng_tables;
+
+/* Scratch of one forward call of up to max_batch tokens (engine.c plans the sizes). Buffers the
+ * host reads or writes between ops (the tables t, row lists, logits, sampling) are host memory;
+ * the others are the context's. */
 typedef struct eng_scratch {
     uint16_t *X, *Xm;           /* [T, hc, D] streams; MTP input streams */
     uint16_t *xin, *x, *a;      /* [T, D] */
@@ -90,27 +108,28 @@ typedef struct eng_scratch {
     uint16_t *qr, *q, *kv, *o, *z; /* [T, q_lora], [T, H, 512], [T, 512], [T, H, 512], [T, G*o_lora] */
     float *ckv, *cgate;         /* [T, 2*512] compressor inputs */
     uint16_t *cout;             /* [T, 512] compressed entries of one call */
-    int64_t *cslots, *positions; /* [T]; cslots also holds a call's row lists after the forward (logits rows) */
-    int32_t *tokens;            /* [T] */
-    int32_t *mtok;              /* [T] next tokens of the MTP rows */
-    int32_t *vtok;              /* [T] a step's tokens and drafts by row */
+    eng_tables t, dt;           /* host tables and their twins in the context's memory */
+    uint8_t *tab, *dtab;        /* the block that holds each */
+    uint64_t tab_bytes;
+    int64_t pslot_n[ENG_MAX_RATIOS]; /* entries of pslots */
+    int64_t *cslots;            /* host [T]: a call's row lists after the forward (logits rows) */
+    int32_t *mtok;              /* host [T] next tokens of the MTP rows */
+    int32_t *vtok;              /* host [T] a step's tokens and drafts by row */
     int64_t *qrow, *xrow;       /* [max_segs] a step's first draft-logits row and last MTP output row */
     eng_seg *segs, *msegs;      /* [max_segs] of a call; of its MTP rows */
     uint8_t *mark;              /* [max_seqs] duplicate check */
     uint16_t *qi, *wp;          /* [T, nI*dI], [T, nI] */
     uint8_t *qpk, *qsc;         /* [T, nI, dI/2], [T, nI, dI/32] */
     float *wts, *ikv, *igate;   /* [T, nI], [T, 2*dI] x2 */
-    int64_t *rslots;            /* [T] ring slots of the call's positions (every block's ring) */
-    int32_t *sidx, *slen;       /* [T, window] SWA scope (every block's) */
     int32_t *cidx, *clen;       /* [T, topk] CSA scope (one layer's) */
-    int32_t *hidx[ENG_MAX_RATIOS]; /* HCA pools: a row [hrow] of entry slots per segment */
-    int32_t *hlen[ENG_MAX_RATIOS]; /* [T] visible entries per query */
     int32_t *ids;               /* [T, topk] */
     float *rw;                  /* [T, topk] */
-    float *logits;              /* [logits_rows, vocab] target-model logits */
-    float *qlogits;             /* [step_rows, vocab] draft logits */
+    float *logits;              /* host [logits_rows, vocab] target-model logits */
+    float *qlogits;             /* host [step_rows, vocab] draft logits */
+    float *dlogits;             /* [dlogits_rows, vocab] on a device: the head's output before its download */
+    int64_t dlogits_rows;
     int64_t *lrow;              /* [max_segs] first logits row of each request of a step */
-    float *probs, *probs2;      /* [vocab] sampling; probs is the sample op's workspace, */
+    float *probs, *probs2;      /* host [vocab] sampling; probs is the sample op's workspace, */
     int32_t *order;             /* [vocab] right after it (dsv4_sample_workspace_size of a row) */
     void *ws;                   /* one workspace for every op */
     size_t ws_bytes;
@@ -120,7 +139,13 @@ struct dsv4_engine {
     dsv4_ctx *ctx;
     dsv4_model *model;
     const dsv4_model_config *cfg;
-    const dsv4_model_weights *w;
+    const dsv4_model_weights *w;  /* the checkpoint's, in host memory (mapped) */
+    const dsv4_model_weights *dw; /* what the ops read: w on a CPU backend, its copy on a device */
+    eng_dev_weights devw;        /* that copy */
+    int on_device;               /* the context's memory is not host memory */
+    dsv4_ctx *hctx;              /* host context: load-time conversions and sampling (ctx on a CPU backend) */
+    float *neg_inf;              /* on a device: host row of -inf for fresh compressor scores */
+    int64_t neg_inf_n;
     dsv4_engine_options opt;
     int64_t D, H, hc, V, W, R;   /* dims; window; ring capacity */
     int64_t cwidth;              /* columns of the compressed scope */

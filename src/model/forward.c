@@ -16,6 +16,7 @@
 #include "model/engine_internal.h"
 
 #include "core/error.h"
+#include "dsv4/device.h"
 #include "dsv4/tensor_ops.h"
 
 #include <math.h>
@@ -30,13 +31,13 @@ typedef struct fwd {
     const eng_seg *seg;
     int n_seg;
     int64_t T;         /* rows */
-    dsv4_tensor pos;   /* I64 [T] */
-    dsv4_tensor tok;   /* I32 [T] */
+    dsv4_tensor pos;   /* I64 [T] in the context's memory */
+    dsv4_tensor hpos;  /* the same in host memory (the indexer's positions are host memory) */
+    dsv4_tensor tok;   /* I32 [T] in the context's memory */
     int replay;        /* ENG_REPLAY: compressed entries are dropped */
     int save;          /* some segment snapshots its states: the compressor inputs are kept */
     int has_extra;     /* a CSA layer's indexer found entries for some row this call */
-    int have_window;   /* s->rslots, sidx, slen hold this call's ring slots and SWA scope */
-    int64_t hca_width[ENG_MAX_RATIOS]; /* HCA pools: widest scope row built this call (-1: none) */
+    int64_t hca_width[ENG_MAX_RATIOS]; /* HCA pools: widest scope row of the call */
 } fwd;
 
 /* ---- op wrappers ---------------------------------------------------------------------------- */
@@ -91,57 +92,73 @@ dsv4_status eng_gather_streams(dsv4_engine *e, int64_t row, const uint16_t *src,
     return eng_copy(e, e->s.Xm + row * n, src, rows * n * 2);
 }
 
-/* ---- attention (§5) ------------------------------------------------------------------------- */
-/* What every block's ring needs, built once per call (all rings of a sequence share its block
- * table): the slots of the rows' positions p (ring entry p mod R), and the SWA scope: row t sees
- * positions max(0, p-W+1) .. p. */
+/* ---- the call's index tables ------------------------------------------------------------------
+ * Built once per call, before its first op, in host memory (s->t), then in one upload to the
+ * twins the ops read (s->dt; nothing to move on a CPU backend, where they are the same memory). */
+
+/* What every block's ring needs (all rings of a sequence share its block table): the slots of the
+ * rows' positions p (ring entry p mod R), and the SWA scope: row t sees positions
+ * max(0, p-W+1) .. p. */
 static dsv4_status window_scope(fwd *f)
 {
-    if (f->have_window) return DSV4_OK;
     const dsv4_engine *e = f->e;
-    eng_scratch *s = f->s;
+    eng_tables *t = &f->s->t;
     for (int i = 0; i < f->n_seg; i++) {
         const eng_seg *g = &f->seg[i];
-        int64_t *slots = s->rslots + g->row;
-        int32_t *idx = s->sidx + g->row * e->W;
-        for (int64_t t = 0; t < g->T; t++) {
-            int64_t p = g->start + t, lo = p - e->W + 1 < 0 ? 0 : p - e->W + 1;
-            slots[t] = p % e->R;
-            for (int64_t j = 0; j < e->W; j++) idx[t * e->W + j] = lo + j <= p ? (int32_t)((lo + j) % e->R) : -1;
-            s->slen[g->row + t] = (int32_t)(p - lo + 1);
+        int64_t *slots = t->rslots + g->row;
+        int32_t *idx = t->sidx + g->row * e->W;
+        for (int64_t r = 0; r < g->T; r++) {
+            int64_t p = g->start + r, lo = p - e->W + 1 < 0 ? 0 : p - e->W + 1;
+            slots[r] = p % e->R;
+            for (int64_t j = 0; j < e->W; j++) idx[r * e->W + j] = lo + j <= p ? (int32_t)((lo + j) % e->R) : -1;
+            t->slen[g->row + r] = (int32_t)(p - lo + 1);
         }
         TRY(dsv4_kv_seq_slots(seq_of(f, i)->ring, slots, g->T, slots));
         TRY(dsv4_kv_seq_indices(seq_of(f, i)->ring, idx, g->T * e->W, idx));
     }
-    f->have_window = 1;
     return DSV4_OK;
 }
 
-/* The HCA scope of a pool, built once per call for all its layers: per segment one row of the
- * slots of entries 0 .. w-1 (w = (start+T)/r), which each of its rows views (row stride 0) up to
- * its own count (p+1)/r. */
-static dsv4_status hca_scope(fwd *f, const eng_layer *L, int64_t *width)
+/* Pool p: the cache slots of the entries the call's segments emit, in segment order (the order
+ * compressed_scope writes them), and for an HCA pool its scope: per segment one row of the slots
+ * of entries 0 .. w-1 (w = (start+T)/r), which each of its rows views (row stride 0) up to its own
+ * count (p+1)/r. */
+static dsv4_status pool_tables(fwd *f, int p)
 {
     const dsv4_engine *e = f->e;
     eng_scratch *s = f->s;
-    const int p = L->pool;
-    const int64_t r = L->ratio;
-    if (f->hca_width[p] < 0) {
-        int64_t wmax = 0;
-        for (int i = 0; i < f->n_seg; i++) {
-            const eng_seg *g = &f->seg[i];
-            int64_t w = (g->start + g->T) / r;
-            int32_t *row = s->hidx[p] + i * e->hrow[p];
-            for (int64_t c = 0; c < w; c++) row[c] = (int32_t)c;
-            for (int64_t t = 0; t < g->T; t++) s->hlen[p][g->row + t] = (int32_t)((g->start + t + 1) / r);
-            TRY(dsv4_kv_seq_indices(seq_of(f, i)->comp[p], row, w, row));
-            if (w > wmax) wmax = w;
-        }
-        f->hca_width[p] = wmax;
+    eng_tables *t = &s->t;
+    const int64_t r = e->pool_ratio[p];
+    int64_t mo = 0, wmax = 0;
+    for (int i = 0; i < f->n_seg; i++) {
+        const eng_seg *g = &f->seg[i];
+        const int64_t m = dsv4_compressor_emit_count((int)r, g->start, g->T);
+        for (int64_t j = 0; j < m; j++) t->pslots[p][mo + j] = g->start / r + j;
+        TRY(dsv4_kv_seq_slots(seq_of(f, i)->comp[p], t->pslots[p] + mo, m, t->pslots[p] + mo));
+        mo += m;
+        if (!e->pool_hca[p]) continue;
+        const int64_t w = (g->start + g->T) / r;
+        int32_t *row = t->hidx[p] + i * e->hrow[p];
+        for (int64_t c = 0; c < w; c++) row[c] = (int32_t)c;
+        for (int64_t q = 0; q < g->T; q++) t->hlen[p][g->row + q] = (int32_t)((g->start + q + 1) / r);
+        TRY(dsv4_kv_seq_indices(seq_of(f, i)->comp[p], row, w, row));
+        if (w > wmax) wmax = w;
     }
-    *width = f->hca_width[p];
+    s->pslot_n[p] = mo;
+    f->hca_width[p] = wmax;
     return DSV4_OK;
 }
+
+static dsv4_status build_tables(fwd *f)
+{
+    TRY(window_scope(f));
+    for (int p = 0; p < f->e->n_pools; p++) TRY(pool_tables(f, p));
+    eng_scratch *s = f->s;
+    if (s->dtab == s->tab) return DSV4_OK;
+    return dsv4_device_upload(f->e->ctx, s->dtab, s->tab, s->tab_bytes);
+}
+
+/* ---- attention (§5) ------------------------------------------------------------------------- */
 
 /* Lightning indexer (§5.6): the indexer compressor appends each sequence's entries to its cache,
  * then every row keeps the top-k of its sequence's visible entries. Leaves slots in cidx [T, topk],
@@ -157,7 +174,7 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
     dsv4_tensor qi = eng_t2(s->qi, DSV4_BF16, T, nI * dI), qi3 = eng_t3(s->qi, DSV4_BF16, T, nI, dI);
     dsv4_tensor qpk = eng_t3(s->qpk, DSV4_U8, T, nI, dI / 2), qsc = eng_t3(s->qsc, DSV4_U8, T, nI, dI / 32);
     TRY(linear(e, &w->index_wq_b, qr, &qi));
-    TRY(dsv4_indexer_q(e->ctx, &qi3, &f->pos, &e->rope_compress, &qpk, &qsc));
+    TRY(dsv4_indexer_q(e->ctx, &qi3, &f->hpos, &e->rope_compress, &qpk, &qsc));
     dsv4_tensor wp = eng_t2(s->wp, DSV4_BF16, T, nI), wts = eng_t2(s->wts, DSV4_F32, T, nI);
     TRY(linear_t(e, &w->index_weights_proj, x, &wp));
     TRY(dsv4_indexer_weights(e->ctx, &wp, (int)dI, &wts));
@@ -189,19 +206,21 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
         /* scores over the sequence's visible entries and the streaming top-k */
         int64_t N = (g->start + g->T) / r;
         int32_t *gidx = s->cidx + g->row * topk, *glen = s->clen + g->row;
-        if (N == 0) {
-            for (int64_t j = 0; j < g->T * topk; j++) gidx[j] = -1;
-            for (int64_t t = 0; t < g->T; t++) glen[t] = 0;
+        if (N == 0) { /* no entry yet: -1 (all bits set) and lengths 0 */
+            TRY(dsv4_device_memset(e->ctx, gidx, 0xFF, (size_t)(g->T * topk) * 4));
+            TRY(dsv4_device_memset(e->ctx, glen, 0, (size_t)g->T * 4));
             continue;
         }
         dsv4_tensor gq = eng_t3(s->qpk + g->row * nI * dI / 2, DSV4_U8, g->T, nI, dI / 2);
         dsv4_tensor gqs = eng_t3(s->qsc + g->row * nI * dI / 32, DSV4_U8, g->T, nI, dI / 32);
-        dsv4_tensor gw = eng_t2(s->wts + g->row * nI, DSV4_F32, g->T, nI), gp = eng_t1(s->positions + g->row, DSV4_I64, g->T);
+        dsv4_tensor gw = eng_t2(s->wts + g->row * nI, DSV4_F32, g->T, nI), gp = eng_t1(s->t.positions + g->row, DSV4_I64, g->T);
         dsv4_tensor k = rows_view(cache, DSV4_U8, N, dI / 2, eb), ks = rows_view(cache + dI / 2, DSV4_U8, N, dI / 32, eb);
         dsv4_tensor idx = eng_t2(gidx, DSV4_I32, g->T, topk), len = eng_t1(glen, DSV4_I32, g->T);
         dsv4_indexer_args args = {&gq, &gqs, &gw, &k, &ks, &gp, r};
         TRY(dsv4_indexer_select(e->ctx, &args, topk, &idx, &len, s->ws, s->ws_bytes));
-        TRY(dsv4_kv_seq_indices(seq_of(f, i)->comp[L->pool], gidx, g->T * topk, gidx));
+        const eng_seq *q = seq_of(f, i);
+        dsv4_tensor bt = eng_t1(q->btab[L->pool], DSV4_I32, q->btab_n[L->pool]), ent = eng_t1(gidx, DSV4_I32, g->T * topk);
+        TRY(dsv4_paged_slots(e->ctx, &bt, L->comp.block_size, &ent, &ent));
         f->has_extra = 1;
     }
     return DSV4_OK;
@@ -238,12 +257,11 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
         TRY(dsv4_compressor_forward(e->ctx, &desc, g->start, &gkv, &gg, &L->ape, &w->compressor.norm, &e->rope_compress,
                                     &skv, &ssc, m ? &out : NULL, NULL));
         if (!m || f->replay) continue; /* a replay's entries are in the cache already */
-        for (int64_t j = 0; j < m; j++) s->cslots[mo + j] = g->start / r + j;
-        TRY(dsv4_kv_seq_slots(seq_of(f, i)->comp[L->pool], s->cslots + mo, m, s->cslots + mo));
         mo += m;
     }
-    if (mo) { /* new entries into the FP8 cache (the insert quantizes the nope dims, rule kv64) */
-        dsv4_tensor out = eng_t2(s->cout, DSV4_BF16, mo, d), slots = eng_t1(s->cslots, DSV4_I64, mo);
+    if (mo) { /* new entries into the FP8 cache (the insert quantizes the nope dims, rule kv64) at the
+               * slots the tables hold for the pool, in the same segment order */
+        dsv4_tensor out = eng_t2(s->cout, DSV4_BF16, mo, d), slots = eng_t1(s->dt.pslots[L->pool], DSV4_I64, mo);
         TRY(dsv4_kv_insert(e->ctx, &out, &L->comp, &slots, NULL, NULL));
     }
     if (L->kind == DSV4_ATTN_CSA) {
@@ -251,7 +269,8 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
         *width = f->has_extra ? e->cfg->index_topk : 0;
         return DSV4_OK;
     }
-    return hca_scope(f, L, width);
+    *width = f->hca_width[L->pool];
+    return DSV4_OK;
 }
 
 /* Sparse attention with sink over rows r0 .. r0+n-1 (one call for every row, or per segment for
@@ -263,9 +282,9 @@ static dsv4_status sparse_attention(fwd *f, const eng_layer *L, int64_t r0, int6
     eng_scratch *s = f->s;
     const int64_t H = e->H;
     dsv4_tensor q = eng_t3(s->q + r0 * H * 512, DSV4_BF16, n, H, 512), o = eng_t3(s->o + r0 * H * 512, DSV4_BF16, n, H, 512);
-    dsv4_tensor sidx = eng_t2(s->sidx + r0 * e->W, DSV4_I32, n, e->W), slen = eng_t1(s->slen + r0, DSV4_I32, n);
+    dsv4_tensor sidx = eng_t2(s->dt.sidx + r0 * e->W, DSV4_I32, n, e->W), slen = eng_t1(s->dt.slen + r0, DSV4_I32, n);
     dsv4_sparse_scope swa = {&L->ring, &sidx, &slen}, extra = {&L->comp, cidx, clen};
-    dsv4_tensor ws = workspace(e), pos = eng_t1(s->positions + r0, DSV4_I64, n);
+    dsv4_tensor ws = workspace(e), pos = eng_t1(s->dt.positions + r0, DSV4_I64, n);
     TRY(dsv4_sparse_mla_decode(e->ctx, &q, &swa, cidx ? &extra : NULL, &L->sink, (float)(1.0 / sqrt(512.0)), &o, NULL,
                                e->s.ws_bytes ? &ws : NULL));
     return dsv4_inv_rope(e->ctx, &o, &pos, L->rope);
@@ -291,8 +310,7 @@ static dsv4_status attention(fwd *f, const eng_layer *L)
     TRY(linear(e, &w->wkv, &x, &kv));
     TRY(rmsnorm(e, &kv, &w->kv_norm, &kv));
     /* per-head q RMS + RoPE; kv RoPE + FP8 into the ring at entry p mod R */
-    TRY(window_scope(f));
-    dsv4_tensor slots = eng_t1(s->rslots, DSV4_I64, T);
+    dsv4_tensor slots = eng_t1(s->dt.rslots, DSV4_I64, T);
     TRY(dsv4_qnorm_rope_kv_insert(e->ctx, &q, &kv, &L->ring, &slots, &f->pos, L->rope, (float)c->norm_eps));
     /* what each query attends to (§5.7): its window, and the compressed entries */
     int64_t cw = 0;
@@ -301,8 +319,8 @@ static dsv4_status attention(fwd *f, const eng_layer *L)
         for (int i = 0; i < f->n_seg; i++) {
             const eng_seg *g = &f->seg[i];
             int64_t gw = (g->start + g->T) / L->ratio;
-            dsv4_tensor cidx = rows_view(s->hidx[L->pool] + i * e->hrow[L->pool], DSV4_I32, g->T, gw, 0);
-            dsv4_tensor clen = eng_t1(s->hlen[L->pool] + g->row, DSV4_I32, g->T);
+            dsv4_tensor cidx = rows_view(s->dt.hidx[L->pool] + i * e->hrow[L->pool], DSV4_I32, g->T, gw, 0);
+            dsv4_tensor clen = eng_t1(s->dt.hlen[L->pool] + g->row, DSV4_I32, g->T);
             TRY(sparse_attention(f, L, g->row, g->T, gw ? &cidx : NULL, gw ? &clen : NULL));
         }
     } else {
@@ -353,23 +371,26 @@ static dsv4_status block(fwd *f, const eng_layer *L, const dsv4_hc_site *next)
     return dsv4_hc_post(e->ctx, &a, &X, &post, &comb, &X);
 }
 
-static void begin(fwd *f, dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens)
+/* The call's rows, positions, tokens and index tables (in the context's memory once this returns). */
+static dsv4_status begin(fwd *f, dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens)
 {
     memset(f, 0, sizeof *f);
     f->e = e;
     f->s = &e->s;
     f->seg = segs;
     f->n_seg = n_seg;
-    for (int p = 0; p < ENG_MAX_RATIOS; p++) f->hca_width[p] = -1;
+    eng_tables *t = &e->s.t;
     for (int i = 0; i < n_seg; i++) {
         const eng_seg *g = &segs[i];
-        for (int64_t t = 0; t < g->T; t++) e->s.positions[g->row + t] = g->start + t;
+        for (int64_t r = 0; r < g->T; r++) t->positions[g->row + r] = g->start + r;
         f->T += g->T;
         f->save |= g->save;
     }
-    if (tokens != e->s.tokens) memcpy(e->s.tokens, tokens, (size_t)f->T * sizeof *tokens);
-    f->pos = eng_t1(e->s.positions, DSV4_I64, f->T);
-    f->tok = eng_t1(e->s.tokens, DSV4_I32, f->T);
+    if (tokens != t->tokens) memcpy(t->tokens, tokens, (size_t)f->T * sizeof *tokens);
+    f->pos = eng_t1(e->s.dt.positions, DSV4_I64, f->T);
+    f->hpos = eng_t1(t->positions, DSV4_I64, f->T);
+    f->tok = eng_t1(e->s.dt.tokens, DSV4_I32, f->T);
+    return build_tables(f);
 }
 
 /* hc_pre of the first site over the streams s->X [T, hc, D] */
@@ -385,7 +406,7 @@ static dsv4_status first_hc_pre(fwd *f, const dsv4_hc_site *site)
 dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens, int flags)
 {
     fwd f;
-    begin(&f, e, segs, n_seg, tokens);
+    TRY(begin(&f, e, segs, n_seg, tokens));
     f.replay = (flags & ENG_REPLAY) != 0;
     eng_scratch *s = &e->s;
     const int64_t nl = e->cfg->n_layers;
@@ -404,20 +425,27 @@ dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, con
         TRY(eng_wrap(block(&f, &e->layers[l], l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL), "block", (int)l));
     for (int i = 0; i < n_seg; i++) {
         eng_seq *q = &e->seqs[segs[i].sq];
-        memcpy(q->hist + segs[i].start, s->tokens + segs[i].row, (size_t)segs[i].T * sizeof *q->hist); /* host */
+        memcpy(q->hist + segs[i].start, s->t.tokens + segs[i].row, (size_t)segs[i].T * sizeof *q->hist);
         q->len = segs[i].start + segs[i].T;
     }
     return DSV4_OK;
 }
 
+/* logits is host memory: on a device the head writes s.dlogits, downloaded in pieces of its rows. */
 dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, int64_t n, float *logits)
 {
-    const int64_t D = e->D;
-    dsv4_tensor Xv = eng_t3(X, DSV4_BF16, n, e->hc, D), y = eng_t2(e->s.xin, DSV4_BF16, n, D);
-    dsv4_tensor lg = eng_t2(logits, DSV4_F32, n, e->V);
-    TRY(dsv4_hc_head(e->ctx, L ? &L->hc_head : &e->hc_head, &Xv, &y));
-    TRY(rmsnorm(e, &y, L ? &L->w->norm : &e->w->norm, &y));
-    return linear_t(e, &e->w->head, &y, &lg);
+    const int64_t D = e->D, V = e->V, piece = e->on_device ? e->s.dlogits_rows : n;
+    for (int64_t r0 = 0; r0 < n; r0 += piece) {
+        const int64_t m = n - r0 < piece ? n - r0 : piece;
+        float *out = e->on_device ? e->s.dlogits : logits + r0 * V;
+        dsv4_tensor Xv = eng_t3(X + r0 * e->hc * D, DSV4_BF16, m, e->hc, D), y = eng_t2(e->s.xin, DSV4_BF16, m, D);
+        dsv4_tensor lg = eng_t2(out, DSV4_F32, m, V);
+        TRY(dsv4_hc_head(e->ctx, L ? &L->hc_head : &e->hc_head, &Xv, &y));
+        TRY(rmsnorm(e, &y, L ? &L->w->norm : &e->dw->norm, &y));
+        TRY(linear_t(e, &e->dw->head, &y, &lg));
+        if (e->on_device) TRY(dsv4_device_download(e->ctx, logits + r0 * V, out, (size_t)(m * V) * 4));
+    }
+    return DSV4_OK;
 }
 
 /* ---- MTP (§8) ------------------------------------------------------------------------------- */
@@ -428,7 +456,7 @@ dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const i
     eng_scratch *s = &e->s;
     const int64_t D = e->D, hc = e->hc;
     fwd f;
-    begin(&f, e, segs, n_seg, tokens);
+    TRY(begin(&f, e, segs, n_seg, tokens));
     const int64_t T = f.T;
     /* X[t][j] = bf16(e_proj·enorm(embed[tok]) + h_proj·hnorm(streams[t][j])) */
     dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, D), ep = eng_t2(s->a, DSV4_BF16, T, D);

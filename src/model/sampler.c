@@ -1,4 +1,4 @@
-/* Sampling for the engine (include/dsv4/engine.h): one row through the context's sample op
+/* Sampling for the engine (include/dsv4/engine.h): one row of host logits through the host context's sample op
  * (dsv4_sample_rows, whose rule core/sample.h owns) in the engine's scratch; nothing is
  * allocated. */
 #include "model/engine_internal.h"
@@ -23,7 +23,7 @@ dsv4_status dsv4_engine_sample(dsv4_engine *e, const float *logits, const dsv4_s
     const dsv4_tensor lg = eng_t2(logits, DSV4_F32, 1, e->V);
     int32_t t = 0;
     dsv4_tensor tok = eng_t1(&t, DSV4_I32, 1);
-    DSV4_TRY(dsv4_sample_rows(e->ctx, &lg, s, rng, &tok, e->s.probs, (size_t)DSV4_SAMPLE_ROW_BYTES(e->V)));
+    DSV4_TRY(dsv4_sample_rows(e->hctx, &lg, s, rng, &tok, e->s.probs, (size_t)DSV4_SAMPLE_ROW_BYTES(e->V)));
     DSV4_TRY(dsv4_sample_result(t, "engine_sample"));
     *token = t;
     return DSV4_OK;

@@ -5,6 +5,8 @@
 #include "core/ops_tensor.h"
 #include "ops/layer_check.h"
 
+#include <stdint.h>
+
 /* An index tensor: I32 [n] (any stride) in the backend's memory. */
 static dsv4_status check_index(const char *op, const char *name, const dsv4_tensor *t, int64_t n, const dsv4_backend *b)
 {
@@ -97,6 +99,32 @@ dsv4_status dsv4_copy_rows(dsv4_ctx *ctx, const dsv4_tensor *src, const dsv4_ten
     const dsv4_copy_rows_args a = {src->data, src->stride[0] * es, R, idx ? idx->data : NULL, idx ? idx->stride[0] : 0,
                                    dst->data, dst->stride[0] * es, n, C * es};
     return b->tensor->copy_rows(&ex, &a);
+}
+
+dsv4_status dsv4_paged_slots(dsv4_ctx *ctx, const dsv4_tensor *block_table, int64_t block_size,
+                             const dsv4_tensor *entries, dsv4_tensor *slots)
+{
+    DSV4_OP_BEGIN("paged_slots", TENSOR);
+    DSV4_CHECK_ARG(block_table && entries && slots, "%s: null tensor", op);
+    DSV4_TRY(check_index(op, "block_table", block_table, DSV4_ANY, b));
+    if (block_table->stride[0] != 1 && block_table->shape[0] > 1)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: block_table must be contiguous", op);
+    const int64_t nb = block_table->shape[0];
+    if (block_size < 1 || block_size > ((int64_t)1 << 30) || nb * block_size > INT32_MAX)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: block_size %lld with %lld blocks: slots must fit int32", op,
+                         (long long)block_size, (long long)nb);
+    DSV4_TRY(check_index(op, "entries", entries, DSV4_ANY, b));
+    const int64_t n = entries->shape[0];
+    DSV4_TRY(check_index(op, "slots", slots, n, b));
+    DSV4_TRY(dsv4_check_output(op, "slots", slots));
+    const int in_place = slots->data == entries->data && slots->stride[0] == entries->stride[0];
+    const dsv4_layer_io outs[1] = {{slots, "slots", in_place ? "entries" : NULL}};
+    const dsv4_layer_io ins[2] = {{entries, "entries", NULL}, {block_table, "block_table", NULL}};
+    DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 2));
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, tensor, paged_slots, op));
+    const dsv4_paged_slots_args a = {block_table->data, nb, block_size, entries->data, entries->stride[0],
+                                     slots->data, slots->stride[0], n};
+    return n ? b->tensor->paged_slots(&ex, &a) : DSV4_OK;
 }
 
 dsv4_status dsv4_sample_workspace_size(dsv4_ctx *ctx, int64_t rows, int64_t V, size_t *bytes)

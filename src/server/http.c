@@ -1107,7 +1107,7 @@ int srv_run(const srv_options *o)
             goto done;
         }
     }
-    dsv4_engine_options eo = {o->max_context, o->max_seqs, o->max_batch, o->mtp, 0, DSV4_LOAD_MAP};
+    dsv4_engine_options eo = {o->max_context, o->max_seqs, o->max_batch, o->mtp, 0, DSV4_LOAD_MAP, NULL, NULL};
     if (dsv4_engine_create(ctx, o->model, &eo, &S->e) != DSV4_OK) {
         fprintf(stderr, "dsv4 serve: %s\n", dsv4_last_error());
         goto done;

@@ -744,6 +744,49 @@ static void tensor_ops(void)
     free(table), free(a), free(b);
 }
 
+/* Paged slots are integers defined by one rule (include/dsv4/tensor_ops.h): identical on every
+ * backend and equal to the rule worked out here, over a shuffled block table, entries inside the
+ * table, negative ("no entry") and past its end, strided and in place. */
+static void tensor_paged_slots(void)
+{
+    if (missing("tensor.paged_slots", HAS(tensor, paged_slots))) return;
+    enum { NB = 13, BS = 16, N = 300 };
+    int32_t table[NB], ent[N * 2], want[N];
+    for (int i = 0; i < NB; i++) table[i] = i * 3 + 1;
+    for (int i = NB - 1; i > 0; i--) { /* shuffled: the slots are not the entries */
+        int j = (int)(test_rand_u64() % (uint64_t)(i + 1)), t = table[i];
+        table[i] = table[j], table[j] = t;
+    }
+    for (int i = 0; i < 2 * N; i++) ent[i] = (int32_t)(test_rand_u64() % (NB * BS + 40)) - 20;
+    ent[0] = -1, ent[2] = NB * BS - 1, ent[4] = NB * BS, ent[6] = 0;
+    for (int i = 0; i < N; i++) {
+        const int32_t e = ent[2 * i];
+        want[i] = e < 0 || e >= NB * BS ? -1 : table[e / BS] * BS + e % BS;
+    }
+    dsv4_ctx *cs[2] = {ref, tc};
+    int32_t got[2][2][N];
+    dsv4_status st[2][2];
+    for (int side = 0; side < 2; side++) {
+        dsv4_ctx *c = cs[side];
+        int32_t *out = poisoned(sizeof got[0][0]), *inplace = malloc(sizeof got[0][0]);
+        for (int i = 0; i < N; i++) inplace[i] = ent[2 * i];
+        dsv4_tensor ht = view(table, DSV4_I32, 1, NB, 0, 0), he, ho = view(out, DSV4_I32, 1, N, 0, 0),
+                    hp = view(inplace, DSV4_I32, 1, N, 0, 0);
+        dsv4_tensor_init_strided(&he, ent, DSV4_I32, 1, (int64_t[]){N}, (int64_t[]){2}); /* every other entry */
+        dsv4_tensor tt = on(c, &ht), te = on(c, &he), to = on(c, &ho), tp = on(c, &hp);
+        st[side][0] = dsv4_paged_slots(c, &tt, BS, &te, &to);
+        st[side][1] = dsv4_paged_slots(c, &tt, BS, &tp, &tp);
+        back(c, &to, got[side][0]), back(c, &tp, got[side][1]);
+        release();
+        free(out), free(inplace);
+    }
+    for (int k = 0; k < 2; k++) {
+        ran("paged_slots", st[1][k], st[0][k]);
+        same("paged_slots", k ? "slots (in place)" : "slots", got[1][k], got[0][k], sizeof got[0][0]);
+    }
+    same("paged_slots", "cpu-ref slots against the rule", got[0][0], want, sizeof want);
+}
+
 /* Sampling is defined to the token and the generator state (core/sample.h; include/dsv4/tensor_ops.h
  * says what a device must keep to): identical tokens and states on every backend, at the model's
  * vocabulary, for greedy rows (a tie to the lower id), temperatures with and without top-p (masked
@@ -1316,6 +1359,7 @@ static void run_families(void)
     layer_swiglu();
     layer_moe();
     tensor_ops();
+    tensor_paged_slots();
     tensor_sample();
     attn_host a;
     attn_make(&a);

@@ -33,7 +33,7 @@ static dsv4_engine *open_engine_opt(dsv4_ctx *ctx, dsv4_engine_options o)
 
 static dsv4_engine *open_engine(dsv4_ctx *ctx, int max_batch, int max_mtp)
 {
-    return open_engine_opt(ctx, (dsv4_engine_options){128, 2, max_batch, max_mtp, 0, DSV4_LOAD_MAP});
+    return open_engine_opt(ctx, (dsv4_engine_options){128, 2, max_batch, max_mtp, 0, DSV4_LOAD_MAP, NULL, NULL});
 }
 
 static uint8_t *export_seq(dsv4_engine *e, int seq, size_t *len)
@@ -148,7 +148,12 @@ static int cmp_double(const void *a, const void *b)
 
 enum { GREEDY_PROMPT = 8, GREEDY_STEPS = 64, GREEDY_LEN = GREEDY_PROMPT + GREEDY_STEPS - 1 };
 
-static const char *const cpu_isas[] = {"scalar", "avx2", "avx512"};
+/* The backends compared with cpu-ref: the cpu backend capped at each ISA, and the cuda backend
+ * where a GPU is usable (its kernels differ from cpu-ref in the same ways: summation orders, the
+ * running maximum of the attention, a flipped FP8 code now and then; so the same bounds). */
+static const struct {
+    const char *backend, *isa;
+} compared[] = {{"cpu", "scalar"}, {"cpu", "avx2"}, {"cpu", "avx512"}, {"cuda", NULL}};
 
 static int argmax_row(const float *x, int64_t n, float *margin)
 {
@@ -209,12 +214,18 @@ static void test_cpu_vs_ref(dsv4_ctx *cr, const int32_t *prompt, int64_t vocab)
     run want = {0};
     float margin[NG];
     int ref_top[NG], near_ties = 0, first_tie = NG;
-    for (size_t k = 0; k < sizeof cpu_isas / sizeof *cpu_isas; k++) {
+    for (size_t k = 0; k < sizeof compared / sizeof *compared; k++) {
         dsv4_ctx *c = NULL;
-        dsv4_ctx_options co = {.backend = "cpu", .threads = 1, .cpu_isa = cpu_isas[k]};
-        CHECK(dsv4_ctx_create(&co, &c) == DSV4_OK, "context capped at %s: %s", cpu_isas[k], dsv4_last_error());
+        const int cpu = !strcmp(compared[k].backend, "cpu");
+        if (!cpu && dsv4_backend_available(compared[k].backend) != DSV4_OK) {
+            printf("%s vs cpu-ref: SKIP (%s)\n", compared[k].backend, dsv4_last_error());
+            continue;
+        }
+        dsv4_ctx_options co = {.backend = compared[k].backend, .threads = cpu ? 1 : 0, .cpu_isa = compared[k].isa};
+        CHECK(dsv4_ctx_create(&co, &c) == DSV4_OK, "context %s %s: %s", compared[k].backend,
+              cpu ? compared[k].isa : "", dsv4_last_error());
         dsv4_engine *e = c ? open_engine(c, 32, 0) : NULL;
-        const char *isa = c ? dsv4_ctx_cpu_isa(c) : cpu_isas[k];
+        const char *isa = c && cpu ? dsv4_ctx_cpu_isa(c) : cpu ? compared[k].isa : compared[k].backend;
         if (!e || !greedy_run(e, isa, prompt, ids, &rows) || (k > 0 && !want.logits)) {
             dsv4_engine_destroy(e);
             dsv4_ctx_destroy(c);
@@ -333,7 +344,7 @@ static void test_bad_inputs(dsv4_ctx *c, const int32_t *ids)
     CHECK_STATUS(dsv4_engine_generate(e, seq2, ids, 3, &o, out, 4, &n_out, NULL), DSV4_ERR_CAPACITY);
     CHECK(dsv4_engine_memory_info(e, &m1) == DSV4_OK && m1.planned == m0.planned && m1.kv_used > 0, "memory grew");
     dsv4_engine_destroy(e);
-    dsv4_engine_options bad_opt = {128, 1, 2, 2, 0, DSV4_LOAD_MAP};
+    dsv4_engine_options bad_opt = {128, 1, 2, 2, 0, DSV4_LOAD_MAP, NULL, NULL};
     dsv4_engine *x = NULL;
     CHECK_STATUS(dsv4_engine_create(c, dir, &bad_opt, &x), DSV4_ERR_INVALID_ARG);
     CHECK_STATUS(dsv4_engine_create(c, "/nonexistent/dsv4-model", NULL, &x), DSV4_ERR_NOT_FOUND);
@@ -349,7 +360,7 @@ static void test_long_context_batches(dsv4_ctx *c)
 {
     enum { MB = 32, N = 1100 };
     const int64_t V = 512;
-    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){1152, 1, MB, 3, 0, DSV4_LOAD_MAP});
+    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){1152, 1, MB, 3, 0, DSV4_LOAD_MAP, NULL, NULL});
     if (!e) return;
     int32_t *ids = malloc(sizeof *ids * N);
     for (int i = 0; i < N; i++) ids[i] = (int32_t)(test_rand_u64() % V);
@@ -459,7 +470,7 @@ static int stop_first(void *user, const dsv4_gen_step *s)
 /* generate checks the whole prompt before it runs a chunk, and honours a stop during the prefill. */
 static void test_generate_prompt(dsv4_ctx *c, const int32_t *ids)
 {
-    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){128, 1, 16, 1, 4, DSV4_LOAD_MAP});
+    dsv4_engine *e = open_engine_opt(c, (dsv4_engine_options){128, 1, 16, 1, 4, DSV4_LOAD_MAP, NULL, NULL});
     if (!e) return;
     int seq, calls = 0;
     int32_t prompt[12], out[4];
@@ -628,7 +639,7 @@ static void test_padded_headers(dsv4_ctx *c, const int32_t *ids)
             dsv4_model_close(m);
         }
         dsv4_engine *e = NULL;
-        dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_MAP};
+        dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_MAP, NULL, NULL};
         CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
         if (e) {
             run r = feed(e, ids, 20, 7, V);
@@ -727,7 +738,7 @@ static void test_nonfinite(dsv4_ctx *c, const int32_t *ids)
     const uint32_t nan32 = 0x7FC00000u;
     const uint16_t nan16 = 0x7FC0u;
     patch_tensor(to, "norm.weight", 0, f32 ? (const void *)&nan32 : (const void *)&nan16, f32 ? 4 : 2);
-    dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_MAP};
+    dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_MAP, NULL, NULL};
     e = NULL;
     CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
     if (e) {
@@ -778,7 +789,7 @@ static void test_copy_load(dsv4_ctx *c, const int32_t *ids)
     snprintf(to, sizeof to, "%s-copy", dir);
     copy_padded(to, -1);
     dsv4_engine *e = NULL;
-    dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_COPY};
+    dsv4_engine_options o = {128, 2, 16, 1, 0, DSV4_LOAD_COPY, NULL, NULL};
     CHECK_STATUS(dsv4_engine_create(c, to, &o, &e), DSV4_OK);
     truncate_shards(to);
     if (e) {
@@ -822,7 +833,7 @@ static void test_plan_scale(dsv4_ctx *c)
 {
     dsv4_set_warning_handler(test_on_warning, NULL);
     dsv4_engine *e = (dsv4_engine *)(uintptr_t)0x77;
-    dsv4_engine_options o = {(int64_t)1 << 24, 64, 128, 0, 0, DSV4_LOAD_MAP};
+    dsv4_engine_options o = {(int64_t)1 << 24, 64, 128, 0, 0, DSV4_LOAD_MAP, NULL, NULL};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_ERR_NO_MEMORY);
@@ -835,7 +846,7 @@ static void test_plan_scale(dsv4_ctx *c)
           "message: %s", dsv4_last_error());
     CHECK(test_caught()->n == 1 && strstr(test_caught()->last, "max_position_embeddings 4096"), "%d warnings: %s", test_caught()->n, test_caught()->last);
     test_caught()->n = 0;
-    o = (dsv4_engine_options){4097, 1, 8, 0, 0, DSV4_LOAD_MAP};
+    o = (dsv4_engine_options){4097, 1, 8, 0, 0, DSV4_LOAD_MAP, NULL, NULL};
     e = NULL;
     CHECK_STATUS(dsv4_engine_create(c, dir, &o, &e), DSV4_OK);
     CHECK(test_caught()->n == 1 && strstr(test_caught()->last, "max_context 4097 exceeds the model's max_position_embeddings 4096"),
@@ -880,6 +891,19 @@ int main(void)
     test_tid2eid_repeat(c1);
     test_nonfinite(c1, ids);
     test_copy_load(c1, ids);
+    if (dsv4_backend_available("cuda") == DSV4_OK) { /* the engine on the device: as on the cpu */
+        dsv4_ctx *cu = NULL;
+        dsv4_ctx_options oc = {.backend = "cuda"};
+        CHECK(dsv4_ctx_create(&oc, &cu) == DSV4_OK, "cuda context: %s", dsv4_last_error());
+        if (cu) {
+            printf("cuda engine:\n");
+            test_prefill_decode_threads(cu, cu, ids, 512);
+            test_speculative(cu, ids);
+            test_long_context_batches(cu);
+            test_bad_inputs(cu, ids);
+        }
+        dsv4_ctx_destroy(cu);
+    }
     dsv4_ctx_destroy(c1);
     dsv4_ctx_destroy(c2);
     dsv4_ctx_destroy(cr);

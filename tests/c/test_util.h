@@ -4,6 +4,7 @@
 #define DSV4_TEST_UTIL_H
 
 #include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,7 +46,7 @@ static inline void test_rm_dir(const char *d)
     struct dirent *e;
     while ((e = readdir(h))) {
         if (e->d_name[0] == '.') continue;
-        char p[320];
+        char p[PATH_MAX + 1024];
         snprintf(p, sizeof p, "%s/%s", d, e->d_name);
         unlink(p);
     }

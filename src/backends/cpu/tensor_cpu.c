@@ -89,7 +89,16 @@ static dsv4_status ref_sample(const dsv4_exec *ex, const dsv4_sample_args *a)
     return DSV4_OK;
 }
 
-const struct dsv4_tensor_ops dsv4_cpu_ref_tensor_ops = {ref_embed, ref_add, ref_copy, ref_sample};
+/* Both cpu backends: one pass, each element read before it is written (in place allowed). */
+static dsv4_status paged_slots(const dsv4_exec *ex, const dsv4_paged_slots_args *a)
+{
+    (void)ex;
+    for (int64_t i = 0; i < a->n; i++)
+        a->slots[i * a->ss] = dsv4_paged_slot(a->table, a->n_blocks, a->block_size, a->entries[i * a->es]);
+    return DSV4_OK;
+}
+
+const struct dsv4_tensor_ops dsv4_cpu_ref_tensor_ops = {ref_embed, ref_add, ref_copy, ref_sample, paged_slots};
 
 /* ---- cpu ---------------------------------------------------------------------------------- */
 static void embed_rows(void *v, int64_t lo, int64_t hi)
@@ -155,4 +164,4 @@ static dsv4_status cpu_sample(const dsv4_exec *ex, const dsv4_sample_args *a)
     return DSV4_OK;
 }
 
-const struct dsv4_tensor_ops dsv4_cpu_tensor_ops = {cpu_embed, cpu_add, cpu_copy, cpu_sample};
+const struct dsv4_tensor_ops dsv4_cpu_tensor_ops = {cpu_embed, cpu_add, cpu_copy, cpu_sample, paged_slots};

@@ -80,6 +80,8 @@ int dsv4_cu_add_bf16_launch(long long t, long long n, long long d, const uint16_
                             void *stream);
 int dsv4_cu_copy_rows_launch(const void *src, long long lds, const int32_t *idx, long long idx_s, void *dst,
                              long long ldd, long long n, long long row_bytes, void *stream);
+int dsv4_cu_paged_slots_launch(const int32_t *table, long long n_blocks, long long block_size, const int32_t *entries,
+                               long long es, int32_t *slots, long long ss, long long n, void *stream);
 
 /* The sample entry of the tensor family (sample_cuda.cu; core/ops_tensor.h dsv4_sample_args, the
  * same fields; params: dsv4_sampling [B]). */

@@ -75,4 +75,12 @@ static dsv4_status cu_sample(const dsv4_exec *ex, const dsv4_sample_args *a)
                                     a->ws_row, dsv4_cu_stream(ex)));
 }
 
-const struct dsv4_tensor_ops dsv4_cuda_tensor_ops = {cu_embed, cu_add, cu_copy, cu_sample};
+/* One launch; the entries are the device's (dsv4_paged_slots: out of the table means no entry). */
+static dsv4_status cu_paged_slots(const dsv4_exec *ex, const dsv4_paged_slots_args *a)
+{
+    CU_LAUNCH(ex, "paged_slots",
+              dsv4_cu_paged_slots_launch(a->table, a->n_blocks, a->block_size, a->entries, a->es, a->slots, a->ss, a->n,
+                                         dsv4_cu_stream(ex)));
+}
+
+const struct dsv4_tensor_ops dsv4_cuda_tensor_ops = {cu_embed, cu_add, cu_copy, cu_sample, cu_paged_slots};

@@ -47,6 +47,17 @@ __global__ void add_kernel(long long n, long long d, const uint16_t *a, long lon
     }
 }
 
+__global__ void paged_slots_kernel(const int32_t *table, long long n_blocks, long long block_size,
+                                   const int32_t *entries, long long es, int32_t *slots, long long ss, long long n)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int32_t e = entries[i * es];
+    slots[i * ss] = e < 0 || (long long)e >= n_blocks * block_size
+                        ? -1
+                        : (int32_t)((long long)table[e / block_size] * block_size + e % block_size);
+}
+
 static unsigned threads_for(long long bytes) { return bytes >= 4096 ? 256 : bytes >= 1024 ? 128 : 64; }
 
 extern "C" int dsv4_cu_embed_launch(const uint16_t *table, long long ldt, long long d, const int32_t *ids,
@@ -78,5 +89,16 @@ extern "C" int dsv4_cu_copy_rows_launch(const void *src, long long lds, const in
     if (n > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
     copy_rows_kernel<<<(unsigned)n, threads_for(row_bytes), 0, (cudaStream_t)stream>>>(
         (const uint8_t *)src, lds, idx, idx_s, (uint8_t *)dst, ldd, row_bytes);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int dsv4_cu_paged_slots_launch(const int32_t *table, long long n_blocks, long long block_size,
+                                          const int32_t *entries, long long es, int32_t *slots, long long ss, long long n,
+                                          void *stream)
+{
+    if (n == 0) return 0;
+    if (n > 0x7FFFFFFFll * 256) return (int)cudaErrorInvalidConfiguration;
+    paged_slots_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(table, n_blocks, block_size, entries,
+                                                                                      es, slots, ss, n);
     return (int)cudaGetLastError();
 }
