@@ -441,14 +441,15 @@ def test_sampler_distribution(models, rng):
 
 # ---- the Hugging Face golden logits ----------------------------------------------------------------
 @pytest.mark.skipif(not os.path.isdir(HF_TINY), reason="shared/testdata/hf-tiny-a not present")
-@pytest.mark.parametrize("backend", ["cpu", "cpu-ref"])
+@pytest.mark.parametrize("backend", ["cpu", "cpu-ref", pytest.param("cuda", marks=pytest.mark.skipif(
+    not dsv4.device.available("cuda")[0], reason="no usable CUDA device"))])
 def test_golden_hf_tiny_a(backend):
     """testdata/README.md's acceptance rule on transformers' float32 logits of hf-tiny-a (BF16 weights in
     the HF layout): median rel error <= 3 x median(noise), p90 <= 3 x p90(noise)."""
     g = np.load(os.path.join(HF_TINY, "golden.npz"))
     want = g["logits_ref"].astype(np.float64)
     noise = rel(g["logits_bf16"].astype(np.float64), want)
-    with Engine(HF_TINY, max_context=128, max_batch=64, backend=backend, threads=1) as e:
+    with Engine(HF_TINY, max_context=128, max_batch=64, backend=backend, threads=0 if backend == "cuda" else 1) as e:
         got, _ = e.forward(e.seq_create(), g["ids"])
     err = rel(got, want)
     print(f"{backend}: err median {np.median(err):.4f} p90 {np.percentile(err, 90):.4f}; bounds "
