@@ -91,7 +91,11 @@ double bench_median(double *v, int n);
 /* ---- checkpoints (bench_run.c) ---- */
 /* Write the synthetic checkpoint with V4-Flash layer shapes (3 blocks + MTP, file holes but the
  * routing) into dir; 1 on success. */
+/* fp32 FMA GFLOP/s of `threads` threads running 256-bit FMA chains (bench/peak_avx2.c) */
+double bench_peak256(int threads, long iters);
 int bench_flash_like(const char *dir);
+/* V4-Flash's first n_layers blocks (3: one SWA, one CSA, one HCA block) + MTP, written as file holes but the routing. */
+int bench_flash_layers(const char *dir, int n_layers);
 void bench_rm_tree(const char *dir); /* remove a temporary checkpoint folder */
 
 /* ---- one timing method over distinct copies (bench_util.c) ----

@@ -364,6 +364,9 @@ typedef struct run_opts {
     double peak;               /* GFLOP/s: the faster of the fp32 FMA and the vdpbf16ps peaks */
     const char *peak_of;
     int classes;               /* the weight-class table after the decode rows (print_classes) */
+    const char *backend;       /* the engine's backend (NULL: $DSV4_BACKEND, else cpu) */
+    int device;                /* it computes in device memory: the roofline is the device's */
+    int layers;                /* blocks of the V4-Flash-shaped checkpoint (3: one of each kind) */
 } run_opts;
 
 /* The ids of one step for B sequences: distinct (stride 7919, a prime above any pool here) from
@@ -442,7 +445,7 @@ static double batch_step(dsv4_engine *e, const int *seqs, int B, int pool, uint6
 static int batched(const char *dir, const model_cost *mc, const run_opts *ro, double bw)
 {
     dsv4_ctx *ctx = NULL;
-    dsv4_ctx_options co = {.threads = ro->threads};
+    dsv4_ctx_options co = {.backend = ro->backend, .threads = ro->threads};
     dsv4_engine_options eo = {1024, ro->max_b + 2, ro->max_b > 64 ? ro->max_b : 64, 0, 0, DSV4_LOAD_MAP, NULL, NULL};
     dsv4_engine *e = NULL;
     if (dsv4_ctx_create(&co, &ctx) != DSV4_OK || dsv4_engine_create(ctx, dir, &eo, &e) != DSV4_OK) {
@@ -546,6 +549,13 @@ done:
     return rc;
 }
 
+/* The engine's load progress on a device (the weights' upload: GB/s). */
+static void upload_line(void *user, const char *line)
+{
+    (void)user;
+    printf("%s\n", line);
+}
+
 static int bench_model(const char *name, const char *dir, const run_opts *ro, int n_prefill, int n_decode, double bw_gbs,
                        double peak_gflops)
 {
@@ -556,8 +566,8 @@ static int bench_model(const char *name, const char *dir, const run_opts *ro, in
         return 1;
     }
     dsv4_ctx *ctx = NULL;
-    dsv4_ctx_options co = {.backend = NULL, .threads = threads};
-    dsv4_engine_options eo = {1024, 1, 64, 2, 0, DSV4_LOAD_MAP, NULL, NULL};
+    dsv4_ctx_options co = {.backend = ro->backend, .threads = threads};
+    dsv4_engine_options eo = {1024, 1, 64, 2, 0, DSV4_LOAD_MAP, ro->device ? upload_line : NULL, NULL};
     dsv4_engine *e = NULL;
     if (dsv4_ctx_create(&co, &ctx) != DSV4_OK || dsv4_engine_create(ctx, dir, &eo, &e) != DSV4_OK) {
         fprintf(stderr, "bench run: %s\n", dsv4_last_error());
@@ -796,18 +806,29 @@ static int route_like(const char *dir, int pool, int64_t n_experts)
     return ok;
 }
 
-int bench_flash_like(const char *dir)
+int bench_flash_like(const char *dir) { return bench_flash_layers(dir, 3); }
+
+int bench_flash_layers(const char *dir, int n_layers)
 {
     dsv4_model_config c;
     dsv4_config_default(&c);
-    c.n_layers = 3;
-    c.n_hash_layers = 1;
-    const int ratios[4] = {0, 4, 128, 0};
-    for (int i = 0; i < DSV4_MAX_LAYERS; i++) {
-        int r = i < 4 ? ratios[i] : 0;
-        c.compress_ratio[i] = r;
-        c.attn_kind[i] = (uint8_t)(r == 0 ? DSV4_ATTN_SWA : r == 4 ? DSV4_ATTN_CSA : DSV4_ATTN_HCA);
-        c.hash_routed[i] = (uint8_t)(i < 1);
+    if (n_layers == 3) { /* one block of each kind */
+        c.n_layers = 3;
+        c.n_hash_layers = 1;
+        const int ratios[4] = {0, 4, 128, 0};
+        for (int i = 0; i < DSV4_MAX_LAYERS; i++) {
+            int r = i < 4 ? ratios[i] : 0;
+            c.compress_ratio[i] = r;
+            c.attn_kind[i] = (uint8_t)(r == 0 ? DSV4_ATTN_SWA : r == 4 ? DSV4_ATTN_CSA : DSV4_ATTN_HCA);
+            c.hash_routed[i] = (uint8_t)(i < 1);
+        }
+    } else { /* V4-Flash's first n_layers blocks as they are (kinds, ratios, hash routing) */
+        if (n_layers < 1 || n_layers > c.n_layers) {
+            fprintf(stderr, "bench run: --layers %d not in [1, %lld]\n", n_layers, (long long)c.n_layers);
+            return 0;
+        }
+        c.n_layers = n_layers;
+        if (c.n_hash_layers > n_layers) c.n_hash_layers = n_layers;
     }
     dsv4_write_options o = {1, 1, DSV4_LAYOUT_OFFICIAL, 1, 1};
     if (dsv4_checkpoint_write(dir, &c, &o) != DSV4_OK) {
@@ -847,7 +868,7 @@ static int run_models(run_opts *ro, int quick, const char *model, int steps, dou
 int dsv4_bench_run(int argc, char **argv)
 {
     run_opts ro = {bench_opt_int(argc, argv, "--threads", dsv4_default_threads()), bench_opt_int(argc, argv, "--max-batch", MAX_B),
-                   bench_opt_int(argc, argv, "--steps", 0), 0, 0, 0.0, NULL, 0};
+                   bench_opt_int(argc, argv, "--steps", 0), 0, 0, 0.0, NULL, 0, NULL, 0, 3};
     int quick = bench_opt_flag(argc, argv, "--quick");
     const char *model = bench_opt_str(argc, argv, "--model", NULL);
     if (ro.max_b < 1 || ro.max_b > MAX_B) {
@@ -865,14 +886,38 @@ int dsv4_bench_run(int argc, char **argv)
         return 1;
     }
     const int threads = ro.threads, steps = ro.steps;
-    const bench_bw probe = bench_read_bw(0, threads, 8);
-    bench_bw_print(&probe);
-    double bw = probe.best, peak = bench_fma_peak(threads);
-    const double dot = bench_dot_peak(threads);
-    ro.peak = dot > peak ? dot : peak;
-    ro.peak_of = dot > peak ? "vdpbf16ps" : "fp32 FMA";
-    printf("bench run: %d threads, read bandwidth %.1f GB/s (median %.1f), FMA peak %.0f GFLOP/s, vdpbf16ps peak %.0f GFLOP/s"
-           " (measured now)\n", threads, bw, probe.median, peak, dot);
+    ro.backend = bench_opt_str(argc, argv, "--backend", NULL);
+    ro.layers = bench_opt_int(argc, argv, "--layers", 3);
+    double bw = 0.0, peak = 0.0;
+    if (ro.backend && strcmp(ro.backend, "cpu") && strcmp(ro.backend, "cpu-ref")) {
+        /* a device: its copy rate (read + write bytes) is the roofline's bandwidth, as in bench linear-cuda */
+        dsv4_ctx *dc = NULL;
+        const dsv4_ctx_options dco = {.backend = ro.backend};
+        if (dsv4_backend_available(ro.backend) != DSV4_OK || dsv4_ctx_create(&dco, &dc) != DSV4_OK) {
+            printf("bench run: skipped: %s\n", dsv4_last_error());
+            return 0;
+        }
+        dsv4_device_info di;
+        if (dsv4_device_info_get(dc, &di) != DSV4_OK) di.name[0] = 0;
+        bw = bench_device_copy_rate(dc);
+        dsv4_ctx_destroy(dc);
+        ro.device = 1;
+        ro.rounds = 0;
+        peak = ro.peak = 1e3 * atof(bench_opt_str(argc, argv, "--peak-tflops", "0"));
+        if (!(peak > 0)) peak = ro.peak = 1e12; /* not given: no compute bound */
+        ro.peak_of = "given";
+        printf("bench run: backend %s (%s), device copy rate %.0f GB/s (read + write, measured now): the roofline's bandwidth\n",
+               ro.backend, di.name, bw);
+    } else {
+        const bench_bw probe = bench_read_bw(0, threads, 8);
+        bench_bw_print(&probe);
+        bw = probe.best, peak = bench_fma_peak(threads);
+        const double dot = bench_dot_peak(threads);
+        ro.peak = dot > peak ? dot : peak;
+        ro.peak_of = dot > peak ? "vdpbf16ps" : "fp32 FMA";
+        printf("bench run: %d threads, read bandwidth %.1f GB/s (median %.1f), FMA peak %.0f GFLOP/s, vdpbf16ps peak %.0f GFLOP/s"
+               " (measured now)\n", threads, bw, probe.median, peak, dot);
+    }
 
     printf("published CPU results: a good one is ~15-20 tok/s per server socket on V4-Flash (llama.cpp 9.7),\n"
            "i.e. 11.2 GB/token at ~200-250 GB/s: the fraction of the roofline below compares with ~0.8 for those\n");
@@ -903,11 +948,12 @@ static int run_models(run_opts *ro_in, int quick, const char *model, int steps, 
     bench_rm_tree(tiny);
     if (rc || quick) return rc;
     ro.pool = ROUTE_IDS;
-    ro.classes = 1;
+    ro.classes = !ro.device; /* the class products are the cpu's */
     ro.steps = steps > 0 ? steps : 8; /* two CSA compressions (ratio 4) per sequence */
-    if (mkdtemp(flash) && bench_flash_like(flash))
-        rc = bench_model("V4-Flash shapes, 3 blocks (SWA, CSA, HCA) + MTP, zero weights but the routing", flash, &ro, 32, 8, bw,
-                         peak);
+    char what[160];
+    if (ro.layers == 3) snprintf(what, sizeof what, "V4-Flash shapes, 3 blocks (SWA, CSA, HCA) + MTP, zero weights but the routing");
+    else snprintf(what, sizeof what, "V4-Flash shapes, its first %d blocks + MTP, zero weights but the routing", ro.layers);
+    if (mkdtemp(flash) && bench_flash_layers(flash, ro.layers)) rc = bench_model(what, flash, &ro, 32, 8, bw, peak);
     bench_rm_tree(flash);
     return rc;
 }
