@@ -40,10 +40,25 @@ dsv4_tensor eng_t3(const void *p, dsv4_dtype dt, int64_t a, int64_t b, int64_t c
     return view(p, dt, 3, (const int64_t[]){a, b, c});
 }
 
+static dsv4_tensor on_ctx(const dsv4_engine *e, dsv4_tensor t)
+{
+    t.device = e->device;
+    return t;
+}
+dsv4_tensor eng_v1(const dsv4_engine *e, const void *p, dsv4_dtype dt, int64_t a) { return on_ctx(e, eng_t1(p, dt, a)); }
+dsv4_tensor eng_v2(const dsv4_engine *e, const void *p, dsv4_dtype dt, int64_t a, int64_t b)
+{
+    return on_ctx(e, eng_t2(p, dt, a, b));
+}
+dsv4_tensor eng_v3(const dsv4_engine *e, const void *p, dsv4_dtype dt, int64_t a, int64_t b, int64_t c)
+{
+    return on_ctx(e, eng_t3(p, dt, a, b, c));
+}
+
 dsv4_status eng_copy(const dsv4_engine *e, void *dst, const void *src, int64_t bytes)
 {
     if (!bytes) return DSV4_OK;
-    dsv4_tensor s = eng_t2(src, DSV4_U8, 1, bytes), d = eng_t2(dst, DSV4_U8, 1, bytes);
+    dsv4_tensor s = eng_v2(e, src, DSV4_U8, 1, bytes), d = eng_v2(e, dst, DSV4_U8, 1, bytes);
     return dsv4_copy_rows(e->ctx, &s, NULL, &d);
 }
 
@@ -140,7 +155,7 @@ static dsv4_status param_f32(dsv4_engine *e, arena *conv, const dsv4_tensor *src
     }
     int64_t n = numel(src);
     float *buf = take(conv, (uint64_t)n * 4);
-    *dst = view(buf, DSV4_F32, src->ndim, src->shape);
+    *dst = on_ctx(e, view(buf, DSV4_F32, src->ndim, src->shape));
     if (!buf) return DSV4_OK;
     if (src->dtype != DSV4_F32 && src->dtype != DSV4_BF16)
         return dsv4_fail(DSV4_ERR_DTYPE, "engine: parameter of dtype %s where F32 or BF16 is needed", dsv4_dtype_name(src->dtype));
@@ -176,7 +191,7 @@ static dsv4_status wo_a_weight(dsv4_engine *e, arena *conv, const dsv4_linear_we
     }
     const int64_t N = lw->out_features, K = lw->in_features;
     uint16_t *buf = take(conv, (uint64_t)(N * K) * 2);
-    *dst = eng_t2(buf, DSV4_BF16, N, K);
+    *dst = eng_v2(e, buf, DSV4_BF16, N, K);
     if (!buf) return DSV4_OK;
     float *tmp = malloc((size_t)(128 * K) * sizeof *tmp);
     uint16_t *h = stage(e, buf, (uint64_t)(N * K) * 2);
@@ -482,8 +497,8 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     for (int p = 0; p < e->n_pools; p++) e->hrow[p] = maxc / e->pool_ratio[p] + 1;
     /* RoPE tables and the model-level hc_head */
     float *rm = take(&A[A_CONV], (uint64_t)maxc * 64 * 4), *rc = take(&A[A_CONV], (uint64_t)maxc * 64 * 4);
-    e->rope_main = eng_t2(rm, DSV4_F32, maxc, 64);
-    e->rope_compress = eng_t2(rc, DSV4_F32, maxc, 64);
+    e->rope_main = eng_v2(e, rm, DSV4_F32, maxc, 64);
+    e->rope_compress = eng_v2(e, rc, DSV4_F32, maxc, 64);
     if (rm) {
         const dsv4_rope_config *rcf[2] = {&c->rope_main, &c->rope_compress};
         float *dst[2] = {rm, rc};
@@ -689,7 +704,8 @@ static dsv4_status check_memory(const dsv4_engine *e, const arena *A, uint64_t w
  * definitions' bits, as every backend's). */
 static dsv4_status host_context(dsv4_engine *e)
 {
-    e->on_device = dsv4_ctx_device_kind(e->ctx) != DSV4_DEVICE_CPU;
+    e->device = dsv4_ctx_device_kind(e->ctx);
+    e->on_device = e->device != DSV4_DEVICE_CPU;
     if (!e->on_device) {
         e->hctx = e->ctx;
         return DSV4_OK;
@@ -865,14 +881,14 @@ static dsv4_status seq_clear(dsv4_engine *e, int sq)
         int64_t rows = coff * L->ratio, cols = coff * d;
         dsv4_compressor_desc md = {.kind = DSV4_COMPRESSOR_MAIN, .ratio = L->ratio, .dim = (int)d, .eps = 1e-6f,
                                    .overlap = eng_overlap(L)};
-        dsv4_tensor skv = eng_t2(st, DSV4_F32, rows, cols), ssc = eng_t2(st + rows * cols, DSV4_F32, rows, cols);
+        dsv4_tensor skv = eng_v2(e, st, DSV4_F32, rows, cols), ssc = eng_v2(e, st + rows * cols, DSV4_F32, rows, cols);
         DSV4_TRY(state_reset(e, &md, &skv, &ssc));
         if (L->kind != DSV4_ATTN_CSA) continue;
         float *ist = st + 2 * rows * cols;
         dsv4_compressor_desc id = {.kind = DSV4_COMPRESSOR_INDEXER, .ratio = L->ratio, .dim = (int)dI, .eps = 1e-6f,
                                    .overlap = 1};
-        skv = eng_t2(ist, DSV4_F32, 2 * L->ratio, 2 * dI);
-        ssc = eng_t2(ist + 2 * L->ratio * 2 * dI, DSV4_F32, 2 * L->ratio, 2 * dI);
+        skv = eng_v2(e, ist, DSV4_F32, 2 * L->ratio, 2 * dI);
+        ssc = eng_v2(e, ist + 2 * L->ratio * 2 * dI, DSV4_F32, 2 * L->ratio, 2 * dI);
         DSV4_TRY(state_reset(e, &id, &skv, &ssc));
     }
     s->len = 0;

@@ -143,6 +143,7 @@ struct dsv4_engine {
     const dsv4_model_weights *dw; /* what the ops read: w on a CPU backend, its copy on a device */
     eng_dev_weights devw;        /* that copy */
     int on_device;               /* the context's memory is not host memory */
+    dsv4_device_kind device;     /* its kind: the views of the context's memory carry it */
     dsv4_ctx *hctx;              /* host context: load-time conversions and sampling (ctx on a CPU backend) */
     float *neg_inf;              /* on a device: host row of -inf for fresh compressor scores */
     int64_t neg_inf_n;
@@ -224,9 +225,13 @@ dsv4_status eng_seq_failed(dsv4_engine *e, int seq, dsv4_status st, const char *
 float *eng_state(const dsv4_engine *e, const eng_layer *L, int sq); /* the layer's state of sequence sq */
 /* `bytes` bytes from src to dst in the context's memory, by the backend (dsv4_copy_rows). */
 dsv4_status eng_copy(const dsv4_engine *e, void *dst, const void *src, int64_t bytes);
+/* Views of host memory (eng_t*) and of the context's memory (eng_v*: the context's device kind). */
 dsv4_tensor eng_t1(const void *p, dsv4_dtype dt, int64_t a);
 dsv4_tensor eng_t2(const void *p, dsv4_dtype dt, int64_t a, int64_t b);
 dsv4_tensor eng_t3(const void *p, dsv4_dtype dt, int64_t a, int64_t b, int64_t c);
+dsv4_tensor eng_v1(const dsv4_engine *e, const void *p, dsv4_dtype dt, int64_t a);
+dsv4_tensor eng_v2(const dsv4_engine *e, const void *p, dsv4_dtype dt, int64_t a, int64_t b);
+dsv4_tensor eng_v3(const dsv4_engine *e, const void *p, dsv4_dtype dt, int64_t a, int64_t b, int64_t c);
 dsv4_linear_format eng_fmt(const dsv4_linear_weight *w); /* op format of a model linear */
 dsv4_linear_format eng_tfmt(const dsv4_tensor *w);       /* BF16 or F32 plain weight */
 /* Prefix the current error message with `what` (keeps the status). */

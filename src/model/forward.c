@@ -58,15 +58,16 @@ static dsv4_status rmsnorm(const dsv4_engine *e, const dsv4_tensor *x, const dsv
 }
 
 /* A 2-D view with row stride `ld` (elements). */
-static dsv4_tensor rows_view(const void *p, dsv4_dtype dt, int64_t rows, int64_t cols, int64_t ld)
+static dsv4_tensor rows_view(const dsv4_engine *e, const void *p, dsv4_dtype dt, int64_t rows, int64_t cols, int64_t ld)
 {
     dsv4_tensor t;
     memset(&t, 0, sizeof t);
     dsv4_tensor_init_strided(&t, (void *)p, dt, 2, (const int64_t[]){rows, cols}, (const int64_t[]){ld, 1});
+    t.device = e->device;
     return t;
 }
 
-static dsv4_tensor workspace(const dsv4_engine *e) { return eng_t1(e->s.ws, DSV4_U8, (int64_t)e->s.ws_bytes); }
+static dsv4_tensor workspace(const dsv4_engine *e) { return eng_v1(e, e->s.ws, DSV4_U8, (int64_t)e->s.ws_bytes); }
 
 static eng_seq *seq_of(const fwd *f, int i) { return &f->e->seqs[f->seg[i].sq]; }
 
@@ -75,14 +76,15 @@ static eng_seq *seq_of(const fwd *f, int i) { return &f->e->seqs[f->seg[i].sq]; 
 static dsv4_status embed(const fwd *f, int64_t copies, uint16_t *out)
 {
     const dsv4_engine *e = f->e;
-    dsv4_tensor table = eng_t2(e->embed, DSV4_BF16, e->V, e->D), o = eng_t3(out, DSV4_BF16, f->T, copies, e->D);
+    dsv4_tensor table = eng_v2(e, e->embed, DSV4_BF16, e->V, e->D), o = eng_v3(e, out, DSV4_BF16, f->T, copies, e->D);
     return dsv4_embed_rows(e->ctx, &table, &f->tok, &o);
 }
 
 /* rows [n, w] F32 of src (row stride w) into columns col.. of the saved rows (stride proj_ld) */
 static dsv4_status save_rows(const fwd *f, const eng_layer *L, int64_t col, const float *src, int64_t w)
 {
-    dsv4_tensor a = eng_t2(src, DSV4_F32, f->T, w), b = rows_view(L->saved_proj + col, DSV4_F32, f->T, w, L->proj_ld);
+    const dsv4_engine *e = f->e;
+    dsv4_tensor a = eng_v2(e, src, DSV4_F32, f->T, w), b = rows_view(e, L->saved_proj + col, DSV4_F32, f->T, w, L->proj_ld);
     return dsv4_copy_rows(f->e->ctx, &a, NULL, &b);
 }
 
@@ -171,15 +173,15 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
     const int64_t T = f->T, nI = e->cfg->index_n_heads, dI = e->cfg->index_head_dim, eb = e->index_entry_bytes;
     const int64_t topk = e->cfg->index_topk;
     /* queries: wq_b·qr, RoPE, Hadamard, FP4; head weights from weights_proj·x */
-    dsv4_tensor qi = eng_t2(s->qi, DSV4_BF16, T, nI * dI), qi3 = eng_t3(s->qi, DSV4_BF16, T, nI, dI);
-    dsv4_tensor qpk = eng_t3(s->qpk, DSV4_U8, T, nI, dI / 2), qsc = eng_t3(s->qsc, DSV4_U8, T, nI, dI / 32);
+    dsv4_tensor qi = eng_v2(e, s->qi, DSV4_BF16, T, nI * dI), qi3 = eng_v3(e, s->qi, DSV4_BF16, T, nI, dI);
+    dsv4_tensor qpk = eng_v3(e, s->qpk, DSV4_U8, T, nI, dI / 2), qsc = eng_v3(e, s->qsc, DSV4_U8, T, nI, dI / 32);
     TRY(linear(e, &w->index_wq_b, qr, &qi));
     TRY(dsv4_indexer_q(e->ctx, &qi3, &f->hpos, &e->rope_compress, &qpk, &qsc));
-    dsv4_tensor wp = eng_t2(s->wp, DSV4_BF16, T, nI), wts = eng_t2(s->wts, DSV4_F32, T, nI);
+    dsv4_tensor wp = eng_v2(e, s->wp, DSV4_BF16, T, nI), wts = eng_v2(e, s->wts, DSV4_F32, T, nI);
     TRY(linear_t(e, &w->index_weights_proj, x, &wp));
     TRY(dsv4_indexer_weights(e->ctx, &wp, (int)dI, &wts));
     /* keys: the indexer compressor writes its new entries straight into the MXFP4 cache rows */
-    dsv4_tensor ikv = eng_t2(s->ikv, DSV4_F32, T, 2 * dI), ig = eng_t2(s->igate, DSV4_F32, T, 2 * dI);
+    dsv4_tensor ikv = eng_v2(e, s->ikv, DSV4_F32, T, 2 * dI), ig = eng_v2(e, s->igate, DSV4_F32, T, 2 * dI);
     TRY(linear_t(e, &w->index_compressor.wkv, x, &ikv));
     TRY(linear_t(e, &w->index_compressor.wgate, x, &ig));
     if (saved) { /* row t: main kv | main gate | indexer kv | indexer gate */
@@ -193,14 +195,14 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
     for (int i = 0; i < f->n_seg; i++) {
         const eng_seg *g = &f->seg[i];
         float *st = eng_state(e, L, g->sq) + eng_main_state_floats(L);
-        dsv4_tensor skv = eng_t2(st, DSV4_F32, 2 * r, 2 * dI), ssc = eng_t2(st + 2 * r * 2 * dI, DSV4_F32, 2 * r, 2 * dI);
-        dsv4_tensor gkv = eng_t2(s->ikv + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
-        dsv4_tensor gg = eng_t2(s->igate + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
+        dsv4_tensor skv = eng_v2(e, st, DSV4_F32, 2 * r, 2 * dI), ssc = eng_v2(e, st + 2 * r * 2 * dI, DSV4_F32, 2 * r, 2 * dI);
+        dsv4_tensor gkv = eng_v2(e, s->ikv + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
+        dsv4_tensor gg = eng_v2(e, s->igate + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
         uint8_t *cache = L->index_cache + (size_t)(g->sq * e->index_entries * eb);
         int64_t m = dsv4_compressor_emit_count(r, g->start, g->T), c0 = g->start / r;
         /* a replay's entries are in the cache already: they go to scratch (s->qi is free again) */
-        dsv4_tensor oc = f->replay ? eng_t2(s->qi, DSV4_BF16, m, dI) : rows_view(cache + c0 * eb, DSV4_U8, m, dI / 2, eb);
-        dsv4_tensor os = rows_view(cache + c0 * eb + dI / 2, DSV4_U8, m, dI / 32, eb);
+        dsv4_tensor oc = f->replay ? eng_v2(e, s->qi, DSV4_BF16, m, dI) : rows_view(e, cache + c0 * eb, DSV4_U8, m, dI / 2, eb);
+        dsv4_tensor os = rows_view(e, cache + c0 * eb + dI / 2, DSV4_U8, m, dI / 32, eb);
         TRY(dsv4_compressor_forward(e->ctx, &desc, g->start, &gkv, &gg, &L->index_ape, &w->index_compressor.norm,
                                     &e->rope_compress, &skv, &ssc, m ? &oc : NULL, m && !f->replay ? &os : NULL));
         /* scores over the sequence's visible entries and the streaming top-k */
@@ -211,15 +213,15 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
             TRY(dsv4_device_memset(e->ctx, glen, 0, (size_t)g->T * 4));
             continue;
         }
-        dsv4_tensor gq = eng_t3(s->qpk + g->row * nI * dI / 2, DSV4_U8, g->T, nI, dI / 2);
-        dsv4_tensor gqs = eng_t3(s->qsc + g->row * nI * dI / 32, DSV4_U8, g->T, nI, dI / 32);
-        dsv4_tensor gw = eng_t2(s->wts + g->row * nI, DSV4_F32, g->T, nI), gp = eng_t1(s->t.positions + g->row, DSV4_I64, g->T);
-        dsv4_tensor k = rows_view(cache, DSV4_U8, N, dI / 2, eb), ks = rows_view(cache + dI / 2, DSV4_U8, N, dI / 32, eb);
-        dsv4_tensor idx = eng_t2(gidx, DSV4_I32, g->T, topk), len = eng_t1(glen, DSV4_I32, g->T);
+        dsv4_tensor gq = eng_v3(e, s->qpk + g->row * nI * dI / 2, DSV4_U8, g->T, nI, dI / 2);
+        dsv4_tensor gqs = eng_v3(e, s->qsc + g->row * nI * dI / 32, DSV4_U8, g->T, nI, dI / 32);
+        dsv4_tensor gw = eng_v2(e, s->wts + g->row * nI, DSV4_F32, g->T, nI), gp = eng_t1(s->t.positions + g->row, DSV4_I64, g->T);
+        dsv4_tensor k = rows_view(e, cache, DSV4_U8, N, dI / 2, eb), ks = rows_view(e, cache + dI / 2, DSV4_U8, N, dI / 32, eb);
+        dsv4_tensor idx = eng_v2(e, gidx, DSV4_I32, g->T, topk), len = eng_v1(e, glen, DSV4_I32, g->T);
         dsv4_indexer_args args = {&gq, &gqs, &gw, &k, &ks, &gp, r};
         TRY(dsv4_indexer_select(e->ctx, &args, topk, &idx, &len, s->ws, s->ws_bytes));
         const eng_seq *q = seq_of(f, i);
-        dsv4_tensor bt = eng_t1(q->btab[L->pool], DSV4_I32, q->btab_n[L->pool]), ent = eng_t1(gidx, DSV4_I32, g->T * topk);
+        dsv4_tensor bt = eng_v1(e, q->btab[L->pool], DSV4_I32, q->btab_n[L->pool]), ent = eng_v1(e, gidx, DSV4_I32, g->T * topk);
         TRY(dsv4_paged_slots(e->ctx, &bt, L->comp.block_size, &ent, &ent));
         f->has_extra = 1;
     }
@@ -234,7 +236,7 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
     const dsv4_layer_weights *w = L->w;
     eng_scratch *s = f->s;
     const int64_t T = f->T, r = L->ratio, coff = eng_overlap(L) ? 2 : 1, d = 512;
-    dsv4_tensor ckv = eng_t2(s->ckv, DSV4_F32, T, coff * d), cg = eng_t2(s->cgate, DSV4_F32, T, coff * d);
+    dsv4_tensor ckv = eng_v2(e, s->ckv, DSV4_F32, T, coff * d), cg = eng_v2(e, s->cgate, DSV4_F32, T, coff * d);
     TRY(linear_t(e, &w->compressor.wkv, x, &ckv));
     TRY(linear_t(e, &w->compressor.wgate, x, &cg));
     float *saved = f->save ? L->saved_proj : NULL;
@@ -249,11 +251,11 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
     for (int i = 0; i < f->n_seg; i++) {
         const eng_seg *g = &f->seg[i];
         float *st = eng_state(e, L, g->sq);
-        dsv4_tensor skv = eng_t2(st, DSV4_F32, rows, cols), ssc = eng_t2(st + rows * cols, DSV4_F32, rows, cols);
-        dsv4_tensor gkv = eng_t2(s->ckv + g->row * cols, DSV4_F32, g->T, cols);
-        dsv4_tensor gg = eng_t2(s->cgate + g->row * cols, DSV4_F32, g->T, cols);
+        dsv4_tensor skv = eng_v2(e, st, DSV4_F32, rows, cols), ssc = eng_v2(e, st + rows * cols, DSV4_F32, rows, cols);
+        dsv4_tensor gkv = eng_v2(e, s->ckv + g->row * cols, DSV4_F32, g->T, cols);
+        dsv4_tensor gg = eng_v2(e, s->cgate + g->row * cols, DSV4_F32, g->T, cols);
         int64_t m = dsv4_compressor_emit_count((int)r, g->start, g->T);
-        dsv4_tensor out = eng_t2(s->cout + mo * d, DSV4_BF16, m, d);
+        dsv4_tensor out = eng_v2(e, s->cout + mo * d, DSV4_BF16, m, d);
         TRY(dsv4_compressor_forward(e->ctx, &desc, g->start, &gkv, &gg, &L->ape, &w->compressor.norm, &e->rope_compress,
                                     &skv, &ssc, m ? &out : NULL, NULL));
         if (!m || f->replay) continue; /* a replay's entries are in the cache already */
@@ -261,7 +263,7 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
     }
     if (mo) { /* new entries into the FP8 cache (the insert quantizes the nope dims, rule kv64) at the
                * slots the tables hold for the pool, in the same segment order */
-        dsv4_tensor out = eng_t2(s->cout, DSV4_BF16, mo, d), slots = eng_t1(s->dt.pslots[L->pool], DSV4_I64, mo);
+        dsv4_tensor out = eng_v2(e, s->cout, DSV4_BF16, mo, d), slots = eng_v1(e, s->dt.pslots[L->pool], DSV4_I64, mo);
         TRY(dsv4_kv_insert(e->ctx, &out, &L->comp, &slots, NULL, NULL));
     }
     if (L->kind == DSV4_ATTN_CSA) {
@@ -281,10 +283,10 @@ static dsv4_status sparse_attention(fwd *f, const eng_layer *L, int64_t r0, int6
     const dsv4_engine *e = f->e;
     eng_scratch *s = f->s;
     const int64_t H = e->H;
-    dsv4_tensor q = eng_t3(s->q + r0 * H * 512, DSV4_BF16, n, H, 512), o = eng_t3(s->o + r0 * H * 512, DSV4_BF16, n, H, 512);
-    dsv4_tensor sidx = eng_t2(s->dt.sidx + r0 * e->W, DSV4_I32, n, e->W), slen = eng_t1(s->dt.slen + r0, DSV4_I32, n);
+    dsv4_tensor q = eng_v3(e, s->q + r0 * H * 512, DSV4_BF16, n, H, 512), o = eng_v3(e, s->o + r0 * H * 512, DSV4_BF16, n, H, 512);
+    dsv4_tensor sidx = eng_v2(e, s->dt.sidx + r0 * e->W, DSV4_I32, n, e->W), slen = eng_v1(e, s->dt.slen + r0, DSV4_I32, n);
     dsv4_sparse_scope swa = {&L->ring, &sidx, &slen}, extra = {&L->comp, cidx, clen};
-    dsv4_tensor ws = workspace(e), pos = eng_t1(s->dt.positions + r0, DSV4_I64, n);
+    dsv4_tensor ws = workspace(e), pos = eng_v1(e, s->dt.positions + r0, DSV4_I64, n);
     TRY(dsv4_sparse_mla_decode(e->ctx, &q, &swa, cidx ? &extra : NULL, &L->sink, (float)(1.0 / sqrt(512.0)), &o, NULL,
                                e->s.ws_bytes ? &ws : NULL));
     return dsv4_inv_rope(e->ctx, &o, &pos, L->rope);
@@ -298,19 +300,19 @@ static dsv4_status attention(fwd *f, const eng_layer *L)
     const dsv4_layer_weights *w = L->w;
     eng_scratch *s = f->s;
     const int64_t T = f->T, D = e->D, H = e->H, G = c->o_groups;
-    dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, D);
+    dsv4_tensor x = eng_v2(e, s->x, DSV4_BF16, T, D);
     /* query path (§5.1): qr = q_norm(wq_a·x), q = wq_b·qr */
-    dsv4_tensor qr = eng_t2(s->qr, DSV4_BF16, T, c->q_lora_rank);
-    dsv4_tensor q = eng_t3(s->q, DSV4_BF16, T, H, 512), qf = eng_t2(s->q, DSV4_BF16, T, H * 512);
+    dsv4_tensor qr = eng_v2(e, s->qr, DSV4_BF16, T, c->q_lora_rank);
+    dsv4_tensor q = eng_v3(e, s->q, DSV4_BF16, T, H, 512), qf = eng_v2(e, s->q, DSV4_BF16, T, H * 512);
     TRY(linear(e, &w->wq_a, &x, &qr));
     TRY(rmsnorm(e, &qr, &w->q_norm, &qr));
     TRY(linear(e, &w->wq_b, &qr, &qf));
     /* the shared KV latent (§5.2): kv = kv_norm(wkv·x) */
-    dsv4_tensor kv = eng_t2(s->kv, DSV4_BF16, T, 512);
+    dsv4_tensor kv = eng_v2(e, s->kv, DSV4_BF16, T, 512);
     TRY(linear(e, &w->wkv, &x, &kv));
     TRY(rmsnorm(e, &kv, &w->kv_norm, &kv));
     /* per-head q RMS + RoPE; kv RoPE + FP8 into the ring at entry p mod R */
-    dsv4_tensor slots = eng_t1(s->dt.rslots, DSV4_I64, T);
+    dsv4_tensor slots = eng_v1(e, s->dt.rslots, DSV4_I64, T);
     TRY(dsv4_qnorm_rope_kv_insert(e->ctx, &q, &kv, &L->ring, &slots, &f->pos, L->rope, (float)c->norm_eps));
     /* what each query attends to (§5.7): its window, and the compressed entries */
     int64_t cw = 0;
@@ -319,18 +321,18 @@ static dsv4_status attention(fwd *f, const eng_layer *L)
         for (int i = 0; i < f->n_seg; i++) {
             const eng_seg *g = &f->seg[i];
             int64_t gw = (g->start + g->T) / L->ratio;
-            dsv4_tensor cidx = rows_view(s->dt.hidx[L->pool] + i * e->hrow[L->pool], DSV4_I32, g->T, gw, 0);
-            dsv4_tensor clen = eng_t1(s->dt.hlen[L->pool] + g->row, DSV4_I32, g->T);
+            dsv4_tensor cidx = rows_view(e, s->dt.hidx[L->pool] + i * e->hrow[L->pool], DSV4_I32, g->T, gw, 0);
+            dsv4_tensor clen = eng_v1(e, s->dt.hlen[L->pool] + g->row, DSV4_I32, g->T);
             TRY(sparse_attention(f, L, g->row, g->T, gw ? &cidx : NULL, gw ? &clen : NULL));
         }
     } else {
-        dsv4_tensor cidx = eng_t2(s->cidx, DSV4_I32, T, cw), clen = eng_t1(s->clen, DSV4_I32, T);
+        dsv4_tensor cidx = eng_v2(e, s->cidx, DSV4_I32, T, cw), clen = eng_v1(e, s->clen, DSV4_I32, T);
         TRY(sparse_attention(f, L, 0, T, cw ? &cidx : NULL, cw ? &clen : NULL));
     }
     /* grouped wo_a over G groups of consecutive heads, then wo_b */
-    dsv4_tensor og = eng_t3(s->o, DSV4_BF16, T, G, H * 512 / G), z = eng_t3(s->z, DSV4_BF16, T, G, c->o_lora_rank);
+    dsv4_tensor og = eng_v3(e, s->o, DSV4_BF16, T, G, H * 512 / G), z = eng_v3(e, s->z, DSV4_BF16, T, G, c->o_lora_rank);
     TRY(dsv4_grouped_linear(e->ctx, eng_tfmt(&L->wo_a), &og, &L->wo_a, NULL, &z, e->s.ws, e->s.ws_bytes));
-    dsv4_tensor zf = eng_t2(s->z, DSV4_BF16, T, G * c->o_lora_rank), a = eng_t2(s->a, DSV4_BF16, T, D);
+    dsv4_tensor zf = eng_v2(e, s->z, DSV4_BF16, T, G * c->o_lora_rank), a = eng_v2(e, s->a, DSV4_BF16, T, D);
     return linear(e, &w->wo_b, &zf, &a);
 }
 
@@ -342,8 +344,8 @@ static dsv4_status moe(fwd *f, const eng_layer *L)
     const dsv4_layer_weights *w = L->w;
     eng_scratch *s = f->s;
     const int64_t T = f->T, k = c->n_activated_experts;
-    dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, e->D), y = eng_t2(s->a, DSV4_BF16, T, e->D);
-    dsv4_tensor ids = eng_t2(s->ids, DSV4_I32, T, k), rw = eng_t2(s->rw, DSV4_F32, T, k);
+    dsv4_tensor x = eng_v2(e, s->x, DSV4_BF16, T, e->D), y = eng_v2(e, s->a, DSV4_BF16, T, e->D);
+    dsv4_tensor ids = eng_v2(e, s->ids, DSV4_I32, T, k), rw = eng_v2(e, s->rw, DSV4_F32, T, k);
     TRY(dsv4_route(e->ctx, &x, &w->gate_weight, L->hash || !L->gate_bias.data ? NULL : &L->gate_bias,
                    L->hash ? &w->tid2eid : NULL, L->hash ? &f->tok : NULL, (float)c->route_scale, &ids, &rw));
     float limit = c->swiglu_limit > 0 ? (float)c->swiglu_limit : INFINITY;
@@ -359,9 +361,9 @@ static dsv4_status block(fwd *f, const eng_layer *L, const dsv4_hc_site *next)
     const dsv4_engine *e = f->e;
     eng_scratch *s = f->s;
     const int64_t T = f->T, D = e->D, hc = e->hc;
-    dsv4_tensor X = eng_t3(s->X, DSV4_BF16, T, hc, D), xin = eng_t2(s->xin, DSV4_BF16, T, D);
-    dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, D), a = eng_t2(s->a, DSV4_BF16, T, D);
-    dsv4_tensor post = eng_t2(s->post, DSV4_F32, T, hc), comb = eng_t3(s->comb, DSV4_F32, T, hc, hc);
+    dsv4_tensor X = eng_v3(e, s->X, DSV4_BF16, T, hc, D), xin = eng_v2(e, s->xin, DSV4_BF16, T, D);
+    dsv4_tensor x = eng_v2(e, s->x, DSV4_BF16, T, D), a = eng_v2(e, s->a, DSV4_BF16, T, D);
+    dsv4_tensor post = eng_v2(e, s->post, DSV4_F32, T, hc), comb = eng_v3(e, s->comb, DSV4_F32, T, hc, hc);
     TRY(rmsnorm(e, &xin, &L->w->attn_norm, &x));
     TRY(attention(f, L));
     TRY(dsv4_hc_post_pre(e->ctx, &a, &X, &post, &comb, &L->hc_ffn, &X, &xin, &post, &comb));
@@ -387,19 +389,20 @@ static dsv4_status begin(fwd *f, dsv4_engine *e, const eng_seg *segs, int n_seg,
         f->save |= g->save;
     }
     if (tokens != t->tokens) memcpy(t->tokens, tokens, (size_t)f->T * sizeof *tokens);
-    f->pos = eng_t1(e->s.dt.positions, DSV4_I64, f->T);
-    f->hpos = eng_t1(t->positions, DSV4_I64, f->T);
-    f->tok = eng_t1(e->s.dt.tokens, DSV4_I32, f->T);
+    f->pos = eng_v1(e, e->s.dt.positions, DSV4_I64, f->T);
+    f->hpos = eng_t1(t->positions, DSV4_I64, f->T); /* host memory */
+    f->tok = eng_v1(e, e->s.dt.tokens, DSV4_I32, f->T);
     return build_tables(f);
 }
 
 /* hc_pre of the first site over the streams s->X [T, hc, D] */
 static dsv4_status first_hc_pre(fwd *f, const dsv4_hc_site *site)
 {
+    const dsv4_engine *e = f->e;
     eng_scratch *s = f->s;
     const int64_t T = f->T, D = f->e->D, hc = f->e->hc;
-    dsv4_tensor X = eng_t3(s->X, DSV4_BF16, T, hc, D), xin = eng_t2(s->xin, DSV4_BF16, T, D);
-    dsv4_tensor post = eng_t2(s->post, DSV4_F32, T, hc), comb = eng_t3(s->comb, DSV4_F32, T, hc, hc);
+    dsv4_tensor X = eng_v3(e, s->X, DSV4_BF16, T, hc, D), xin = eng_v2(e, s->xin, DSV4_BF16, T, D);
+    dsv4_tensor post = eng_v2(e, s->post, DSV4_F32, T, hc), comb = eng_v3(e, s->comb, DSV4_F32, T, hc, hc);
     return dsv4_hc_pre(f->e->ctx, site, &X, &xin, &post, &comb);
 }
 
@@ -438,8 +441,8 @@ dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, in
     for (int64_t r0 = 0; r0 < n; r0 += piece) {
         const int64_t m = n - r0 < piece ? n - r0 : piece;
         float *out = e->on_device ? e->s.dlogits : logits + r0 * V;
-        dsv4_tensor Xv = eng_t3(X + r0 * e->hc * D, DSV4_BF16, m, e->hc, D), y = eng_t2(e->s.xin, DSV4_BF16, m, D);
-        dsv4_tensor lg = eng_t2(out, DSV4_F32, m, V);
+        dsv4_tensor Xv = eng_v3(e, X + r0 * e->hc * D, DSV4_BF16, m, e->hc, D), y = eng_v2(e, e->s.xin, DSV4_BF16, m, D);
+        dsv4_tensor lg = eng_v2(e, out, DSV4_F32, m, V);
         TRY(dsv4_hc_head(e->ctx, L ? &L->hc_head : &e->hc_head, &Xv, &y));
         TRY(rmsnorm(e, &y, L ? &L->w->norm : &e->dw->norm, &y));
         TRY(linear_t(e, &e->dw->head, &y, &lg));
@@ -459,14 +462,14 @@ dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const i
     TRY(begin(&f, e, segs, n_seg, tokens));
     const int64_t T = f.T;
     /* X[t][j] = bf16(e_proj·enorm(embed[tok]) + h_proj·hnorm(streams[t][j])) */
-    dsv4_tensor x = eng_t2(s->x, DSV4_BF16, T, D), ep = eng_t2(s->a, DSV4_BF16, T, D);
-    dsv4_tensor hh = eng_t2(s->Xm, DSV4_BF16, T * hc, D), hp = eng_t2(s->X, DSV4_BF16, T * hc, D);
+    dsv4_tensor x = eng_v2(e, s->x, DSV4_BF16, T, D), ep = eng_v2(e, s->a, DSV4_BF16, T, D);
+    dsv4_tensor hh = eng_v2(e, s->Xm, DSV4_BF16, T * hc, D), hp = eng_v2(e, s->X, DSV4_BF16, T * hc, D);
     TRY(rmsnorm(e, &hh, &w->hnorm, &hh));
     TRY(embed(&f, 1, s->x));
     TRY(rmsnorm(e, &x, &w->enorm, &x));
     TRY(linear(e, &w->e_proj, &x, &ep));
     TRY(linear(e, &w->h_proj, &hh, &hp));
-    dsv4_tensor X = eng_t3(s->X, DSV4_BF16, T, hc, D);
+    dsv4_tensor X = eng_v3(e, s->X, DSV4_BF16, T, hc, D);
     TRY(dsv4_add_bf16(e->ctx, &X, &ep, &X));
     TRY(first_hc_pre(&f, &L->hc_attn));
     return eng_wrap(block(&f, L, NULL), "MTP block", 0);
@@ -484,11 +487,11 @@ static dsv4_status replay(dsv4_engine *e, const eng_layer *L, int kind, int64_t 
     const int64_t w = coff * d, rows = coff * r, col = kind == DSV4_COMPRESSOR_MAIN ? 0 : 4 * 512;
     const dsv4_compressor_weights *cw = kind == DSV4_COMPRESSOR_MAIN ? &L->w->compressor : &L->w->index_compressor;
     const float *saved = L->saved_proj + row * L->proj_ld;
-    dsv4_tensor kv = rows_view(saved + col, DSV4_F32, keep, w, L->proj_ld);
-    dsv4_tensor g = rows_view(saved + col + w, DSV4_F32, keep, w, L->proj_ld);
-    dsv4_tensor skv = eng_t2(state, DSV4_F32, rows, w), ssc = eng_t2(state + rows * w, DSV4_F32, rows, w);
+    dsv4_tensor kv = rows_view(e, saved + col, DSV4_F32, keep, w, L->proj_ld);
+    dsv4_tensor g = rows_view(e, saved + col + w, DSV4_F32, keep, w, L->proj_ld);
+    dsv4_tensor skv = eng_v2(e, state, DSV4_F32, rows, w), ssc = eng_v2(e, state + rows * w, DSV4_F32, rows, w);
     int64_t m = dsv4_compressor_emit_count(r, start, keep);
-    dsv4_tensor out = eng_t2(kind == DSV4_COMPRESSOR_MAIN ? s->cout : s->qi, DSV4_BF16, m, d);
+    dsv4_tensor out = eng_v2(e, kind == DSV4_COMPRESSOR_MAIN ? s->cout : s->qi, DSV4_BF16, m, d);
     dsv4_compressor_desc desc = {.kind = (dsv4_compressor_kind)kind, .ratio = r, .dim = (int)d,
                                  .eps = (float)e->cfg->norm_eps, .overlap = ov};
     return dsv4_compressor_forward(e->ctx, &desc, start, &kv, &g, kind == DSV4_COMPRESSOR_MAIN ? &L->ape : &L->index_ape,
