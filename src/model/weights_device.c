@@ -139,6 +139,12 @@ dsv4_status eng_dev_weights_upload(dsv4_ctx *ctx, const dsv4_model *m, int n_blo
     DSV4_TRY(mirror_init(m, n_blocks, &d.w));
     dev_pass size = {0}; /* the sizes first, on the views as they are (nothing written) */
     dsv4_status st = run_pass(m, &d.w, n_blocks, &size);
+    dsv4_device_info di;
+    if (st == DSV4_OK && b->device != DSV4_DEVICE_CPU && dsv4_device_info_get(ctx, &di) == DSV4_OK && di.free_memory &&
+        size.off > di.free_memory) /* refused with the numbers, before the allocation fails without them */
+        st = dsv4_fail(DSV4_ERR_NO_MEMORY, "weights_device_upload: the weights of %d blocks take %.2f GiB, %.2f GiB of %s's "
+                       "memory is free", n_blocks, (double)size.off / (double)(1ull << 30),
+                       (double)di.free_memory / (double)(1ull << 30), di.name);
     if (st == DSV4_OK) st = dsv4_device_alloc(ctx, (size_t)size.off, &d.mem);
     if (st != DSV4_OK) {
         ws_free(&d.w);

@@ -43,8 +43,9 @@ typedef struct eng_dev_upload_options {
 dsv4_status eng_dev_weights_size(const dsv4_model *m, int n_blocks, uint64_t *bytes);
 
 /* One dsv4_device_alloc of eng_dev_weights_size bytes on ctx's backend, every tensor uploaded in
- * chunks, the mirror built (a tied head aliases the embedding). On failure *out is left empty
- * (nothing held). The upload is synchronous: the mirror is usable on return. */
+ * chunks, the mirror built (a tied head aliases the embedding). Weights larger than the device's
+ * free memory are refused first (DSV4_ERR_NO_MEMORY, with the sizes). On failure *out is left
+ * empty (nothing held). The upload is synchronous: the mirror is usable on return. */
 dsv4_status eng_dev_weights_upload(dsv4_ctx *ctx, const dsv4_model *m, int n_blocks, const eng_dev_upload_options *opt,
                                    eng_dev_weights *out);
 
