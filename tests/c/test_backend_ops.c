@@ -1343,21 +1343,8 @@ static void ix_scores_topk(void)
 }
 
 /* ---- driver ---------------------------------------------------------------------------------- */
-static void run_families(void)
+static void attn_all(void)
 {
-    const int f0 = test_failures, c0 = n_compared, s0 = n_skipped;
-    formats_codecs();
-    formats_rules();
-    formats_weights();
-    linear_formats();
-    linear_grouped();
-    layer_rms();
-    layer_mhc();
-    layer_route();
-    layer_swiglu();
-    layer_moe();
-    tensor_ops();
-    tensor_sample();
     attn_host a;
     attn_make(&a);
     attn_rope_table();
@@ -1366,9 +1353,28 @@ static void run_families(void)
     attn_decode(&a);
     attn_workspace_monotone();
     free(a.pages), free(a.rope);
-    ix_compressor();
-    ix_query_and_weights();
-    ix_scores_topk();
+}
+
+/* The cases in order; DSV4_TEST_OPS=word runs only those whose name contains it (a sanitizer run
+ * of one family). */
+static const struct {
+    const char *name;
+    void (*run)(void);
+} families[] = {
+    {"formats_codecs", formats_codecs}, {"formats_rules", formats_rules},   {"formats_weights", formats_weights},
+    {"linear_formats", linear_formats}, {"linear_grouped", linear_grouped}, {"layer_rms", layer_rms},
+    {"layer_mhc", layer_mhc},           {"layer_route", layer_route},       {"layer_swiglu", layer_swiglu},
+    {"layer_moe", layer_moe},           {"tensor_ops", tensor_ops},         {"tensor_sample", tensor_sample},
+    {"attention", attn_all},            {"ix_compressor", ix_compressor},   {"ix_query_and_weights", ix_query_and_weights},
+    {"ix_scores_topk", ix_scores_topk},
+};
+
+static void run_families(void)
+{
+    const int f0 = test_failures, c0 = n_compared, s0 = n_skipped;
+    const char *only = getenv("DSV4_TEST_OPS");
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (!only || strstr(families[i].name, only)) families[i].run();
     printf("%-10s %d comparisons with cpu-ref, %d failed checks, %d ops skipped\n", target, n_compared - c0,
            test_failures - f0, n_skipped - s0);
 }
