@@ -19,10 +19,13 @@
  * per-token decode step, S > 1 the batched prefill (or a chunk of it, or MTP verification). The
  * state a call leaves is exactly the one S single-token calls leave; so are the entries.
  *
- * State (per sequence, host memory, F32): `state_kv` and `state_score`, each [coff·ratio, coff·d],
- * the reference's layout: row (overlap ? ratio : 0) + p mod ratio holds the latest token p of that
- * residue (kv row, gate + ape row); with overlap, rows 0..ratio−1 hold the last complete block
- * (copied when it was emitted). dsv4_compressor_state_init() sets the fresh state (0 / −inf).
+ * State (per sequence, F32, in the memory of the context's backend like every other view: host
+ * memory on the CPU backends, device memory on an accelerator): `state_kv` and `state_score`, each
+ * [coff·ratio, coff·d], the reference's layout: row (overlap ? ratio : 0) + p mod ratio holds the
+ * latest token p of that residue (kv row, gate + ape row); with overlap, rows 0..ratio−1 hold the
+ * last complete block (copied when it was emitted). dsv4_compressor_state_reset() sets the fresh
+ * state (0 / −inf) on the context's backend; dsv4_compressor_state_init() is its host-memory form
+ * (no context).
  *
  * Indexer cache format (docs/formats.md §5, 68 B per entry for d = 128): codes FP4X2 [N, d/2] (two E2M1 codes
  * per byte, low nibble = even element) + scales E8M0 [N, d/32] (one UE8M0 byte per 32 elements).
@@ -79,13 +82,18 @@ DSV4_API int64_t dsv4_compressor_emit_count(int ratio, int64_t start_pos, int64_
 DSV4_API dsv4_status dsv4_compressor_state_init(const dsv4_compressor_desc *desc, dsv4_tensor *state_kv,
                                                 dsv4_tensor *state_score);
 
+/* The same fresh state in the memory of ctx's backend (device memory on an accelerator), written
+ * on the context's stream like any op. */
+DSV4_API dsv4_status dsv4_compressor_state_reset(dsv4_ctx *ctx, const dsv4_compressor_desc *desc, dsv4_tensor *state_kv,
+                                                 dsv4_tensor *state_score);
+
 /* Run n = kv->shape[0] tokens at positions start_pos.. through the compressor.
  *   kv, gate     F32 [n, coff*d]          projections of the tokens (gate without ape)
  *   ape          F32 [ratio, coff*d]
  *   norm         BF16 or F32 [d]          RMSNorm weight
  *   rope         F32 [max_pos, 64]        rows cos(p·f_0..f_31) ‖ sin(p·f_0..f_31); row c·ratio of
  *                                         every emitted entry c must exist
- *   state_kv, state_score  F32 [coff*ratio, coff*d], updated in place
+ *   state_kv, state_score  F32 [coff*ratio, coff*d], updated in place (the backend's memory)
  *   out, out_scales  the m = dsv4_compressor_emit_count(...) entries, row i = entry start_pos/ratio + i:
  *     main:    out BF16 [m, d], out_scales NULL;
  *     indexer: out FP4X2/U8 [m, d/2] + out_scales E8M0/U8 [m, d/32] (cache rows; pass the view of

@@ -85,6 +85,10 @@ typedef struct dsv4_topk_out {
 
 struct dsv4_indexer_ops {
     dsv4_status (*compress)(const dsv4_exec *ex, const dsv4_cmp_call *c);
+    /* The fresh compressor state in the backend's memory: state_kv[i][j] = 0, state_score[i][j] =
+     * -inf for i < rows, j < cols (row strides ld_kv, ld_score). */
+    dsv4_status (*compress_reset)(const dsv4_exec *ex, float *state_kv, int64_t ld_kv, float *state_score,
+                                  int64_t ld_score, int64_t rows, int64_t cols);
     dsv4_status (*index_q)(const dsv4_exec *ex, const dsv4_ixq_call *c);
     /* out[t][h] = bf16(proj[t][h] * scale); proj BF16 (proj_bf16) or F32. */
     dsv4_status (*head_weights)(const dsv4_exec *ex, const void *proj, int proj_bf16, int64_t ld_proj, int64_t tokens,

@@ -46,17 +46,18 @@ static dsv4_status check_state(const char *op, const dsv4_compressor_desc *d, co
     DSV4_TRY(dsv4_check_output(op, "state_score", ss));
     DSV4_TRY(dsv4_check_inner_contiguous(op, "state_kv", skv));
     DSV4_TRY(dsv4_check_inner_contiguous(op, "state_score", ss));
-    DSV4_TRY(dsv4_check_host(op, "state_kv", skv));
-    DSV4_TRY(dsv4_check_host(op, "state_score", ss));
     if (dsv4_tensors_overlap(skv, ss)) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: state_kv and state_score overlap", op);
     return DSV4_OK;
 }
 
+/* The host-memory form of dsv4_compressor_state_reset (no context: plain loops). */
 dsv4_status dsv4_compressor_state_init(const dsv4_compressor_desc *desc, dsv4_tensor *state_kv, dsv4_tensor *state_score)
 {
     const char *op = "compressor_state_init";
     DSV4_TRY(check_desc(op, desc));
     DSV4_TRY(check_state(op, desc, state_kv, state_score));
+    DSV4_TRY(dsv4_check_host(op, "state_kv", state_kv));
+    DSV4_TRY(dsv4_check_host(op, "state_score", state_score));
     for (int64_t r = 0; r < state_kv->shape[0]; r++) {
         float *a = (float *)state_kv->data + r * state_kv->stride[0];
         float *s = (float *)state_score->data + r * state_score->stride[0];
@@ -66,6 +67,20 @@ dsv4_status dsv4_compressor_state_init(const dsv4_compressor_desc *desc, dsv4_te
         }
     }
     return DSV4_OK;
+}
+
+dsv4_status dsv4_compressor_state_reset(dsv4_ctx *ctx, const dsv4_compressor_desc *desc, dsv4_tensor *state_kv,
+                                        dsv4_tensor *state_score)
+{
+    DSV4_OP_BEGIN("compressor_state_reset", INDEXER);
+    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, compress_reset, op));
+    DSV4_TRY(check_desc(op, desc));
+    DSV4_TRY(check_state(op, desc, state_kv, state_score));
+    const dsv4_tensor *st[2] = {state_kv, state_score};
+    const char *names[2] = {"state_kv", "state_score"};
+    DSV4_TRY(dsv4_ix_check_views(op, b, st, names, 2));
+    return b->indexer->compress_reset(&ex, state_kv->data, state_kv->stride[0], state_score->data, state_score->stride[0],
+                                      state_kv->shape[0], state_kv->shape[1]);
 }
 
 static dsv4_status check_outputs(const char *op, const dsv4_compressor_desc *d, int64_t m, const dsv4_tensor *out,

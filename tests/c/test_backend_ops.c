@@ -1141,60 +1141,101 @@ static void attn_decode(const attn_host *a)
 /* ---- indexer --------------------------------------------------------------------------------- */
 /* The compressor, the q path, head weights, scores and top-k are defined to the bit (dsv4/indexer.h:
  * exact FP4 group dots, a fixed fp32 summation order, a total order for top-k), so every backend
- * gives cpu-ref's bytes. Compressor states and query positions are host memory by contract. */
+ * gives cpu-ref's bytes. Compressor states are the backend's memory, like the other views (query
+ * positions are host memory by contract). */
+typedef struct {
+    dsv4_compressor_desc d;
+    int bf16_out, bf16_norm; /* indexer kind: BF16 values instead of codes + scales; norm weight BF16 */
+} cmp_case;
+
+/* One chain of compressor calls on each side from a state reset on that side (the state carried
+ * across the calls in the backend's memory, rows padded by 8 poisoned floats that must stay as
+ * they are): start 0 with one token, then from mid-block over several blocks, a call that ends on
+ * a block boundary, one that starts on it and spans two blocks, and single tokens after it; the
+ * entries and the whole state are compared after every call. */
+static void ix_compressor_case(const cmp_case *cc)
+{
+    const dsv4_compressor_desc *dc = &cc->d;
+    const int r = dc->ratio, D = dc->dim, coff = dc->overlap ? 2 : 1, w = coff * D, srows = coff * r, ld = w + 8;
+    const int packed = dc->kind == DSV4_COMPRESSOR_INDEXER && !cc->bf16_out;
+    const int64_t calls[][2] = {{0, 1}, {1, 3 * r + 2}, {3 * r + 3, r - 3}, {4 * r, 2 * r + 1}, {6 * r + 1, 1}, {6 * r + 2, 1}};
+    enum { NCALLS = sizeof calls / sizeof calls[0] };
+    const int64_t P = 6 * r + 3, rows = P + r; /* positions, rope rows */
+    float *rope = malloc(4 * (size_t)rows * 64);
+    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
+    dsv4_tensor trope = view(rope, DSV4_F32, 2, rows, 64, 0);
+    CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
+    /* scores spread over a few units, so that the softmax weights differ and none underflows alone */
+    float *kv = f32_rand((size_t)P * w, 1.0f, 0.0f), *gate = f32_rand((size_t)P * w, 2.0f, 0.0f),
+          *ape = f32_rand((size_t)r * w, 1.0f, 0.0f), *normf = f32_rand((size_t)D, 0.1f, 1.0f);
+    uint16_t *normb = malloc(2 * (size_t)D);
+    for (int e = 0; e < D; e++) normb[e] = dsv4_bf16_encode(normf[e]);
+    const size_t sbytes = 4 * ((size_t)(srows - 1) * ld + w);
+    dsv4_ctx *cs[2] = {ref, tc};
+    void *skv[2], *ssc[2];
+    float *hskv[2] = {malloc(sbytes), malloc(sbytes)}, *hssc[2] = {malloc(sbytes), malloc(sbytes)};
+    dsv4_tensor tskv[2], tssc[2];
+    char what[64];
+    snprintf(what, sizeof what, "%s r%d d%d%s%s%s", dc->kind == DSV4_COMPRESSOR_INDEXER ? "indexer" : "main", r, D,
+             dc->overlap ? " overlap" : "", dc->fp8_sim ? " fp8" : "", cc->bf16_out ? " bf16 out" : "");
+    for (int side = 0; side < 2; side++) {
+        skv[side] = scratch(cs[side], sbytes), ssc[side] = scratch(cs[side], sbytes);
+        tskv[side] = view(skv[side], DSV4_F32, 2, srows, w, 0), tssc[side] = view(ssc[side], DSV4_F32, 2, srows, w, 0);
+        tskv[side].stride[0] = tssc[side].stride[0] = ld;
+        tskv[side].device = tssc[side].device = dsv4_ctx_device_kind(cs[side]);
+        CHECK_STATUS(dsv4_compressor_state_reset(cs[side], dc, &tskv[side], &tssc[side]), DSV4_OK);
+        back(cs[side], &tskv[side], hskv[side]), back(cs[side], &tssc[side], hssc[side]);
+    }
+    same("compressor_state_reset", what, hskv[1], hskv[0], sbytes);
+    same("compressor_state_reset", "scores", hssc[1], hssc[0], sbytes);
+    for (int ci = 0; ci < NCALLS && !test_failures; ci++) {
+        const int64_t start = calls[ci][0], n = calls[ci][1], m = dsv4_compressor_emit_count(r, start, n);
+        const size_t row = packed ? (size_t)D / 2 : 2 * (size_t)D, srow = (size_t)D / 32;
+        uint8_t *out[2] = {poisoned(m * row), poisoned(m * row)}, *osc[2] = {poisoned(m * srow), poisoned(m * srow)};
+        dsv4_status st[2];
+        const int nb = nbufs;
+        for (int side = 0; side < 2; side++) {
+            dsv4_ctx *c = cs[side];
+            dsv4_tensor hkv = view(kv + start * w, DSV4_F32, 2, n, w, 0), hg = view(gate + start * w, DSV4_F32, 2, n, w, 0),
+                        ha = view(ape, DSV4_F32, 2, r, w, 0),
+                        hn = cc->bf16_norm ? view(normb, DSV4_BF16, 1, D, 0, 0) : view(normf, DSV4_F32, 1, D, 0, 0),
+                        ho = packed ? view(out[side], DSV4_U8, 2, m, D / 2, 0) : view(out[side], DSV4_BF16, 2, m, D, 0),
+                        hos = view(osc[side], DSV4_U8, 2, m, D / 32, 0);
+            dsv4_tensor tkv = on(c, &hkv), tg = on(c, &hg), ta = on(c, &ha), tn = on(c, &hn), tr = on(c, &trope),
+                        to = on(c, &ho), tos = on(c, &hos);
+            st[side] = dsv4_compressor_forward(c, dc, start, &tkv, &tg, &ta, &tn, &tr, &tskv[side], &tssc[side],
+                                               m ? &to : NULL, m && packed ? &tos : NULL);
+            if (m) back(c, &to, out[side]);
+            if (m && packed) back(c, &tos, osc[side]);
+            back(c, &tskv[side], hskv[side]), back(c, &tssc[side], hssc[side]);
+        }
+        while (nbufs > nb) nbufs--, dsv4_device_free(bufs[nbufs].c, bufs[nbufs].p);
+        char call[96];
+        snprintf(call, sizeof call, "%s, tokens %lld..%lld", what, (long long)start, (long long)(start + n - 1));
+        ran("compressor_forward", st[1], st[0]);
+        if (m) same("compressor_forward", call, out[1], out[0], m * row);
+        if (m && packed) same("compressor_forward", "scales", osc[1], osc[0], m * srow);
+        same("compressor_forward", "state", hskv[1], hskv[0], sbytes);
+        same("compressor_forward", "state scores", hssc[1], hssc[0], sbytes);
+        for (int side = 0; side < 2; side++) free(out[side]), free(osc[side]);
+    }
+    release();
+    for (int side = 0; side < 2; side++) free(hskv[side]), free(hssc[side]);
+    free(kv), free(gate), free(ape), free(normf), free(normb), free(rope);
+}
+
 static void ix_compressor(void)
 {
     if (missing("indexer.compress", HAS(indexer, compress))) return;
-    /* kind, ratio, dim, eps, fp8_sim, overlap: CSA (overlapping, ratio 4 and 8), HCA, a CSA indexer */
-    static const dsv4_compressor_desc descs[] = {
-        {DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1, 1}, {DSV4_COMPRESSOR_MAIN, 8, 512, 1e-6f, 0, 1},
-        {DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0, 0}, {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1}};
-    enum { N = 136 };
-    float rope[(N + 128) * 64];
-    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
-    dsv4_tensor trope = view(rope, DSV4_F32, 2, N + 128, 64, 0);
-    CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
-    for (size_t di = 0; di < sizeof descs / sizeof descs[0]; di++) {
-        const dsv4_compressor_desc *dc = &descs[di];
-        const int coff = dc->overlap ? 2 : 1, w = coff * dc->dim, srows = coff * dc->ratio;
-        const int64_t start = 5, m = dsv4_compressor_emit_count(dc->ratio, start, N);
-        const int packed = dc->kind == DSV4_COMPRESSOR_INDEXER;
-        const size_t row = packed ? (size_t)dc->dim / 2 : 2 * (size_t)dc->dim, srow = (size_t)dc->dim / 32;
-        float *kv = f32_rand((size_t)N * w, 1.0f, 0.0f), *gate = f32_rand((size_t)N * w, 2.0f, 0.0f),
-              *ape = f32_rand((size_t)dc->ratio * w, 1.0f, 0.0f), *norm = f32_rand((size_t)dc->dim, 0.1f, 1.0f);
-        uint8_t *out[2] = {poisoned(m * row), poisoned(m * row)}, *osc[2] = {poisoned(m * srow), poisoned(m * srow)};
-        float *skv[2], *ssc[2];
-        dsv4_status st[2];
-        dsv4_ctx *cs[2] = {ref, tc};
-        for (int side = 0; side < 2; side++) {
-            dsv4_ctx *c = cs[side];
-            skv[side] = malloc(4 * (size_t)srows * w), ssc[side] = malloc(4 * (size_t)srows * w);
-            dsv4_tensor tskv = view(skv[side], DSV4_F32, 2, srows, w, 0),
-                        tssc = view(ssc[side], DSV4_F32, 2, srows, w, 0);
-            CHECK_STATUS(dsv4_compressor_state_init(dc, &tskv, &tssc), DSV4_OK);
-            dsv4_tensor hkv = view(kv, DSV4_F32, 2, N, w, 0), hg = view(gate, DSV4_F32, 2, N, w, 0),
-                        ha = view(ape, DSV4_F32, 2, dc->ratio, w, 0), hn = view(norm, DSV4_F32, 1, dc->dim, 0, 0),
-                        ho = packed ? view(out[side], DSV4_U8, 2, m, dc->dim / 2, 0)
-                                    : view(out[side], DSV4_BF16, 2, m, dc->dim, 0),
-                        hos = view(osc[side], DSV4_U8, 2, m, dc->dim / 32, 0);
-            dsv4_tensor tkv = on(c, &hkv), tg = on(c, &hg), ta = on(c, &ha), tn = on(c, &hn), tr = on(c, &trope),
-                        to = on(c, &ho), tos = on(c, &hos);
-            st[side] = dsv4_compressor_forward(c, dc, start, &tkv, &tg, &ta, &tn, &tr, &tskv, &tssc, &to,
-                                               packed ? &tos : NULL);
-            back(c, &to, out[side]);
-            if (packed) back(c, &tos, osc[side]);
-            release();
-        }
-        char what[48];
-        snprintf(what, sizeof what, "%s r%d d%d", packed ? "indexer" : "main", dc->ratio, dc->dim);
-        ran("compressor_forward", st[1], st[0]);
-        same("compressor_forward", what, out[1], out[0], m * row);
-        if (packed) same("compressor_forward", "scales", osc[1], osc[0], m * srow);
-        same("compressor_forward", "state", skv[1], skv[0], 4 * (size_t)srows * w);
-        same("compressor_forward", "state scores", ssc[1], ssc[0], 4 * (size_t)srows * w);
-        for (int side = 0; side < 2; side++) free(out[side]), free(osc[side]), free(skv[side]), free(ssc[side]);
-        free(kv), free(gate), free(ape), free(norm);
-    }
+    if (missing("indexer.compress_reset", HAS(indexer, compress_reset))) return;
+    /* kind, ratio, dim, eps, fp8_sim, overlap: CSA (overlapping, ratios 4, 8 and 128), HCA (128),
+     * the CSA indexer with packed and BF16 entries */
+    static const cmp_case cases[] = {
+        {{DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1, 1}, 0, 0},    {{DSV4_COMPRESSOR_MAIN, 8, 512, 1e-6f, 0, 1}, 0, 1},
+        {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 1, 0}, 0, 0},  {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0, 1}, 0, 0},
+        {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1}, 0, 1}, {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1}, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) ix_compressor_case(&cases[i]);
 }
 
 /* One indexer_q comparison: T tokens (positions spread over the MP rows of the rope table, the
@@ -1345,22 +1386,8 @@ static void ix_scores_topk(void)
 }
 
 /* ---- driver ---------------------------------------------------------------------------------- */
-static void run_families(void)
+static void attn_all(void)
 {
-    const int f0 = test_failures, c0 = n_compared, s0 = n_skipped;
-    formats_codecs();
-    formats_rules();
-    formats_weights();
-    linear_formats();
-    linear_grouped();
-    layer_rms();
-    layer_mhc();
-    layer_route();
-    layer_swiglu();
-    layer_moe();
-    tensor_ops();
-    tensor_paged_slots();
-    tensor_sample();
     attn_host a;
     attn_make(&a);
     attn_rope_table();
@@ -1369,9 +1396,29 @@ static void run_families(void)
     attn_decode(&a);
     attn_workspace_monotone();
     free(a.pages), free(a.rope);
-    ix_compressor();
-    ix_query_and_weights();
-    ix_scores_topk();
+}
+
+/* The cases in order; DSV4_TEST_OPS=word runs only those whose name contains it (a sanitizer run
+ * of one family). */
+static const struct {
+    const char *name;
+    void (*run)(void);
+} families[] = {
+    {"formats_codecs", formats_codecs}, {"formats_rules", formats_rules},   {"formats_weights", formats_weights},
+    {"linear_formats", linear_formats}, {"linear_grouped", linear_grouped}, {"layer_rms", layer_rms},
+    {"layer_mhc", layer_mhc},           {"layer_route", layer_route},       {"layer_swiglu", layer_swiglu},
+    {"layer_moe", layer_moe},           {"tensor_ops", tensor_ops},         {"tensor_paged_slots", tensor_paged_slots},
+    {"tensor_sample", tensor_sample},
+    {"attention", attn_all},            {"ix_compressor", ix_compressor},   {"ix_query_and_weights", ix_query_and_weights},
+    {"ix_scores_topk", ix_scores_topk},
+};
+
+static void run_families(void)
+{
+    const int f0 = test_failures, c0 = n_compared, s0 = n_skipped;
+    const char *only = getenv("DSV4_TEST_OPS");
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (!only || strstr(families[i].name, only)) families[i].run();
     printf("%-10s %d comparisons with cpu-ref, %d failed checks, %d ops skipped\n", target, n_compared - c0,
            test_failures - f0, n_skipped - s0);
 }

@@ -11,6 +11,7 @@
  *   - graph capture and replay (also on a stream of the caller's), run-to-run determinism,
  *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph;
  *     the indexer's query path, head weights, scores, top-k and select in one graph;
+ *     the compressor's state reset and chained calls (state in device memory) in one graph;
  *     sampling in a graph, replayed, against cpu-ref.
  * Without a CUDA device it checks the host fallback of the memory API, says why it skips and exits
  * 77 (CTest SKIP_RETURN_CODE: reported as skipped, not passed). */
@@ -740,6 +741,93 @@ static void test_graph_indexer(void)
     free(qb), free(rope), free(qc[0]), free(qc[1]), free(sidx[0]), free(sidx[1]);
 }
 
+/* The compressor with its state in device memory (dsv4/indexer.h): the reset writes 0 / -inf into
+ * the rows of a padded state and leaves the padding; state in host memory is refused on the cuda
+ * context with nothing written; and the reset plus two chained calls (the second from mid-block,
+ * reading the state the first left) captured in one graph replay the direct calls' bits, so no
+ * step waits on the host. The entries against cpu-ref are test_backend_ops' part. */
+static void test_compressor(void)
+{
+    const dsv4_compressor_desc dc = {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1};
+    enum { R = 4, D = 128, W = 2 * D, SR = 2 * R, LD = W + 4, N1 = 6, N2 = 9, N = N1 + N2, M1 = N1 / R,
+           M = N / R, MP = 64 };
+    const size_t sbytes = 4 * ((size_t)(SR - 1) * LD + W);
+    float *kv = malloc(4 * N * W), *gate = malloc(4 * N * W), *ape = malloc(4 * R * W), *norm = malloc(4 * D),
+          *rope = malloc(4 * MP * 64);
+    for (int i = 0; i < N * W; i++) kv[i] = test_randn(), gate[i] = 2.0f * test_randn();
+    for (int i = 0; i < R * W; i++) ape[i] = test_randn();
+    for (int i = 0; i < D; i++) norm[i] = 1.0f + 0.1f * test_randn();
+    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
+    const int64_t srope[2] = {MP, 64}, s1[2] = {N1, W}, s2[2] = {N2, W}, sa[2] = {R, W}, sn[1] = {D},
+                  sst[2] = {SR, W}, so1[2] = {M1, D / 2}, sos1[2] = {M1, D / 32}, so2[2] = {M - M1, D / 2},
+                  sos2[2] = {M - M1, D / 32};
+    dsv4_tensor hrope = view(rope, DSV4_F32, 2, srope, 0);
+    CHECK_STATUS(dsv4_rope_table(ref, &rp, &hrope), DSV4_OK);
+    dsv4_tensor trope = view(dput(rope, 4 * MP * 64), DSV4_F32, 2, srope, 1),
+                tkv1 = view(dput(kv, 4 * N1 * W), DSV4_F32, 2, s1, 1),
+                tg1 = view(dput(gate, 4 * N1 * W), DSV4_F32, 2, s1, 1),
+                tkv2 = view(dput(kv + N1 * W, 4 * N2 * W), DSV4_F32, 2, s2, 1),
+                tg2 = view(dput(gate + N1 * W, 4 * N2 * W), DSV4_F32, 2, s2, 1),
+                ta = view(dput(ape, 4 * R * W), DSV4_F32, 2, sa, 1), tn = view(dput(norm, 4 * D), DSV4_F32, 1, sn, 1),
+                tskv = view(dput(NULL, sbytes), DSV4_F32, 2, sst, 1), tssc = view(dput(NULL, sbytes), DSV4_F32, 2, sst, 1);
+    tskv.stride[0] = tssc.stride[0] = LD;
+    uint8_t *dout = dput(NULL, M * D / 2), *dos = dput(NULL, M * D / 32);
+    dsv4_tensor to1 = view(dout, DSV4_U8, 2, so1, 1), tos1 = view(dos, DSV4_U8, 2, sos1, 1),
+                to2 = view(dout + M1 * D / 2, DSV4_U8, 2, so2, 1), tos2 = view(dos + M1 * D / 32, DSV4_U8, 2, sos2, 1);
+    float *st[2][2] = {{malloc(sbytes), malloc(sbytes)}, {malloc(sbytes), malloc(sbytes)}};
+    uint8_t out[2][M * D / 2], osc[2][M * D / 32];
+
+    /* the reset alone: values in the rows, the poison between them */
+    dsv4_device_memset(cu, tskv.data, 0xA5, sbytes), dsv4_device_memset(cu, tssc.data, 0xA5, sbytes);
+    CHECK_STATUS(dsv4_compressor_state_reset(cu, &dc, &tskv, &tssc), DSV4_OK);
+    dget(st[0][0], tskv.data, sbytes), dget(st[0][1], tssc.data, sbytes);
+    int ok = 1;
+    for (size_t i = 0; i < sbytes / 4; i++) {
+        uint32_t pk, ps;
+        memcpy(&pk, &st[0][0][i], 4), memcpy(&ps, &st[0][1][i], 4);
+        ok &= (int)(i % LD) < W ? st[0][0][i] == 0.0f && !signbit(st[0][0][i]) && st[0][1][i] == -INFINITY
+                                : pk == 0xA5A5A5A5u && ps == 0xA5A5A5A5u;
+    }
+    CHECK(ok, "compressor_state_reset on cuda: wrong values or padding written");
+
+    /* host-memory state on the cuda context: refused before anything is written */
+    dsv4_device_memset(cu, dout, 0xA5, M * D / 2);
+    dsv4_tensor hkv = view(st[1][0], DSV4_F32, 2, sst, 0), hsc = view(st[1][1], DSV4_F32, 2, sst, 0);
+    hkv.stride[0] = hsc.stride[0] = LD;
+    CHECK_STATUS(dsv4_compressor_state_reset(cu, &dc, &hkv, &hsc), DSV4_ERR_UNSUPPORTED);
+    CHECK_STATUS(dsv4_compressor_forward(cu, &dc, 0, &tkv1, &tg1, &ta, &tn, &trope, &hkv, &hsc, &to1, &tos1),
+                 DSV4_ERR_UNSUPPORTED);
+    CHECK(strstr(dsv4_last_error(), "state_kv") != NULL, "the refusal names the state: %s", dsv4_last_error());
+    dget(out[0], dout, M * D / 2);
+    ok = 1;
+    for (int i = 0; i < M * D / 2; i++) ok &= out[0][i] == 0xA5;
+    CHECK(ok, "a refused compressor_forward wrote its entries");
+
+    for (int pass = 0; pass < 2; pass++) {
+        dsv4_device_memset(cu, dout, 0xA5, M * D / 2), dsv4_device_memset(cu, dos, 0xA5, M * D / 32);
+        dsv4_device_memset(cu, tskv.data, 0xA5, sbytes), dsv4_device_memset(cu, tssc.data, 0xA5, sbytes);
+        if (pass) CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
+        CHECK_STATUS(dsv4_compressor_state_reset(cu, &dc, &tskv, &tssc), DSV4_OK);
+        CHECK_STATUS(dsv4_compressor_forward(cu, &dc, 0, &tkv1, &tg1, &ta, &tn, &trope, &tskv, &tssc, &to1, &tos1),
+                     DSV4_OK);
+        CHECK_STATUS(dsv4_compressor_forward(cu, &dc, N1, &tkv2, &tg2, &ta, &tn, &trope, &tskv, &tssc, &to2, &tos2),
+                     DSV4_OK);
+        if (pass && !end_and_replay()) break;
+        dget(out[pass], dout, M * D / 2), dget(osc[pass], dos, M * D / 32);
+        dget(st[pass][0], tskv.data, sbytes), dget(st[pass][1], tssc.data, sbytes);
+    }
+    ok = 0;
+    for (int i = 0; i < M * D / 2; i++) ok |= out[0][i] != 0xA5;
+    CHECK(ok, "compressor: the direct calls left the entries unwritten");
+    CHECK(!memcmp(out[0], out[1], sizeof out[0]) && !memcmp(osc[0], osc[1], sizeof osc[0]),
+          "compressor: the graph replay's entries differ from the direct calls'");
+    CHECK(!memcmp(st[0][0], st[1][0], sbytes) && !memcmp(st[0][1], st[1][1], sbytes),
+          "compressor: the graph replay's state differs from the direct calls'");
+    dfree_all();
+    free(kv), free(gate), free(ape), free(norm), free(rope);
+    for (int i = 0; i < 2; i++) free(st[i][0]), free(st[i][1]);
+}
+
 /* Sampling captured in a graph and replayed twice: no wait on the host inside, the generator
  * states advance on the device from one replay to the next, and both replays give cpu-ref's
  * tokens and states bit for bit (docs/contracts.md §9). */
@@ -862,6 +950,7 @@ int main(void)
     }
     test_graph_moe();
     test_graph_indexer();
+    test_compressor();
     test_graph_sample();
 
     dsv4_ctx_destroy(cu);

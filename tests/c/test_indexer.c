@@ -304,10 +304,47 @@ static void test_bad_input(void)
     ix_free(&c);
 }
 
+/* dsv4_compressor_state_reset on both cpu backends: state_init's bytes (0 / -inf) in the rows of
+ * a padded view, the padding untouched; memory of another backend refused, nothing written. */
+static void test_state_reset(void)
+{
+    const dsv4_compressor_desc desc = {.kind = DSV4_COMPRESSOR_MAIN, .ratio = 4, .dim = 64, .eps = 1e-6f, .overlap = 1};
+    enum { ROWS = 8, W = 128, LD = W + 5 };
+    static float kv[2][ROWS * LD], sc[2][ROWS * LD];
+    const char *backends[2] = {"cpu", "cpu-ref"};
+    for (int bi = 0; bi < 2; bi++) {
+        dsv4_ctx *c = make_ctx(backends[bi], 2);
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < ROWS * LD; i++) kv[k][i] = sc[k][i] = 7.5f;
+        dsv4_tensor t[2][2];
+        for (int k = 0; k < 2; k++) {
+            t[k][0] = view2(kv[k], DSV4_F32, ROWS, W), t[k][1] = view2(sc[k], DSV4_F32, ROWS, W);
+            t[k][0].stride[0] = t[k][1].stride[0] = LD;
+        }
+        CHECK_STATUS(dsv4_compressor_state_init(&desc, &t[0][0], &t[0][1]), DSV4_OK);
+        CHECK_STATUS(dsv4_compressor_state_reset(c, &desc, &t[1][0], &t[1][1]), DSV4_OK);
+        int pad = 1;
+        for (int i = 0; i < ROWS * LD; i++) pad &= i % LD < W || (kv[1][i] == 7.5f && sc[1][i] == 7.5f);
+        CHECK(pad && kv[1][0] == 0.0f && sc[1][0] == -INFINITY, "%s state_reset: padding written or wrong values",
+              backends[bi]);
+        CHECK(!memcmp(kv[0], kv[1], sizeof kv[0]) && !memcmp(sc[0], sc[1], sizeof sc[0]),
+              "%s state_reset differs from state_init", backends[bi]);
+        for (int i = 0; i < ROWS * LD; i++) kv[1][i] = sc[1][i] = 7.5f;
+        t[1][0].device = DSV4_DEVICE_CUDA;
+        CHECK_STATUS(dsv4_compressor_state_reset(c, &desc, &t[1][0], &t[1][1]), DSV4_ERR_UNSUPPORTED);
+        CHECK_STATUS(dsv4_compressor_state_init(&desc, &t[1][0], &t[1][1]), DSV4_ERR_UNSUPPORTED); /* host form */
+        CHECK(kv[1][0] == 7.5f && sc[1][0] == 7.5f, "%s: a refused state_reset wrote the state", backends[bi]);
+        t[1][0].device = DSV4_DEVICE_CPU;
+        CHECK_STATUS(dsv4_compressor_state_reset(c, &desc, &t[1][0], &t[1][0]), DSV4_ERR_INVALID_ARG); /* overlapping */
+        dsv4_ctx_destroy(c);
+    }
+}
+
 int main(void)
 {
     test_seed();
     test_compressor();
+    test_state_reset();
     test_indexer();
     test_bad_input();
     TEST_DONE();

@@ -118,3 +118,15 @@ dsv4_status dsv4_cmp_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const d
     for (int64_t q = p1 - r > p0 ? p1 - r : p0; q < p1; q++) store_row(c, q, (c->overlap ? r : 0) + q % r, width);
     return DSV4_OK;
 }
+
+dsv4_status dsv4_cmp_reset(const dsv4_exec *ex, float *state_kv, int64_t ld_kv, float *state_score, int64_t ld_score,
+                           int64_t rows, int64_t cols)
+{
+    (void)ex;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++) {
+            state_kv[r * ld_kv + j] = 0.0f;
+            state_score[r * ld_score + j] = -INFINITY;
+        }
+    return DSV4_OK;
+}

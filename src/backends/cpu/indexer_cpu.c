@@ -252,7 +252,8 @@ static dsv4_status ws_size_check(const dsv4_topk_out *out, const dsv4_exec *ex, 
         return select_fn(&s, ex, tokens, out);                                                                     \
     }                                                                                                              \
     const struct dsv4_indexer_ops prefix##_indexer_ops = {                                                        \
-        .compress = prefix##_compress, .index_q = prefix##_index_q, .head_weights = head_weights,                 \
+        .compress = prefix##_compress, .compress_reset = dsv4_cmp_reset, .index_q = prefix##_index_q,             \
+        .head_weights = head_weights,                                                                              \
         .scores = prefix##_scores, .select = prefix##_select, .topk = prefix##_topk,                              \
         .workspace_size = dsv4_ix_workspace_size,                                                                  \
     };

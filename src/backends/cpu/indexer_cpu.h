@@ -111,6 +111,9 @@ typedef struct dsv4_ix_job {
     const void *call; /* dsv4_cmp_call or dsv4_ixq_call */
 } dsv4_ix_job;
 dsv4_status dsv4_cmp_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_cmp_call *c);
+/* The compress_reset entry of both cpu backends (plain loops). */
+dsv4_status dsv4_cmp_reset(const dsv4_exec *ex, float *state_kv, int64_t ld_kv, float *state_score, int64_t ld_score,
+                           int64_t rows, int64_t cols);
 dsv4_status dsv4_ixq_run(const dsv4_ix_kernels *kn, const dsv4_exec *ex, const dsv4_ixq_call *c);
 
 /* Top-k selection (indexer_topk.c). Keys order (score, -index) totally: larger key = better. */

@@ -83,6 +83,36 @@ typedef struct dsv4_cu_ix_select {
 
 int dsv4_cu_ix_select_launch(const dsv4_cu_ix_select *a, int parts, void *stream);
 
+/* The compressor (core/ops_indexer.h dsv4_cmp_call, the same fields; compressor_cuda.cu): the
+ * m = (start_pos + n_tokens) / ratio - start_pos / ratio entries from entry start_pos / ratio on,
+ * then the state update, both on `stream` in that order (the entries read state rows the update
+ * overwrites). */
+#define DSV4_CU_CMP_MAX_DIM 1024 /* core/ops_indexer.h DSV4_CMP_MAX_DIM: the entry's shared row */
+typedef struct dsv4_cu_cmp {
+    int kind, ratio, dim, overlap, fp8_sim, norm_bf16, packed; /* packed: out_mode PACKED */
+    float eps;
+    long long start_pos, n_tokens;
+    const float *kv, *gate;
+    long long ld_in_kv, ld_in_gate;
+    const float *ape;
+    long long ld_ape;
+    const void *norm;
+    const float *rope;
+    long long ld_rope;
+    float *state_kv, *state_score;
+    long long ld_state_kv, ld_state_score;
+    void *out;
+    long long ld_out;
+    uint8_t *out_scales;
+    long long ld_out_scales;
+} dsv4_cu_cmp;
+
+int dsv4_cu_cmp_launch(const dsv4_cu_cmp *a, void *stream);
+
+/* state_kv[i][j] = 0, state_score[i][j] = -inf for i < rows, j < cols. */
+int dsv4_cu_cmp_reset_launch(float *state_kv, long long ld_kv, float *state_score, long long ld_score, long long rows,
+                             long long cols, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

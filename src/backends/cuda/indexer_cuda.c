@@ -2,14 +2,38 @@
  * FP4), head weights, scores, top-k and select (scores and top-k fused: no [T, N] scores in memory)
  * on the device (indexer_cuda.cu), launched on the context's stream with nothing allocated, read
  * back or waited for. Positions and n_valid are host arrays by contract: the glue reads them and
- * they travel in the launch parameters, a bounded number of tokens a launch. compress is NULL
- * (the op layer says so): the compressor's state is host memory by contract. */
+ * they travel in the launch parameters, a bounded number of tokens a launch. The compressor
+ * (compressor_cuda.cu) keeps its state in device memory: its entries and state update, and the
+ * reset of a fresh state, are launches on the stream too (start_pos and n_tokens are host
+ * scalars of the call). */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_indexer.h"
 #include "core/error.h"
 #include "core/ops_indexer.h"
 
 _Static_assert(DSV4_CU_IX_MAX_HEADS == DSV4_IX_MAX_HEADS, "the scores kernel's shared query follows the op limit");
+_Static_assert(DSV4_CU_CMP_MAX_DIM == DSV4_CMP_MAX_DIM, "the compressor's shared entry row follows the op limit");
+
+static dsv4_status cu_compress(const dsv4_exec *ex, const dsv4_cmp_call *c)
+{
+    dsv4_cu_cmp a = {
+        .kind = c->kind, .ratio = c->ratio, .dim = c->dim, .overlap = c->overlap, .fp8_sim = c->fp8_sim,
+        .norm_bf16 = c->norm_bf16, .packed = c->out_mode == DSV4_CMP_OUT_PACKED, .eps = c->eps,
+        .start_pos = c->start_pos, .n_tokens = c->n_tokens, .kv = c->kv, .gate = c->gate, .ld_in_kv = c->ld_in_kv,
+        .ld_in_gate = c->ld_in_gate, .ape = c->ape, .ld_ape = c->ld_ape, .norm = c->norm, .rope = c->rope,
+        .ld_rope = c->ld_rope, .state_kv = c->state_kv, .state_score = c->state_score,
+        .ld_state_kv = c->ld_state_kv, .ld_state_score = c->ld_state_score, .out = c->out, .ld_out = c->ld_out,
+        .out_scales = c->out_scales, .ld_out_scales = c->ld_out_scales,
+    };
+    CU_LAUNCH(ex, "compressor_forward", dsv4_cu_cmp_launch(&a, dsv4_cu_stream(ex)));
+}
+
+static dsv4_status cu_compress_reset(const dsv4_exec *ex, float *state_kv, int64_t ld_kv, float *state_score,
+                                     int64_t ld_score, int64_t rows, int64_t cols)
+{
+    CU_LAUNCH(ex, "compressor_state_reset",
+              dsv4_cu_cmp_reset_launch(state_kv, ld_kv, state_score, ld_score, rows, cols, dsv4_cu_stream(ex)));
+}
 
 static dsv4_status cu_head_weights(const dsv4_exec *ex, const void *proj, int proj_bf16, int64_t ld_proj,
                                    int64_t tokens, int64_t heads, float scale, float *out, int64_t ld_out)
@@ -149,6 +173,8 @@ static dsv4_status cu_select(const dsv4_exec *ex, const dsv4_ix_operands *o, con
 }
 
 const struct dsv4_indexer_ops dsv4_cuda_indexer_ops = {
+    .compress = cu_compress,
+    .compress_reset = cu_compress_reset,
     .index_q = cu_index_q,
     .head_weights = cu_head_weights,
     .scores = cu_scores,

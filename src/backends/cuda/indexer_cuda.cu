@@ -7,16 +7,8 @@
  * Nothing here allocates or synchronizes; per-token candidate counts come in the launch
  * parameters (the op layer reads positions and n_valid on the host), so a captured graph replays
  * the counts it was captured with, as a direct call with the same host arrays would use. */
-#include "backends/cuda/cuda_device.cuh"
+#include "backends/cuda/cuda_indexer.cuh"
 #include "backends/cuda/cuda_indexer.h"
-
-/* 2 x E2M1 of nibble n as an int8 byte (indexer_cpu.h dsv4_ix_fp4x2): 0 1 2 3 4 6 8 12, negated
- * for the sign bit (-0 gives 0). */
-DSV4_CU_INLINE uint32_t fp4x2_val(uint32_t n)
-{
-    const unsigned long long pos = 0x0C08060403020100ull, neg = 0xF4F8FAFCFDFEFF00ull;
-    return (uint32_t)(((n & 8u) ? neg : pos) >> (8 * (n & 7u))) & 0xFFu;
-}
 
 /* ---- head weights ---------------------------------------------------------------------------- */
 __global__ void ix_weights_kernel(const void *proj, int bf16, long long ld_proj, long long tokens, long long heads,
@@ -47,15 +39,6 @@ extern "C" int dsv4_cu_ix_weights_launch(const void *proj, int proj_bf16, long l
  * operations: the butterflies of a stage are independent, the group maximum is order-free). */
 enum { IXQ_WARPS = 4 };
 
-/* E2M1 code c as a float (codec.h dsv4_e2m1_to_f32: code 8 is -0). */
-DSV4_CU_INLINE float cu_e2m1_f32(uint32_t c)
-{
-    const float m = 0.5f * (float)(int)fp4x2_val(c & 7u);
-    return (c & 8u) ? -m : m;
-}
-
-DSV4_CU_INLINE float bf16_round(float x) { return cu_bf16_f32(cu_f32_bf16(x)); }
-
 __global__ void __launch_bounds__(IXQ_WARPS * 32) ixq_kernel(dsv4_cu_ixq a)
 {
     __shared__ float xs[IXQ_WARPS][256];
@@ -67,48 +50,15 @@ __global__ void __launch_bounds__(IXQ_WARPS * 32) ixq_kernel(dsv4_cu_ixq a)
     const uint16_t *q = a.q + t * a.ld_q_t + h * a.ld_q_h;
     for (int e = lane; e < d; e += 32) x[e] = cu_bf16_f32(q[e]);
     __syncwarp();
-    {
-        const float *cs = a.rope + a.pos[tl] * a.ld_rope;
-        float *r = x + d - 64;
-        const float p = r[2 * lane], b = r[2 * lane + 1], c = cs[lane], s = cs[32 + lane];
-        r[2 * lane] = bf16_round(__fsub_rn(__fmul_rn(p, c), __fmul_rn(b, s)));
-        r[2 * lane + 1] = bf16_round(__fadd_rn(__fmul_rn(p, s), __fmul_rn(b, c)));
-    }
+    cu_ix_rope_pair(x + d - 64, a.rope + a.pos[tl] * a.ld_rope, lane);
     __syncwarp();
-    for (int hs = 1; hs < d; hs <<= 1) {
-        for (int p = lane; p < d / 2; p += 32) {
-            const int i = (p / hs) * 2 * hs + p % hs, j = i + hs;
-            const float u = x[i], v = x[j];
-            x[i] = __fadd_rn(u, v);
-            x[j] = __fsub_rn(u, v);
-        }
-        __syncwarp();
-    }
+    cu_ix_fwht<false>(x, d, lane, 32);
     const float hscale = (float)(1.0 / sqrt((double)d)); /* IEEE double, as indexer_common.c */
-    for (int g = 0; g < d / 32; g++) {
-        const float v = bf16_round(__fmul_rn(x[32 * g + lane], hscale));
-        float m = fabsf(v);
-        m = m > 0.0f ? m : 0.0f; /* NaN is skipped */
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            const float n = __shfl_xor_sync(0xFFFFFFFFu, m, o);
-            m = n > m ? n : m;
-        }
-        /* codec.h dsv4_qrule_exponent with the fp4_32 parameters */
-        const float amax = m >= 6.0f * 1.17549435e-38f ? m : 6.0f * 1.17549435e-38f;
-        int e = cu_ceil_log2_bits(__fdiv_rn(amax, 6.0f));
-        e = e < -127 ? -127 : (e > 128 ? 128 : e);
-        const uint32_t code = dsv4_e2m1_from_f32(__fmul_rn(v, cu_pow2f(-e)));
-        if (a.packed) {
-            const uint32_t up = __shfl_down_sync(0xFFFFFFFFu, code, 1);
-            uint8_t *oc = (uint8_t *)a.out + t * a.ld_out_t + h * a.ld_out_h;
-            if ((lane & 1) == 0) oc[16 * g + lane / 2] = (uint8_t)(code | (up << 4));
-            if (lane == 0) a.out_scales[t * a.ld_os_t + h * a.ld_os_h + g] = (uint8_t)(e + 127);
-        } else {
-            uint16_t *ov = (uint16_t *)a.out + t * a.ld_out_t + h * a.ld_out_h;
-            ov[32 * g + lane] = (uint16_t)cu_f32_bf16(__fmul_rn(cu_e2m1_f32(code), cu_e8m0_f32((uint32_t)(e + 127))));
-        }
-    }
+    uint8_t *oc = a.packed ? (uint8_t *)a.out + t * a.ld_out_t + h * a.ld_out_h : NULL;
+    uint8_t *os = a.packed ? a.out_scales + t * a.ld_os_t + h * a.ld_os_h : NULL;
+    uint16_t *ov = a.packed ? NULL : (uint16_t *)a.out + t * a.ld_out_t + h * a.ld_out_h;
+    for (int g = 0; g < d / 32; g++)
+        cu_ix_fp4_group(cu_bf16_round(__fmul_rn(x[32 * g + lane], hscale)), lane, g, oc, os, ov);
 }
 
 extern "C" int dsv4_cu_ixq_launch(const dsv4_cu_ixq *a, void *stream)
@@ -136,8 +86,8 @@ DSV4_CU_INLINE void expand_word(uint32_t w, uint32_t *lo, uint32_t *hi)
     uint32_t l = 0, h = 0;
 #pragma unroll
     for (int b = 0; b < 4; b++) {
-        l |= fp4x2_val((w >> (8 * b)) & 15u) << (8 * b);
-        h |= fp4x2_val((w >> (8 * b + 4)) & 15u) << (8 * b);
+        l |= cu_fp4x2_val((w >> (8 * b)) & 15u) << (8 * b);
+        h |= cu_fp4x2_val((w >> (8 * b + 4)) & 15u) << (8 * b);
     }
     *lo = l;
     *hi = h;
