@@ -552,16 +552,6 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     tables(e, x->tab, &x->t);
     x->dtab = e->on_device ? take(s, x->tab_bytes) : x->tab;
     tables(e, x->dtab, &x->dt);
-    int64_t state_max = 0; /* the largest compressor state half (state_reset) */
-    for (int b = 0; b < e->n_blocks; b++) {
-        const eng_layer *L = &e->layers[b];
-        const int64_t coff = eng_overlap(L) ? 2 : 1;
-        if (L->ratio && coff * L->ratio * coff * DSV4_KV_DIM > state_max) state_max = coff * L->ratio * coff * DSV4_KV_DIM;
-        if (L->kind == DSV4_ATTN_CSA && 4 * L->ratio * c->index_head_dim > state_max) state_max = 4 * L->ratio * c->index_head_dim;
-    }
-    e->neg_inf_n = e->on_device ? state_max : 0;
-    e->neg_inf = take(&A[A_HOST], (uint64_t)e->neg_inf_n * 4);
-    for (int64_t i = 0; e->neg_inf && i < e->neg_inf_n; i++) e->neg_inf[i] = -INFINITY;
     x->cslots = take(&A[A_HOST], (uint64_t)T * 8);
     x->mtok = take(&A[A_HOST], (uint64_t)T * 4);
     x->vtok = take(&A[A_HOST], (uint64_t)T * 4);
@@ -854,19 +844,6 @@ dsv4_engine_options dsv4_engine_get_options(const dsv4_engine *e)
 }
 
 /* ---- sequences ----------------------------------------------------------------------------- */
-/* A compressor's fresh state (kv 0, scores -inf: dsv4_compressor_state_init) in the context's
- * memory: on a device, zeros and a copy of the host row of -inf planned at load. Both tensors are
- * contiguous (eng_state). */
-static dsv4_status state_reset(dsv4_engine *e, const dsv4_compressor_desc *d, dsv4_tensor *kv, dsv4_tensor *sc)
-{
-    if (!e->on_device) return dsv4_compressor_state_init(d, kv, sc);
-    const int64_t n = dsv4_tensor_numel(kv);
-    if (n > e->neg_inf_n) return dsv4_fail(DSV4_ERR_CAPACITY, "engine: a compressor state of %lld floats, %lld planned",
-                                           (long long)n, (long long)e->neg_inf_n);
-    DSV4_TRY(dsv4_device_memset(e->ctx, kv->data, 0, (size_t)n * 4));
-    return dsv4_device_upload(e->ctx, sc->data, e->neg_inf, (size_t)n * 4);
-}
-
 /* An empty sequence: fresh compressor states, length 0. Cache entries left by an earlier use of
  * the slot are never read: a query sees only positions and entries written before it. */
 static dsv4_status seq_clear(dsv4_engine *e, int sq)
@@ -882,14 +859,14 @@ static dsv4_status seq_clear(dsv4_engine *e, int sq)
         dsv4_compressor_desc md = {.kind = DSV4_COMPRESSOR_MAIN, .ratio = L->ratio, .dim = (int)d, .eps = 1e-6f,
                                    .overlap = eng_overlap(L)};
         dsv4_tensor skv = eng_v2(e, st, DSV4_F32, rows, cols), ssc = eng_v2(e, st + rows * cols, DSV4_F32, rows, cols);
-        DSV4_TRY(state_reset(e, &md, &skv, &ssc));
+        DSV4_TRY(dsv4_compressor_state_reset(e->ctx, &md, &skv, &ssc));
         if (L->kind != DSV4_ATTN_CSA) continue;
         float *ist = st + 2 * rows * cols;
         dsv4_compressor_desc id = {.kind = DSV4_COMPRESSOR_INDEXER, .ratio = L->ratio, .dim = (int)dI, .eps = 1e-6f,
                                    .overlap = 1};
         skv = eng_v2(e, ist, DSV4_F32, 2 * L->ratio, 2 * dI);
         ssc = eng_v2(e, ist + 2 * L->ratio * 2 * dI, DSV4_F32, 2 * L->ratio, 2 * dI);
-        DSV4_TRY(state_reset(e, &id, &skv, &ssc));
+        DSV4_TRY(dsv4_compressor_state_reset(e->ctx, &id, &skv, &ssc));
     }
     s->len = 0;
     s->mtp_len = 0;

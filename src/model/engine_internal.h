@@ -145,8 +145,6 @@ struct dsv4_engine {
     int on_device;               /* the context's memory is not host memory */
     dsv4_device_kind device;     /* its kind: the views of the context's memory carry it */
     dsv4_ctx *hctx;              /* host context: load-time conversions and sampling (ctx on a CPU backend) */
-    float *neg_inf;              /* on a device: host row of -inf for fresh compressor scores */
-    int64_t neg_inf_n;
     dsv4_engine_options opt;
     int64_t D, H, hc, V, W, R;   /* dims; window; ring capacity */
     int64_t cwidth;              /* columns of the compressed scope */
