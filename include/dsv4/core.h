@@ -74,8 +74,10 @@ typedef struct dsv4_ctx_options {
     /* cuda backend: the decode kernel for 64-head tiles of FP8 pages, "auto" (ws2, or v1 where a
      * CTA gets one block of entries), "ws2", "ws1", "v1" or "mma-sync" (the mma.sync kernels
      * instead of the warpgroup-MMA ones, BF16 rows too), optionally followed by ",no-pair" (the two
-     * 64-head tiles of H 128 in separate CTAs) and/or ",no-split" (one CTA per query and head tile:
-     * no combine kernel, whatever the split plan). NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
+     * 64-head tiles of H 128 in separate CTAs), ",no-split" (one CTA per query and head tile:
+     * no combine kernel, whatever the split plan), ",split2" (queries of two 64-entry blocks split
+     * in two wherever the grid allows) and/or ",no-pdl" (the decode launched plainly instead of as
+     * a programmatic dependent of the kernel before it). NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
      * and $DSV4_CUDA_NO_PAIR=1, else "auto". Other backends ignore it. */
     const char *cuda_decode;
 } dsv4_ctx_options;

@@ -24,9 +24,10 @@
 #define MAXBUF 64
 static dsv4_ctx *cu, *ref, *cpu;
 /* cuda contexts with a forced decode kernel (dsv4_ctx_options.cuda_decode): the mma.sync kernels,
- * each warpgroup-MMA kernel of 64-head tiles, and the default kernels with one split per query
- * (no combine) */
-static const char *const forced_kernels[4] = {"ws2", "ws1", "v1", "no-split"};
+ * each warpgroup-MMA kernel of 64-head tiles, the default kernels with one split per query
+ * (no combine), with two-block queries always split, and launched without programmatic
+ * dependence on the kernel before them */
+static const char *const forced_kernels[6] = {"ws2", "ws1", "v1", "no-split", "split2", "ws2,no-pdl"};
 enum { N_FORCED = (int)(sizeof forced_kernels / sizeof forced_kernels[0]) };
 static dsv4_ctx *cu_mma, *cu_forced[N_FORCED];
 static void *bufs[MAXBUF];
@@ -905,6 +906,8 @@ int main(void)
     dsv4_ctx_options obad = {.backend = "cuda", .threads = 1, .cuda_decode = "ws3"};
     dsv4_ctx *bad = NULL;
     CHECK_STATUS(dsv4_ctx_create(&obad, &bad), DSV4_ERR_INVALID_ARG);
+    dsv4_ctx_options otwice = {.backend = "cuda", .threads = 1, .cuda_decode = "v1,no-pdl,no-pdl"};
+    CHECK_STATUS(dsv4_ctx_create(&otwice, &bad), DSV4_ERR_INVALID_ARG);
     if (!cu_mma) TEST_DONE();
     for (int v = 0; v < N_FORCED; v++)
         if (!cu_forced[v]) TEST_DONE();
@@ -938,6 +941,7 @@ int main(void)
         {33, 64, 128, 640, 64, 64, 0, 1, 1},   /* 4 splits of 12 blocks: 3 blocks per CTA */
         {17, 128, 128, 300, 64, 16, 0, 3, 1},  /* the same in 2-CTA clusters, ragged blocks */
         {134, 64, 128, 256, 64, 64, 0, 1, 1}, /* a full GPU without splits: 6 blocks per CTA */
+        {40, 64, 128, 0, 64, 0, 0, 1, 1},     /* two-block queries: whole, split in two by split2 */
     };
     /* DSV4_CUDA_TEST_SMALL=1 (memcheck) or 2 (racecheck): a few small cases only. */
     const char *small = getenv("DSV4_CUDA_TEST_SMALL");

@@ -78,13 +78,15 @@ static dsv4_status cu_inv_rope(const dsv4_exec *ex, uint16_t *o, int64_t st, int
  * otherwise split each token's entries into up to sms / ctas parts of at least one 64-entry
  * block. Two blocks with the unsplit grid at a quarter of the GPU or more stay unsplit: one CTA
  * pipelines both sooner than two CTAs and the combine (docs/kernels.md §12.1, measured at
- * T = 64 and T = 8). The plan depends only on (device, t, h, width), so the workspace query and
- * the call agree; a smaller workspace than asked for lowers the split count instead of failing. */
-static int64_t plan_splits(int sms, int64_t t, int64_t h, int64_t width)
+ * T = 64 and T = 8; the context's ",split2" splits them anyway, to measure the rule). The plan
+ * depends only on (device, t, h, width, variant) and never exceeds sms / tiles splits in all,
+ * the bound the workspace query asks for; a smaller workspace than asked for lowers the split
+ * count instead of failing. */
+static int64_t plan_splits(int sms, int64_t t, int64_t h, int64_t width, int split2)
 {
     int64_t rows = dsv4_cu_decode_rows(h);
     int64_t ctas = t * ((h + rows - 1) / rows), blocks = (width + 63) / 64;
-    if (ctas <= 0 || blocks <= 1 || ctas >= sms || (blocks == 2 && 4 * ctas >= sms)) return 1;
+    if (ctas <= 0 || blocks <= 1 || ctas >= sms || (blocks == 2 && !split2 && 4 * ctas >= sms)) return 1;
     int64_t s = sms / ctas;
     return s > blocks ? blocks : s;
 }
@@ -159,7 +161,10 @@ static dsv4_status decode(const dsv4_exec *ex, const char *op, const dsv4_attn_a
     d.kernel = d.wgmma ? ex->variant & DSV4_CU_KERNEL_MASK : DSV4_CU_AUTO;
     d.no_pair = (ex->variant & DSV4_CU_NO_PAIR) != 0;
     d.device = ex->device;
-    int64_t splits = ex->variant & DSV4_CU_NO_SPLIT ? 1 : plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width);
+    d.pdl = (ex->variant & DSV4_CU_NO_PDL) == 0;
+    int64_t splits = ex->variant & DSV4_CU_NO_SPLIT
+                         ? 1
+                         : plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width, (ex->variant & DSV4_CU_SPLIT2) != 0);
     uintptr_t ws = ((uintptr_t)a->workspace + 255) & ~(uintptr_t)255;
     while (splits > 1 && (!a->workspace || split_bytes(splits, a->t, a->h) > a->workspace_bytes)) splits--;
     d.splits = (int)splits;

@@ -59,7 +59,10 @@ enum {
     DSV4_CU_MMA_SYNC = 4, /* no warpgroup MMA: the mma.sync kernels (FP8 pages and BF16 rows) */
     DSV4_CU_KERNEL_MASK = 7,
     DSV4_CU_NO_PAIR = 8,  /* the two 64-head tiles of H 128 in separate CTAs, not a cluster */
-    DSV4_CU_NO_SPLIT = 16 /* one split per query whatever the plan: no combine kernel */
+    DSV4_CU_NO_SPLIT = 16, /* one split per query whatever the plan: no combine kernel */
+    DSV4_CU_SPLIT2 = 32,   /* two-block queries split even where the plan keeps them whole */
+    DSV4_CU_NO_PDL = 64,   /* the decode launched plainly, not as a dependent of the kernel before it */
+    DSV4_CU_FLAGS = DSV4_CU_NO_SPLIT | DSV4_CU_SPLIT2 | DSV4_CU_NO_PDL
 };
 
 /* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass design, docs/kernels.md §3.4). */
@@ -87,6 +90,7 @@ typedef struct dsv4_cu_decode {
     int wgmma;              /* 64-head tiles on the warpgroup MMA kernel (device is sm_90) */
     int kernel;             /* with wgmma, for FP8 pages: DSV4_CU_AUTO, _WS2, _WS1 or _V1 */
     int no_pair;            /* 1: never launch the 2-CTA clusters of the ws kernels */
+    int pdl;                /* 1: the decode is a programmatic dependent of the kernel before it */
     int device;             /* the current device's ordinal (function attributes are per device) */
     int splits;             /* > 1: partial results in part_o/part_lse, then a combine launch */
     float *part_o;          /* [splits, t, h, 512] */

@@ -25,22 +25,39 @@ static int kernel_value(const char *word, size_t len)
     return -1;
 }
 
-/* "KERNEL[,no-pair][,no-split]" (any word may be left out, in any order) -> variant; -1 if malformed. */
+/* The flag words after the kernel. */
+static const struct {
+    const char *name;
+    int value;
+} flag_names[] = {
+    {"no-pair", DSV4_CU_NO_PAIR}, {"no-split", DSV4_CU_NO_SPLIT}, {"split2", DSV4_CU_SPLIT2}, {"no-pdl", DSV4_CU_NO_PDL},
+};
+enum { N_FLAGS = (int)(sizeof flag_names / sizeof flag_names[0]) };
+
+static int flag_value(const char *word, size_t len)
+{
+    for (int i = 0; i < N_FLAGS; i++)
+        if (strlen(flag_names[i].name) == len && !strncmp(flag_names[i].name, word, len)) return flag_names[i].value;
+    return -1;
+}
+
+#define DECODE_WORDS "KERNEL[,no-pair][,no-split][,split2][,no-pdl]"
+
+/* DECODE_WORDS (any word may be left out, in any order, none twice) -> variant; -1 if malformed. */
 static int parse_decode(const char *s)
 {
-    int kernel = -1, no_pair = 0, no_split = 0;
+    int kernel = -1, flags = 0;
     while (*s) {
         const char *comma = strchr(s, ',');
         size_t len = comma ? (size_t)(comma - s) : strlen(s);
-        int k = kernel_value(s, len);
+        const int k = kernel_value(s, len), f = flag_value(s, len);
         if (k >= 0 && kernel < 0) kernel = k;
-        else if (len == 7 && !strncmp(s, "no-pair", 7) && !no_pair) no_pair = 1;
-        else if (len == 8 && !strncmp(s, "no-split", 8) && !no_split) no_split = 1;
+        else if (f > 0 && !(flags & f)) flags |= f;
         else return -1;
         s += len;
         if (*s == ',' && !*++s) return -1; /* a trailing comma */
     }
-    return (kernel < 0 ? DSV4_CU_AUTO : kernel) | (no_pair ? DSV4_CU_NO_PAIR : 0) | (no_split ? DSV4_CU_NO_SPLIT : 0);
+    return (kernel < 0 ? DSV4_CU_AUTO : kernel) | flags;
 }
 
 static int env_on(const char *name)
@@ -55,7 +72,7 @@ dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex)
         int v = parse_decode(o->cuda_decode);
         if (v < 0)
             return dsv4_fail(DSV4_ERR_INVALID_ARG,
-                             "context: cuda_decode '%s' is not KERNEL[,no-pair][,no-split] with KERNEL one of auto, ws2, ws1, "
+                             "context: cuda_decode '%s' is not " DECODE_WORDS " with KERNEL one of auto, ws2, ws1, "
                              "v1, mma-sync",
                              o->cuda_decode);
         ex->variant = v;
@@ -68,12 +85,12 @@ dsv4_status dsv4_cu_configure(const dsv4_ctx_options *o, dsv4_exec *ex)
     if (env && *env) {
         int v = parse_decode(env);
         if (v < 0)
-            dsv4_warn("DSV4_CUDA_DECODE='%s' is not KERNEL[,no-pair][,no-split] with KERNEL one of auto, ws2, ws1, v1, mma-sync; using auto",
+            dsv4_warn("DSV4_CUDA_DECODE='%s' is not " DECODE_WORDS " with KERNEL one of auto, ws2, ws1, v1, mma-sync; using auto",
                       env);
         else {
             kernel = v & DSV4_CU_KERNEL_MASK;
             no_pair = (v & DSV4_CU_NO_PAIR) != 0;
-            flags = v & DSV4_CU_NO_SPLIT;
+            flags = v & DSV4_CU_FLAGS;
         }
     }
     if (env_on("DSV4_CUDA_MMA_SYNC")) kernel = DSV4_CU_MMA_SYNC;

@@ -78,7 +78,10 @@ static DSV4_CU_INLINE uint8_t *align1024(uint8_t *p) { return (uint8_t *)(((uint
 /* Programmatic dependent launch: every decode kernel lets the combine that follows it be launched
  * at once (its CTAs then wait on SMs the decode leaves free instead of being launched after the
  * decode ends); the combine waits for the whole decode grid and its writes before reading them.
- * Both are no-ops when the launch asked for no such overlap. */
+ * The decode itself is launched the same way after the kernel before it (unless the context says
+ * ",no-pdl"): its CTAs start, set up their barriers and wait there, before their first access to
+ * global memory, for that kernel and its writes; the combine lets the next decode start early in
+ * turn. Both are no-ops when the launch asked for no such overlap. */
 static DSV4_CU_INLINE void pdl_release_dependents()
 {
 #if __CUDA_ARCH__ >= 900
@@ -258,6 +261,24 @@ static DSV4_CU_INLINE void load_q(const dsv4_cu_decode &p, int t, int h0, uint8_
     }
 }
 
+/* The same rows by cp.async (one commit group, waited for by the caller with its next
+ * cp.async wait): the thread goes on at once, so the first entry loads are not queued behind Q's.
+ * Rows beyond H are stored as zeros. */
+template <int ROWS, int NTH>
+static DSV4_CU_INLINE void load_q_async(const dsv4_cu_decode &p, int t, int h0, uint8_t *sQ, int tid)
+{
+    constexpr int N = (ROWS * 64 + NTH - 1) / NTH;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        const int i = k * NTH + tid, r = i >> 6, c = i & 63;
+        if (ROWS * 64 % NTH != 0 && i >= ROWS * 64) continue;
+        uint8_t *d = sQ + tile_off(r, c, ROWS);
+        if (h0 + r < p.h) cu_cp_async16(cu_smem(d), p.q + t * p.q_st + (long long)(h0 + r) * p.q_sh + c * 8);
+        else *(uint4 *)d = make_uint4(0, 0, 0, 0);
+    }
+    cu_cp_async_commit();
+}
+
 /* Raw FP8 entries -> BF16 tile. A task is one 64-dim group of one entry (group 7: the RoPE
  * part, copied): one scale byte, four 16-byte reads, eight 16-byte writes; the 32 lanes of a warp
  * take 32 entries of the same group, so reads and writes are free of bank conflicts. Masked
@@ -303,6 +324,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
 {
     typedef decode_cfg<MT, FP8> C;
     pdl_release_dependents();
+    pdl_wait_primary();
     extern __shared__ __align__(128) uint8_t smem_raw[];
     uint8_t *smem = align1024(smem_raw);
     uint8_t *sQ = smem + C::Q_OFF;
@@ -766,9 +788,10 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     pdl_release_dependents();
+    pdl_wait_primary();
     WG_SMEM_SETUP(false);
     ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
-    load_q<64>(p, t, h0, sQ, tid);
+    load_q_async<64, NT>(p, t, h0, sQ, tid); /* waited for with block 0 (wait_all) */
     if (nblk > 0) load_block<false>(p, fn, sK, sOk, warp, lane);
     fn = fetch_entry(p, t, rg, 1, warp, lane);
     for (int j = 0; j < nblk; j++) {
@@ -785,6 +808,7 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
         wg_softmax(p, s, sOk + (j & 3) * KB, sRed, sP, m_run, l_part, alpha, wg, r0, lane);
         wg_pv(o, alpha, pa, cu_smem(tile), wg);
     }
+    cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
     wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
 #else
     __trap(); /* only the sm_90a build has warpgroup MMA; the host picks the mma.sync kernel elsewhere */
@@ -798,10 +822,11 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     pdl_release_dependents();
+    pdl_wait_primary();
     WG_SMEM_SETUP(true);
     uint8_t *const raw0 = smem + C::RAW_OFF, *const raw1 = raw0 + RAW_SPAN;
     ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
-    load_q<64>(p, t, h0, sQ, tid);
+    load_q_async<64, NT>(p, t, h0, sQ, tid); /* the oldest group: every wait of the loop covers it */
     for (int jb = 0; jb < 2; jb++) {
         if (jb < nblk) load_block<true>(p, fn, jb ? raw1 : raw0, sOk + jb * KB, warp, lane);
         fn = fetch_entry(p, t, rg, jb + 1, warp, lane);
@@ -823,6 +848,7 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
         wg_softmax(p, s, sOk + (j & 3) * KB, sRed, sP, m_run, l_part, alpha, wg, r0, lane);
         wg_pv(o, alpha, pa, cu_smem(sK), wg);
     }
+    cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
     wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
 #else
     __trap();
@@ -1215,6 +1241,16 @@ static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int
     store_rows(p, o, f, t, h0, split, 256, r0, lane);
 }
 
+/* Q, loaded by the two consumer warpgroups alone (cp.async) while the producer already issues
+ * the first entry loads; the consumers meet on named barrier 1 before anything reads it. */
+static DSV4_CU_INLINE void ws_consumer_q(const dsv4_cu_decode &p, int t, int h0, uint8_t *smem, int tid)
+{
+    load_q_async<64, 256>(p, t, h0, smem + WS_Q_OFF, tid);
+    cu_cp_async_wait_all();
+    cu_fence_proxy_async();
+    cu_bar(1, 256);
+}
+
 template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
 {
     pdl_release_dependents();
@@ -1224,8 +1260,6 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const uint32_t rank = NCTA == 2 ? cu_cluster_rank() : 0u;
     const uint32_t base = cu_smem(smem);
-    const cta_range rg = cta_entries(p, t, split);
-    const int nblk = rg.nblk;
     if (tid == 0) {
 #pragma unroll
         for (int b = 0; b < 2; b++) {
@@ -1239,8 +1273,9 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         cu_mbar_init(base + WS_EPI, 128);
         cu_fence_mbar_init();
     }
-    load_q<64, WS_NT>(p, t, h0, smem + WS_Q_OFF, tid);
-    cu_fence_proxy_async();
+    pdl_wait_primary(); /* nothing above touched global memory */
+    const cta_range rg = cta_entries(p, t, split);
+    const int nblk = rg.nblk;
     __syncthreads();
     if (NCTA == 2) cu_cluster_sync(); /* the peer's barriers are initialized */
 
@@ -1254,14 +1289,17 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
     } else if (W2) {
         if (wg == 0) {
             cu_setmaxnreg_inc<216>();
+            ws_consumer_q(p, t, h0, smem, tid);
             w2_lead<NCTA>(p, smem, nblk, t, h0, split, warp, lane);
         } else {
             cu_setmaxnreg_dec<160>(); /* below the 168 of the launch: gives 8 back */
+            ws_consumer_q(p, t, h0, smem, tid);
             w2_follow<NCTA>(p, smem, nblk, t, h0, split, warp, lane);
         }
         if (NCTA == 2) cu_cluster_sync();
     } else {
         cu_setmaxnreg_inc<192>();
+        ws_consumer_q(p, t, h0, smem, tid);
         const int r0 = 16 * (warp & 3) + (lane >> 2); /* this thread's rows: r0 and r0 + 8 */
         const uint32_t qa = base + WS_Q_OFF, pa = base + WS_P_OFF, ka0 = base + WS_K_OFF;
         float *sRed = (float *)(smem + WS_RED_OFF), *sL = (float *)(smem + WS_L_OFF);
@@ -1324,6 +1362,7 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
     const long long w = blockIdx.x, rows = (long long)p.t * p.h;
     const int d0 = threadIdx.x * 8;
     const int t = (int)(w / p.h), h = (int)(w % p.h);
+    pdl_release_dependents(); /* the next decode may start and wait for this grid (see above) */
     pdl_wait_primary(); /* launched while the decode runs: its partial results are complete from here */
     float L = -INFINITY;
     for (int s = 0; s < p.splits; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
@@ -1379,6 +1418,26 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
 
 extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
 
+/* One launch of a decode-family kernel; pdl: as a programmatic dependent of the kernel before it
+ * on the stream (a programmatic edge under graph capture): see pdl_release_dependents. */
+static int launch_k(void (*kernel)(dsv4_cu_decode), const dsv4_cu_decode *d, dim3 grid, int threads, int smem,
+                    cudaStream_t stream, int pdl)
+{
+    cudaLaunchAttribute attr[1];
+    memset(attr, 0, sizeof attr);
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, kernel, *d);
+}
+
 
 template <int MT, bool FP8> static int launch_decode(const dsv4_cu_decode *d, cudaStream_t stream)
 {
@@ -1387,8 +1446,7 @@ template <int MT, bool FP8> static int launch_decode(const dsv4_cu_decode *d, cu
     const int e = cu_smem_opt_in(configured, d->device, decode_kernel<MT, FP8>, C::SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + C::ROWS - 1) / C::ROWS), (unsigned)d->splits);
-    decode_kernel<MT, FP8><<<grid, NT, C::SMEM, stream>>>(*d);
-    return (int)cudaGetLastError();
+    return launch_k(decode_kernel<MT, FP8>, d, grid, NT, C::SMEM, stream, d->pdl);
 }
 
 template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_t stream)
@@ -1398,8 +1456,7 @@ template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_
     const int e = cu_smem_opt_in(configured, d->device, kernel, wg_cfg<FP8>::SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
-    kernel<<<grid, NT, wg_cfg<FP8>::SMEM, stream>>>(*d);
-    return (int)cudaGetLastError();
+    return launch_k(kernel, d, grid, NT, wg_cfg<FP8>::SMEM, stream, d->pdl);
 }
 
 /* The warp-specialized FP8 kernel (ws2, or ws1 when !w2); pair: tiles in clusters of two (the
@@ -1413,8 +1470,7 @@ static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int p
     const int e = cu_smem_opt_in(configured[k], d->device, kernels[k], WS_SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
-    kernels[k]<<<grid, WS_NT, WS_SMEM, stream>>>(*d);
-    return (int)cudaGetLastError();
+    return launch_k(kernels[k], d, grid, WS_NT, WS_SMEM, stream, d->pdl);
 }
 
 /* The kernel for 64-head tiles of FP8 pages on sm_90a: ws2 by default; v1 (the single-role
@@ -1433,23 +1489,20 @@ static int fp8_kernel_choice(const dsv4_cu_decode *d)
     return per_cta <= 1 ? K_V1 : K_WS2;
 }
 
-/* The combine as a programmatic dependent of the decode just launched on the same stream (also
- * under graph capture, where it becomes a programmatic edge): see pdl_release_dependents. */
+/* The combine as a programmatic dependent of the decode just launched on the same stream. Its
+ * SMs keep the largest shared-memory carveout, so that the CTAs of a decode launched after it can
+ * start beside its own. */
 static int launch_combine(const dsv4_cu_decode *d, cudaStream_t stream)
 {
-    const long long rows = (long long)d->t * d->h;
-    cudaLaunchAttribute attr[1];
-    memset(attr, 0, sizeof attr);
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3((unsigned)rows);
-    cfg.blockDim = dim3(COMBINE_NT);
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return (int)cudaLaunchKernelEx(&cfg, combine_kernel, *d);
+    static unsigned char configured[DSV4_CU_MAX_DEVICES];
+    const bool known = d->device >= 0 && d->device < DSV4_CU_MAX_DEVICES;
+    if (!known || !configured[d->device]) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(combine_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        if (e != cudaSuccess) return (int)e;
+        if (known) configured[d->device] = 1;
+    }
+    return launch_k(combine_kernel, d, dim3((unsigned)((long long)d->t * d->h)), COMBINE_NT, 0, stream, 1);
 }
 
 extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
