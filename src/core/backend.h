@@ -97,11 +97,26 @@ dsv4_status dsv4_op_resolve(const dsv4_ctx *ctx, const char *op, dsv4_op_family 
 /* The start of an op function that has a `ctx` parameter: declares `op` (its name, for messages),
  * `b` and `ex` (the context's backend and execution settings) and returns dsv4_op_resolve's
  * failure for DSV4_FAMILY_<family> (DSV4_TRY: core/error.h). */
-#define DSV4_OP_BEGIN(name, family)  \
-    const char *op = name;           \
-    const dsv4_backend *b;           \
-    dsv4_exec ex;                    \
-    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_##family, &b, &ex))
+#define DSV4_OP_BEGIN(name, family)                                      \
+    const char *op = name;                                               \
+    const dsv4_backend *b;                                               \
+    dsv4_exec ex;                                                        \
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_##family, &b, &ex));  \
+    DSV4_OP_TIMER(op, b, &ex)
+
+/* The op profile of DSV4_PROFILE_OPS (core/profile.c): DSV4_OP_BEGIN starts one, the end of the
+ * op's scope ends it (a cleanup handler: every return path). op NULL: profiling is off. */
+typedef struct dsv4_op_timer {
+    const char *op;
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    double t0;
+} dsv4_op_timer;
+dsv4_op_timer dsv4_op_timer_begin(const char *op, const dsv4_backend *b, const dsv4_exec *ex);
+void dsv4_op_timer_end(dsv4_op_timer *t);
+/* For an op that resolves its backend itself: times the rest of the enclosing scope. */
+#define DSV4_OP_TIMER(op, b, ex) \
+    __attribute__((cleanup(dsv4_op_timer_end))) dsv4_op_timer op_timer_ = dsv4_op_timer_begin(op, b, ex)
 
 /* The stream of the context's execution settings (checked by the caller; NULL: the default). */
 dsv4_status dsv4_ctx_set_stream(dsv4_ctx *ctx, void *stream);

@@ -185,6 +185,7 @@ static dsv4_status pre_or_head(dsv4_ctx *ctx, const char *op, const dsv4_hc_site
     const dsv4_backend *b;
     dsv4_exec ex;
     DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_LAYER, &b, &ex));
+    DSV4_OP_TIMER(op, b, &ex);
     dsv4_hc_args a = {0};
     int n = 0;
     int64_t D = 0;
@@ -240,6 +241,7 @@ dsv4_status dsv4_hc_post(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor 
     dsv4_exec ex;
     dsv4_hc_args a;
     DSV4_TRY(post_setup(ctx, op, x, residual, post, comb, &b, &ex, &a));
+    DSV4_OP_TIMER(op, b, &ex);
     int n = a.n;
     int64_t D = a.D;
     DSV4_TRY(check_streams(op, "out", out, a.T, &n, &D, b, 1));
@@ -260,6 +262,7 @@ dsv4_status dsv4_hc_post_pre(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_ten
     dsv4_exec ex;
     dsv4_hc_args a;
     DSV4_TRY(post_setup(ctx, op, x, residual, post, comb, &b, &ex, &a));
+    DSV4_OP_TIMER(op, b, &ex);
     int n = a.n;
     int64_t T = a.T, D = a.D;
     DSV4_TRY(check_site(op, next, n, D, 0, b, &a));

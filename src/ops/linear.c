@@ -117,6 +117,7 @@ static dsv4_status run(dsv4_ctx *ctx, const call *c)
     dsv4_exec ex;
     DSV4_TRY(check_format(op, c->fmt));
     DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_OP_TIMER(op, b, &ex);
     const int staged = c->staged && is_quantized(c->fmt);
     if (staged) DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, linear, stage, op));
     const unsigned fb = DSV4_DT(DSV4_F32) | DSV4_DT(DSV4_BF16);
@@ -189,6 +190,7 @@ dsv4_status dsv4_linear_stage(dsv4_ctx *ctx, dsv4_linear_format fmt, const dsv4_
     dsv4_exec ex;
     DSV4_TRY(check_format(op, fmt));
     DSV4_TRY(resolve(ctx, op, &b, &ex));
+    DSV4_OP_TIMER(op, b, &ex);
     DSV4_TRY(dsv4_check_tensor(op, "x", x, DSV4_DT(DSV4_F32) | DSV4_DT(DSV4_BF16), 2, NULL));
     DSV4_TRY(check_inner(op, "x", x));
     const int64_t m = x->shape[0], k = x->shape[1];

@@ -65,6 +65,7 @@ static dsv4_status transfer(dsv4_ctx *ctx, int which, void *dst, const void *src
     const dsv4_backend *b;
     dsv4_exec ex;
     DSV4_TRY(dsv4_op_resolve(ctx, names[which], DSV4_FAMILY_NONE, &b, &ex));
+    DSV4_OP_TIMER(names[which], b, &ex);
     if (!b->memory) {
         memmove(dst, src, bytes);
         return DSV4_OK;
@@ -96,6 +97,7 @@ dsv4_status dsv4_device_memset(dsv4_ctx *ctx, void *dst, int value, size_t bytes
     const dsv4_backend *b;
     dsv4_exec ex;
     DSV4_TRY(dsv4_op_resolve(ctx, "device_memset", DSV4_FAMILY_NONE, &b, &ex));
+    DSV4_OP_TIMER("device_memset", b, &ex);
     if (b->memory) return b->memory->memset(&ex, dst, value, bytes);
     memset(dst, value, bytes);
     return DSV4_OK;
