@@ -173,6 +173,48 @@ __global__ void __launch_bounds__(HC_THREADS) hc_dots_kernel(long long T, long l
     }
 }
 
+/* hc_dots_kernel for MIX1 = nmix + 1 known at compile time (the mHC sites of n = 4: 25 sums, the
+ * head's 5): each x value read once for all the sums, each sum's warp butterfly, then one barrier
+ * and the warps' partials added in warp order. Every sum's operations and their order are
+ * hc_dots_kernel's (a thread's strided partial, the butterfly, the warps in order), so the bytes
+ * are the same; only the 2 * MIX1 barriers and MIX1 re-reads of x are gone. */
+template <int MIX1>
+__global__ void __launch_bounds__(HC_THREADS) hc_dots_all_kernel(long long T, long long D, int n, const float *fn,
+                                                                 long long ldfn, const uint16_t *x, long long x_t,
+                                                                 long long x_j, uint16_t *y, long long ldy, int S)
+{
+    __shared__ float sh[HC_THREADS / 32][MIX1];
+    const long long nd = (long long)n * D, len = (nd + S - 1) / S;
+    const long long e0 = blockIdx.x * len, e1 = e0 + len < nd ? e0 + len : nd;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (long long t = blockIdx.y; t < T; t += gridDim.y) {
+        const uint16_t *xt = x + t * x_t;
+        uint16_t *yt = y + t * ldy;
+        float s[MIX1];
+#pragma unroll
+        for (int i = 0; i < MIX1; i++) s[i] = 0.0f;
+        for (long long e = e0 + threadIdx.x; e < e1; e += HC_THREADS) {
+            const float v = cu_bf16_f32(xt[(e / D) * x_j + e % D]);
+#pragma unroll
+            for (int i = 0; i < MIX1 - 1; i++) s[i] = __fadd_rn(s[i], __fmul_rn(fn[i * ldfn + e], v));
+            s[MIX1 - 1] = __fadd_rn(s[MIX1 - 1], __fmul_rn(v, v));
+        }
+#pragma unroll
+        for (int i = 0; i < MIX1; i++) {
+#pragma unroll
+            for (int o = 16; o; o >>= 1) s[i] = __fadd_rn(s[i], __shfl_xor_sync(0xFFFFFFFFu, s[i], o));
+            if (lane == 0) sh[warp][i] = s[i];
+        }
+        __syncthreads();
+        if (threadIdx.x < MIX1) {
+            float v = sh[0][threadIdx.x];
+            for (int w = 1; w < HC_THREADS / 32; w++) v = __fadd_rn(v, sh[w][threadIdx.x]);
+            put_f32(yt, (long long)blockIdx.x * MIX1 + threadIdx.x, v);
+        }
+        __syncthreads(); /* sh is reused for the next token */
+    }
+}
+
 DSV4_CU_INLINE float sigmoid_rn(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z))); }
 
 __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int n, int nmix, const float *scale,
@@ -182,7 +224,7 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
                                                                long long post_t, float *comb_out, long long comb_t,
                                                                long long comb_j)
 {
-    __shared__ float mix[HC_MAX_MIX + 1], pre[HC_MAX_N];
+    __shared__ float mix[HC_MAX_MIX + 1], pre[HC_MAX_N], cm[HC_MAX_N * HC_MAX_N];
     const long long t = blockIdx.x;
     uint16_t *yt = y + t * ldy;
     for (int i = threadIdx.x; i <= nmix; i += HC_THREADS) {
@@ -191,36 +233,46 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
         mix[i] = s;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    /* Warp 0: lane j < n takes row j (pre, post, the row's softmax, the row phases of Sinkhorn)
+     * and column j (the column phases), with the operations and order of one thread doing every
+     * row and column in turn (hc_pre of layer_ref.c), so the results are that thread's. */
+    if (threadIdx.x < 32) {
+        const int j = threadIdx.x;
         const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(mix[nmix], (float)((long long)n * D)), norm_eps)));
-        float m[HC_MAX_MIX], c[HC_MAX_N * HC_MAX_N];
-        for (int i = 0; i < nmix; i++) m[i] = __fmul_rn(mix[i], r);
-        for (int j = 0; j < n; j++) pre[j] = __fadd_rn(sigmoid_rn(__fadd_rn(__fmul_rn(m[j], scale[0]), base[j])), eps);
-        if (nmix != n) {
-            for (int j = 0; j < n; j++)
-                post_out[t * post_t + j] = __fmul_rn(2.0f, sigmoid_rn(__fadd_rn(__fmul_rn(m[n + j], scale[1]), base[n + j])));
-            for (int i = 0; i < n * n; i++) c[i] = __fadd_rn(__fmul_rn(m[2 * n + i], scale[2]), base[2 * n + i]);
-            for (int j = 0; j < n; j++) { /* row softmax, then + eps */
-                float *row = c + j * n, mx = row[0], s = 0.0f;
+        if (j < n) {
+            pre[j] = __fadd_rn(sigmoid_rn(__fadd_rn(__fmul_rn(__fmul_rn(mix[j], r), scale[0]), base[j])), eps);
+            if (nmix != n) {
+                post_out[t * post_t + j] =
+                    __fmul_rn(2.0f, sigmoid_rn(__fadd_rn(__fmul_rn(__fmul_rn(mix[n + j], r), scale[1]), base[n + j])));
+                float *row = cm + j * n; /* row softmax, then + eps */
+                for (int k = 0; k < n; k++)
+                    row[k] = __fadd_rn(__fmul_rn(__fmul_rn(mix[2 * n + j * n + k], r), scale[2]), base[2 * n + j * n + k]);
+                float mx = row[0], s = 0.0f;
                 for (int k = 1; k < n; k++) mx = row[k] > mx ? row[k] : mx;
                 for (int k = 0; k < n; k++) s = __fadd_rn(s, row[k] = expf(__fsub_rn(row[k], mx)));
                 for (int k = 0; k < n; k++) row[k] = __fadd_rn(__fdiv_rn(row[k], s), eps);
             }
+        }
+        __syncwarp();
+        if (nmix != n) {
             for (int it = 0; it < iters; it++) {
-                if (it > 0)
-                    for (int j = 0; j < n; j++) {
+                if (it > 0) {
+                    if (j < n) {
                         float s = 0.0f;
-                        for (int k = 0; k < n; k++) s = __fadd_rn(s, c[j * n + k]);
-                        for (int k = 0; k < n; k++) c[j * n + k] = __fdiv_rn(c[j * n + k], __fadd_rn(s, eps));
+                        for (int k = 0; k < n; k++) s = __fadd_rn(s, cm[j * n + k]);
+                        for (int k = 0; k < n; k++) cm[j * n + k] = __fdiv_rn(cm[j * n + k], __fadd_rn(s, eps));
                     }
-                for (int k = 0; k < n; k++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < n; j++) s = __fadd_rn(s, c[j * n + k]);
-                    for (int j = 0; j < n; j++) c[j * n + k] = __fdiv_rn(c[j * n + k], __fadd_rn(s, eps));
+                    __syncwarp();
                 }
+                if (j < n) {
+                    const int k = j; /* column k */
+                    float s = 0.0f;
+                    for (int i = 0; i < n; i++) s = __fadd_rn(s, cm[i * n + k]);
+                    for (int i = 0; i < n; i++) cm[i * n + k] = __fdiv_rn(cm[i * n + k], __fadd_rn(s, eps));
+                }
+                __syncwarp();
             }
-            for (int j = 0; j < n; j++)
-                for (int k = 0; k < n; k++) comb_out[t * comb_t + j * comb_j + k] = c[j * n + k];
+            for (int i = j; i < n * n; i += 32) comb_out[t * comb_t + (i / n) * comb_j + i % n] = cm[i];
         }
     }
     __syncthreads(); /* the partials in y are read: y may be written */
@@ -247,8 +299,16 @@ extern "C" int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream)
     const int S = dsv4_cu_hc_slices(a->D, a->nmix);
     if (S < 1 || a->n < 1 || a->n > HC_MAX_N || a->T > 0x7FFFFFFFll) return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
-    hc_dots_kernel<<<dim3((unsigned)S, (unsigned)(a->T < 65535 ? a->T : 65535)), HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->nmix, a->fn, a->ldfn, a->x,
-                                                                           a->x_t, a->x_j, a->y, a->ldy, S);
+    const dim3 grid((unsigned)S, (unsigned)(a->T < 65535 ? a->T : 65535));
+    if (a->nmix + 1 == 25)
+        hc_dots_all_kernel<25><<<grid, HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->fn, a->ldfn, a->x, a->x_t, a->x_j, a->y,
+                                                           a->ldy, S);
+    else if (a->nmix + 1 == 5)
+        hc_dots_all_kernel<5><<<grid, HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->fn, a->ldfn, a->x, a->x_t, a->x_j, a->y,
+                                                          a->ldy, S);
+    else
+        hc_dots_kernel<<<grid, HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->nmix, a->fn, a->ldfn, a->x, a->x_t, a->x_j, a->y,
+                                                   a->ldy, S);
     hc_finish_kernel<<<(unsigned)a->T, HC_THREADS, 0, s>>>(a->D, a->n, a->nmix, a->scale, a->base, a->iters, a->eps,
                                                           a->norm_eps, a->x, a->x_t, a->x_j, a->y, a->ldy, S,
                                                           a->post_out, a->post_t, a->comb_out, a->comb_t, a->comb_j);
