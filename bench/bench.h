@@ -43,6 +43,8 @@ uint64_t bench_read_pass_avx512(const void *p, size_t bytes, size_t far);
 uint64_t bench_read_pass_avx2(const void *p, size_t bytes, size_t far);
 /* Peak fp32 FMA rate in GFLOP/s (2 FLOP per lane-FMA) with `threads` threads, best ISA. */
 double bench_fma_peak(int threads);
+/* The same with 256-bit FMAs, `iters` steps of every chain (bench/peak_avx2.c). */
+double bench_fma_peak_avx2(int threads, long iters);
 /* Peak of the multiply-add the linear kernels run on, in GFLOP/s: vdpbf16ps (2 products per fp32
  * lane) with AVX-512 BF16, else the fp32 FMA peak. */
 double bench_dot_peak(int threads);

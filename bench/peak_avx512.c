@@ -1,6 +1,7 @@
 /* FMA peak of this machine: independent chains of 512-bit FMAs per thread (AVX-512 when
- * present, else 256-bit AVX2 FMAs compiled in the same unit behind the run-time check), and the
- * vdpbf16ps peak (AVX-512 BF16). */
+ * present, else the 256-bit AVX2 FMAs of bench/peak_avx2.c, a unit compiled for AVX2 only: in
+ * this one the compiler may give 256-bit code AVX-512 encodings), and the vdpbf16ps peak
+ * (AVX-512 BF16). */
 #include "bench.h"
 #include "dsv4.h"
 
@@ -41,29 +42,6 @@ static double peak512(int threads, long iters, int dot)
     return (double)threads * (double)iters * CHAINS * 16 * (dot ? 4 : 2) / dt * 1e-9;
 }
 
-static double peak256(int threads, long iters)
-{
-    double t0 = bench_now();
-    float sink = 0.0f;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-        __m256 acc[CHAINS];
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps((float)c * 1e-3f);
-        const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-        for (long i = 0; i < iters; i++)
-            for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-        __m256 s = acc[0];
-        for (int c = 1; c < CHAINS; c++) s = _mm256_add_ps(s, acc[c]);
-        float t[8];
-        _mm256_storeu_ps(t, s);
-        for (int i = 0; i < 8; i++) sink += t[i];
-    }
-    double dt = bench_now() - t0;
-    volatile float keep = sink;
-    (void)keep;
-    return (double)threads * (double)iters * CHAINS * 8 * 2 / dt * 1e-9;
-}
-
 double bench_dot_peak(int threads)
 {
     if (strcmp(dsv4_cpu_isa(), "avx512+bf16")) return bench_fma_peak(threads);
@@ -81,7 +59,7 @@ double bench_fma_peak(int threads)
     int wide = strncmp(isa, "avx512", 6) == 0;
     double best = 0.0;
     for (int r = 0; r < PEAK_REPS; r++) {
-        double g = wide ? peak512(threads, PEAK_ITERS, 0) : peak256(threads, PEAK_ITERS);
+        double g = wide ? peak512(threads, PEAK_ITERS, 0) : bench_fma_peak_avx2(threads, PEAK_ITERS);
         if (g > best) best = g;
     }
     return best;
