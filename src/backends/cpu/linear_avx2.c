@@ -41,7 +41,7 @@ static float hsum(__m256 v)
  * vpermps: 1-1.5 cycles each on the cores measured, where unpacks, vpshufb and shifts issue two a
  * cycle) is needed. */
 typedef struct dec_consts {
-    __m128i keep, nib, lut, low7;
+    __m128i keep, nib, lut;
 } dec_consts;
 
 INLINE dec_consts dec_init(void)
@@ -52,7 +52,6 @@ INLINE dec_consts dec_init(void)
     /* E2M1 nibble -> the high byte of its FP16 value (the low byte is zero for all of them) */
     d.lut = _mm_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, (char)0x80, (char)0xB8, (char)0xBC,
                           (char)0xBE, (char)0xC0, (char)0xC2, (char)0xC4, (char)0xC6);
-    d.low7 = _mm_set1_epi8(0x7F);
     return d;
 }
 
@@ -60,15 +59,15 @@ INLINE dec_consts dec_init(void)
  * of a 16-bit word, shifted right arithmetically by one (the sign kept in bit 15, bit 14 then
  * cleared), is the FP16 number with the code's sign, its 4-bit exponent in the low end of FP16's
  * 5-bit field and its 3-bit mantissa on top of FP16's, i.e. the code's value times 2^-8 (subnormal
- * codes land on FP16 subnormals, also exactly). NaN codes would come out finite: *nan collects
- * them for the caller. */
-INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m128i *nan)
+ * codes land on FP16 subnormals, also exactly). NaN codes (magnitude 0x7F) would come out finite:
+ * *mag keeps the largest magnitude byte of each position for the caller. */
+INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i *mag)
 {
     const __m128i z = _mm_setzero_si128();
+    *mag = _mm256_max_epu8(*mag, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8(0x7F)));
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const __m128i c = _mm_loadu_si128((const __m128i *)(p + 16 * h));
-        *nan = _mm_or_si128(*nan, _mm_cmpeq_epi8(_mm_and_si128(c, d->low7), d->low7));
         v[2 * h] = _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(_mm_unpacklo_epi8(z, c), 1), d->keep));
         v[2 * h + 1] = _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(_mm_unpackhi_epi8(z, c), 1), d->keep));
     }
@@ -141,10 +140,10 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
         for (int64_t b0 = c0; b0 < ce; b0 += wb) {
             const int64_t end = ce - b0 < wb ? ce : b0 + wb;
             __m256 p[DSV4_LIN_MT][DSV4_LIN_NT];
-            __m128i nan[DSV4_LIN_NT];
+            __m256i mag[DSV4_LIN_NT]; /* FP8: the largest code magnitudes of the block (0x7F: a NaN) */
 #pragma GCC unroll 8
             for (int j = 0; j < NT; j++) {
-                nan[j] = _mm_setzero_si128();
+                mag[j] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int i = 0; i < MT; i++) p[i][j] = _mm256_setzero_ps();
             }
@@ -156,7 +155,7 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
                     if (fp4)
                         fp4x32(&dc, w[j] + kk / 2, v);
                     else
-                        e4m3x32(&dc, w[j] + kk, v, &nan[j]);
+                        e4m3x32(&dc, w[j] + kk, v, &mag[j]);
 #pragma GCC unroll 8
                     for (int q = 0; q < 4; q++)
 #pragma GCC unroll 8
@@ -167,7 +166,8 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
 #pragma GCC unroll 8
             for (int j = 0; j < NT; j++) {
                 const __m256 sc = _mm256_set1_ps(sw[j][(b0 - c0) / wb]);
-                const int has_nan = !fp4 && !_mm_testz_si128(nan[j], nan[j]);
+                const __m256i isnan = _mm256_cmpeq_epi8(mag[j], _mm256_set1_epi8(0x7F));
+                const int has_nan = !fp4 && !_mm256_testz_si256(isnan, isnan);
 #pragma GCC unroll 8
                 for (int i = 0; i < MT; i++) {
                     __m256 v = fp4 ? p[i][j] : _mm256_mul_ps(p[i][j], _mm256_set1_ps(256.0f));
