@@ -121,12 +121,8 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
     const int fp4 = fmt == DSV4_LINEAR_FP4;
     const int64_t wb = fmt == DSV4_LINEAR_FP8_B128 ? 128 : 32, k = t->k;
     const int64_t row_bytes = fp4 ? k / 2 : k, line = fp4 ? 128 : 64; /* elements per 64-byte line */
-    const float *act[DSV4_LIN_MT];
-    const uint8_t *w[DSV4_LIN_NT];
-#pragma GCC unroll 8
-    for (int i = 0; i < MT; i++) act[i] = t->act[i];
-#pragma GCC unroll 8
-    for (int j = 0; j < NT; j++) w[j] = t->w[j];
+    const float *const *act = (const float *const *)t->act;
+    const uint8_t *const *w = (const uint8_t *const *)t->w;
     const dec_consts dc = dec_init();
     float acc[DSV4_LIN_MT][DSV4_LIN_NT][8] __attribute__((aligned(32)));
 #pragma GCC unroll 8
