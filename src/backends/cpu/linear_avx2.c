@@ -100,21 +100,32 @@ INLINE void prefetch_rows(const dsv4_lin_tile *t, const int NT, int64_t ob, int6
 
 #define KC 1024 /* K elements whose weight scales are decoded at once (multiple of 128) */
 
-/* Weight scales of blocks [b0, b0 + nb) of the NT rows as fp32. */
-INLINE void chunk_scales(const dsv4_lin_tile *t, const int NT, int64_t b0, int nb, float sw[DSV4_LIN_NT][KC / 32])
+/* Weight scales of blocks [b0, b0 + nb) of the NT rows as fp32, times `mul` (256 for FP8, whose
+ * partial sums are taken at 2^-8 scale, when no scale byte of the chunk is above 246: then
+ * (sum * 256) * s and sum * (256 * s) are the same product, 256 * s being exact). Returns 1 when
+ * a byte above 246 (a scale of 2^120 or more, NaN excluded) kept the scales unmultiplied. */
+INLINE int chunk_scales(const dsv4_lin_tile *t, const int NT, int64_t b0, int nb, float mul,
+                        float sw[DSV4_LIN_NT][KC / 32])
 {
+    int big = 0;
     for (int j = 0; j < NT; j++) {
         const uint8_t *s = t->s[j] + b0 * t->ss1;
-        for (int b = 0; b < nb; b++) sw[j][b] = dsv4_e8m0_to_f32(s[b * t->ss1]);
+        for (int b = 0; b < nb; b++) big |= s[b * t->ss1] > 246 && s[b * t->ss1] != 255;
     }
+    if (big) mul = 1.0f;
+    for (int j = 0; j < NT; j++) {
+        const uint8_t *s = t->s[j] + b0 * t->ss1;
+        for (int b = 0; b < nb; b++) sw[j][b] = dsv4_e8m0_to_f32(s[b * t->ss1]) * mul;
+    }
+    return big;
 }
 
 /* The block-scaled formats (FP8 128-blocks, MXFP8, FP4 32-blocks), MT activation rows x NT weight
  * rows: each 32 weights of a row are decoded once for the MT rows; per output, one 8-lane partial
  * sum per block over K in order (lane l: elements l, l + 8, ...), scaled by the block's scale into
- * an 8-lane total, whatever the tile shape (FP8 partial sums, taken at 2^-8 scale, are multiplied
- * back by 256 first, exactly). The totals live in memory (one load and store per block), the
- * partial sums in registers. */
+ * an 8-lane total, whatever the tile shape (FP8 partial sums are taken at 2^-8 scale: see
+ * chunk_scales). The totals live in memory (one load and store per block), the partial sums in
+ * registers; a NaN code anywhere in a weight row makes its outputs NaN. */
 INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT, const int NT,
                         const dsv4_linear_format fmt)
 {
@@ -130,19 +141,20 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
 #pragma GCC unroll 8
         for (int j = 0; j < NT; j++) _mm256_store_ps(acc[i][j], _mm256_setzero_ps());
     float sw[DSV4_LIN_NT][KC / 32];
+    __m256i mag[DSV4_LIN_NT]; /* FP8: the largest code magnitudes of the row (0x7F: a NaN) */
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; j++) mag[j] = _mm256_setzero_si256();
     for (int64_t c0 = 0; c0 < k; c0 += KC) {
         const int64_t ce = k - c0 < KC ? k : c0 + KC;
-        chunk_scales(t, NT, c0 / wb, (int)((ce - c0 + wb - 1) / wb), sw);
+        const int big = chunk_scales(t, NT, c0 / wb, (int)((ce - c0 + wb - 1) / wb), fp4 ? 1.0f : 256.0f, sw);
+        const __m256 up = _mm256_set1_ps(big ? 256.0f : 1.0f);
         for (int64_t b0 = c0; b0 < ce; b0 += wb) {
             const int64_t end = ce - b0 < wb ? ce : b0 + wb;
             __m256 p[DSV4_LIN_MT][DSV4_LIN_NT];
-            __m256i mag[DSV4_LIN_NT]; /* FP8: the largest code magnitudes of the block (0x7F: a NaN) */
 #pragma GCC unroll 8
-            for (int j = 0; j < NT; j++) {
-                mag[j] = _mm256_setzero_si256();
+            for (int i = 0; i < MT; i++)
 #pragma GCC unroll 8
-                for (int i = 0; i < MT; i++) p[i][j] = _mm256_setzero_ps();
-            }
+                for (int j = 0; j < NT; j++) p[i][j] = _mm256_setzero_ps();
             for (int64_t kk = b0; kk < end; kk += 32) {
                 if (kk % line == 0) prefetch_rows(t, NT, fp4 ? kk / 2 : kk, row_bytes);
 #pragma GCC unroll 8
@@ -162,21 +174,22 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
 #pragma GCC unroll 8
             for (int j = 0; j < NT; j++) {
                 const __m256 sc = _mm256_set1_ps(sw[j][(b0 - c0) / wb]);
-                const __m256i isnan = _mm256_cmpeq_epi8(mag[j], _mm256_set1_epi8(0x7F));
-                const int has_nan = !fp4 && !_mm256_testz_si256(isnan, isnan);
 #pragma GCC unroll 8
                 for (int i = 0; i < MT; i++) {
-                    __m256 v = fp4 ? p[i][j] : _mm256_mul_ps(p[i][j], _mm256_set1_ps(256.0f));
-                    if (has_nan) v = _mm256_set1_ps(NAN); /* a NaN weight makes the row's products NaN */
+                    const __m256 v = fp4 || !big ? p[i][j] : _mm256_mul_ps(p[i][j], up);
                     _mm256_store_ps(acc[i][j], _mm256_fmadd_ps(v, sc, _mm256_load_ps(acc[i][j])));
                 }
             }
         }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < MT; i++)
+    for (int j = 0; j < NT; j++) {
+        const __m256i isnan = _mm256_cmpeq_epi8(mag[j], _mm256_set1_epi8(0x7F));
+        const int has_nan = !fp4 && !_mm256_testz_si256(isnan, isnan);
 #pragma GCC unroll 8
-        for (int j = 0; j < NT; j++) out[i][j] = hsum(_mm256_load_ps(acc[i][j]));
+        for (int i = 0; i < MT; i++) /* a NaN weight makes the row's products, so the output, NaN */
+            out[i][j] = has_nan ? NAN : hsum(_mm256_load_ps(acc[i][j]));
+    }
 }
 
 /* BF16 / F32 weights, MT x NT: the x rows (BF16 or F32) read once per tile; per output one 8-lane
