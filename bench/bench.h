@@ -43,6 +43,8 @@ uint64_t bench_read_pass_avx512(const void *p, size_t bytes, size_t far);
 uint64_t bench_read_pass_avx2(const void *p, size_t bytes, size_t far);
 /* Peak fp32 FMA rate in GFLOP/s (2 FLOP per lane-FMA) with `threads` threads, best ISA. */
 double bench_fma_peak(int threads);
+/* The same with 256-bit FMAs, `iters` steps of every chain (bench/peak_avx2.c). */
+double bench_fma_peak_avx2(int threads, long iters);
 /* Peak of the multiply-add the linear kernels run on, in GFLOP/s: vdpbf16ps (2 products per fp32
  * lane) with AVX-512 BF16, else the fp32 FMA peak. */
 double bench_dot_peak(int threads);
@@ -91,8 +93,6 @@ double bench_median(double *v, int n);
 /* ---- checkpoints (bench_run.c) ---- */
 /* Write the synthetic checkpoint with V4-Flash layer shapes (3 blocks + MTP, file holes but the
  * routing) into dir; 1 on success. */
-/* fp32 FMA GFLOP/s of `threads` threads running 256-bit FMA chains (bench/peak_avx2.c) */
-double bench_peak256(int threads, long iters);
 int bench_flash_like(const char *dir);
 /* V4-Flash's first n_layers blocks (3: one SWA, one CSA, one HCA block) + MTP, written as file holes but the routing. */
 int bench_flash_layers(const char *dir, int n_layers);

@@ -60,7 +60,7 @@ compile() {
     local v=$1 b="$dir/build-$1" out="$dir/driver-$1"
     local cc=${CC:-cc} obj="$dir/obj-$1"
     mkdir -p "$obj"
-    local common=(-O2 -std=c17 -D_POSIX_C_SOURCE=200809L -fopenmp -I"$here/bench" -I"$here/include" -I"$dir/src/include")
+    local common=(-O2 -std=c17 -D_POSIX_C_SOURCE=200809L -fopenmp -I"$here/bench" -I"$here/include" -I"$here/src" -I"$dir/src/include")
     "$cc" "${common[@]}" -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2 \
         -c "$here/bench/bandwidth_avx512.c" -o "$obj/bandwidth_avx512.o"
     "$cc" "${common[@]}" -mavx2 -mfma -c "$here/bench/bandwidth_avx2.c" -o "$obj/bandwidth_avx2.o"

@@ -1,12 +1,12 @@
-/* The 256-bit FMA peak (AVX2 + FMA) of bench_fma_peak (bench/peak_avx512.c) on a machine without
- * AVX-512: compiled for AVX2 only. */
+/* The fp32 FMA peak with 256-bit FMAs (bench_fma_peak on a machine without AVX-512):
+ * independent chains per thread. Compiled for AVX2 only; called after the run-time check. */
 #include "bench.h"
 
 #include <immintrin.h>
 
 #define CHAINS 12
 
-double bench_peak256(int threads, long iters)
+double bench_fma_peak_avx2(int threads, long iters)
 {
     double t0 = bench_now();
     float sink = 0.0f;

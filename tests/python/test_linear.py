@@ -306,6 +306,22 @@ def test_extreme_activation_scales(backend):
         check_close(y, ref, mag, fmt)
 
 
+def test_huge_weight_scales(backend):
+    """Weight scale bytes above 246 (2^120 and more, where 256 x scale overflows fp32) in some
+    blocks, on small activations so that y stays finite: the same products as with moderate scales."""
+    rng = O.rng("huge weight scales")
+    n, k = 21, 384
+    for fmt in ("fp8_b128", "mxfp8"):
+        w, s = rand_weight(fmt, n, k, rng)
+        s[0, 1] = 250
+        s[-1, 0] = 247
+        x = (rng.standard_normal((3, k)) * 1e-6).astype(np.float32)
+        ref, mag = oracle(x, w, s, fmt)
+        assert np.isfinite(ref).all() and (np.abs(ref) > 1e30).any()  # the case bites: outputs near 2^100+
+        y = dsv4.linear(x, w, s, fmt, out="f32", backend=backend)
+        check_close(y, ref, mag, fmt)
+
+
 def test_m_zero_and_workspace_query():
     w, s = rand_weight("mxfp8", 8, 64, np.random.default_rng(0))
     y = dsv4.linear(np.zeros((0, 64), np.float32), w, s, "mxfp8")

@@ -10,7 +10,7 @@
 #include "core/ops_linear.h"
 
 #define DSV4_LIN_MT 4 /* most activation rows of one tile */
-#define DSV4_LIN_NT 4 /* most weight rows of one tile */
+#define DSV4_LIN_NT 8 /* most weight rows of one tile */
 
 extern const struct dsv4_linear_ops dsv4_cpu_ref_linear_ops;
 extern const struct dsv4_linear_ops dsv4_cpu_linear_ops;
@@ -19,9 +19,9 @@ extern const struct dsv4_linear_ops dsv4_cpu_linear_ops;
  * 64-byte description (rows, k, the format it is arranged for, the kernel set that made it:
  * linear_cpu.c checks it before a staged product), then the rows (stride dsv4_lin_row_bytes(k)).
  * Staged activation row:
- *   BF16 staging (vector kernels): the dequantized activation x_q * s_x as BF16 (exact: a code
- *     times a power of two), k values then zeros up to a multiple of 128 (in the kernel's
- *     order of K, see stage_row).
+ *   value staging (vector kernels): the dequantized activation x_q * s_x as BF16 (AVX-512) or
+ *     F32 (AVX2), exact either way (a code times a power of two), k values then zeros up to a
+ *     multiple of 128 (in the kernel's order of K, see stage_row).
  *   code staging (scalar reference): k E4M3 codes, then one scale byte per activation group. */
 int64_t dsv4_lin_row_bytes(int64_t k);
 
@@ -41,14 +41,15 @@ typedef struct dsv4_lin_tile {
 } dsv4_lin_tile;
 
 typedef struct dsv4_cpu_linear_kernels {
-    int stage_bf16; /* 1: BF16 staging, 0: code staging */
+    int stage_bytes; /* bytes of one staged value: 2 (BF16 staging), 4 (F32 staging), 0: code staging */
     /* The tile shape for a call with m activation rows (mt <= DSV4_LIN_MT, nt <= DSV4_LIN_NT). */
     void (*shape)(dsv4_linear_format fmt, int64_t m, int *mt, int *nt);
     /* out[i][j] = y before bias of activation row i and weight row j, i < mt, j < nt. */
     void (*tile)(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT]);
-    /* BF16 staging of one activation group: dst[i] = bf16(e4m3(codes[i]) * scale), i < len. */
-    void (*stage_group)(const uint8_t *codes, int len, float scale, uint16_t *dst);
-    /* NULL, or the whole BF16 staging of one row of x (k values, F32 or BF16): quantized,
+    /* Value staging of one activation group: dst[i] = e4m3(codes[i]) * scale as BF16 or F32
+     * (stage_bytes), i < len. */
+    void (*stage_group)(const uint8_t *codes, int len, float scale, void *dst);
+    /* NULL, or the whole value staging of one row of x (k values, F32 or BF16): quantized,
      * dequantized, zero-padded to a multiple of 128 and put in the order the kernel's weight
      * decoding produces; replaces the generic loop over stage_group. */
     void (*stage_row)(dsv4_linear_format fmt, const void *x, int x_bf16, int64_t k, uint16_t *dst);

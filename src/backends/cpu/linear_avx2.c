@@ -1,29 +1,25 @@
-/* AVX2 linear kernels (no BF16 dot products): weights decoded to fp32 (exact), staged BF16
- * activations widened to fp32 (exact), fp32 FMAs; each 32- or 128-element block sum is scaled
- * by its weight scale with one FMA. Tiles of 1 x 4 or 2 x 2 outputs share the decoding; per
- * output the operation sequence is fixed, so results do not depend on the tiling or the thread
- * count. */
+/* AVX2 linear kernels (no BF16 dot products): weights decoded to fp32 (exact), the staged
+ * activations are F32 (x_q * s_x, exact; read by the FMAs straight from memory), fp32 FMAs; each
+ * 32- or 128-element block sum is scaled by its weight scale with one FMA. Tiles of MT activation
+ * rows x NT weight rows (1 x 8 at M = 1, up to 4 x 2 for batches, see shape) decode each 32
+ * weights of a row once for the MT rows; per output the operation sequence is fixed, so results
+ * do not depend on the tiling, the other rows of the call or the thread count. */
 #include "backends/cpu/cpu_linear.h"
 #include "backends/cpu/simd_avx2.h"
 #include "formats/codec.h"
 
 #include <math.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+/* Software prefetch of each weight row, as in linear_avx512.c: far ahead into L2 (running on into
+ * the rows of the next tile), near ahead into L1, once per 64-byte line. */
+#define PREFETCH_FAR 8192
+#define PREFETCH_NEAR 512
 
 static inline __m256 bf16x8(const uint16_t *p)
 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-/* 4 packed bytes -> 8 E2M1 values in K order. */
-static inline __m256 fp4x8(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    const __m128i b = _mm_cvtsi32_si128(v);
-    __m256i d = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b)); /* b0 b0 b1 b1 ... */
-    d = _mm256_and_si256(_mm256_srlv_epi32(d, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)), V256_I(0xF));
-    const __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), d);
-    return _mm256_or_ps(mag, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(d, V256_I(8)), 28)));
 }
 
 /* 8 BF16 or F32 weights (the unscaled formats) as fp32. */
@@ -40,74 +36,160 @@ static float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* 16 E4M3 codes as two fp32 vectors times 2^-8: a code's byte, sign-extended to 16 bits and
- * shifted left by 7, is the FP16 number with the code's sign, its 4-bit exponent in the low end of
- * FP16's 5-bit field and its 3-bit mantissa on top of FP16's, i.e. the code's value times 2^-8
- * (subnormal codes land on FP16 subnormals, also exactly; bit 14 is cleared); F16C widens it
- * exactly. NaN codes would come out finite: *nan collects them for the caller. */
-static inline void e4m3x16(const uint8_t *p, __m256 *lo, __m256 *hi, __m128i *nan)
+/* Weight decoding into FP16 words, then F16C (vcvtph2ps, exact), with 128-bit byte unpacks: in a
+ * 128-bit register they keep K order, so no lane-crossing move (vpmovzx/sx, vextracti128,
+ * vpermps: 1-1.5 cycles each on the cores measured, where unpacks, vpshufb and shifts issue two a
+ * cycle) is needed. */
+typedef struct dec_consts {
+    __m128i keep, nib, lut;
+} dec_consts;
+
+INLINE dec_consts dec_init(void)
 {
-    const __m128i c = _mm_loadu_si128((const __m128i *)p);
-    const __m128i low7 = _mm_set1_epi8(0x7F);
-    *nan = _mm_or_si128(*nan, _mm_cmpeq_epi8(_mm_and_si128(c, low7), low7));
-    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(c), 7), _mm256_set1_epi16((short)0xBF80));
-    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    dec_consts d;
+    d.keep = _mm_set1_epi16((short)0xBF80);
+    d.nib = _mm_set1_epi8(0x0F);
+    /* E2M1 nibble -> the high byte of its FP16 value (the low byte is zero for all of them) */
+    d.lut = _mm_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, (char)0x80, (char)0xB8, (char)0xBC,
+                          (char)0xBE, (char)0xC0, (char)0xC2, (char)0xC4, (char)0xC6);
+    return d;
+}
+
+/* 32 E4M3 codes -> four vectors of 8 values times 2^-8, in K order: a code's byte in the high byte
+ * of a 16-bit word, shifted right arithmetically by one (the sign kept in bit 15, bit 14 then
+ * cleared), is the FP16 number with the code's sign, its 4-bit exponent in the low end of FP16's
+ * 5-bit field and its 3-bit mantissa on top of FP16's, i.e. the code's value times 2^-8 (subnormal
+ * codes land on FP16 subnormals, also exactly). NaN codes (magnitude 0x7F) would come out finite:
+ * *mag keeps the largest magnitude byte of each position for the caller. */
+INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i *mag)
+{
+    const __m128i z = _mm_setzero_si128();
+    *mag = _mm256_max_epu8(*mag, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8(0x7F)));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m128i c = _mm_loadu_si128((const __m128i *)(p + 16 * h));
+        v[2 * h] = _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(_mm_unpacklo_epi8(z, c), 1), d->keep));
+        v[2 * h + 1] = _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(_mm_unpackhi_epi8(z, c), 1), d->keep));
+    }
+}
+
+/* 16 packed bytes (32 E2M1 values) -> four vectors of 8 values in K order: each nibble's FP16
+ * high byte from a 16-entry table (vpshufb), low and high nibbles interleaved, widened to words. */
+INLINE void fp4x32(const dec_consts *d, const uint8_t *p, __m256 v[4])
+{
+    const __m128i z = _mm_setzero_si128(), c = _mm_loadu_si128((const __m128i *)p);
+    const __m128i lo = _mm_shuffle_epi8(d->lut, _mm_and_si128(c, d->nib));                     /* even elements */
+    const __m128i hi = _mm_shuffle_epi8(d->lut, _mm_and_si128(_mm_srli_epi16(c, 4), d->nib)); /* odd elements */
+    const __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);           /* 0-15, 16-31 */
+    v[0] = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, e0));
+    v[1] = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, e0));
+    v[2] = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, e1));
+    v[3] = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, e1));
+}
+
+/* Prefetch of the weight line at byte ob of each row (see PREFETCH_FAR); prefetches never fault. */
+INLINE void prefetch_rows(const dsv4_lin_tile *t, const int NT, int64_t ob, int64_t row_bytes)
+{
+    const int64_t far = ob + PREFETCH_FAR < row_bytes ? PREFETCH_FAR : PREFETCH_FAR + t->w_next - row_bytes;
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; j++) {
+        _mm_prefetch((const char *)t->w[j] + ob + far, _MM_HINT_T1);
+        _mm_prefetch((const char *)t->w[j] + ob + PREFETCH_NEAR, _MM_HINT_T0);
+    }
+}
+
+#define KC 1024 /* K elements whose weight scales are decoded at once (multiple of 128) */
+
+/* Weight scales of blocks [b0, b0 + nb) of the NT rows as fp32, times `mul` (256 for FP8, whose
+ * partial sums are taken at 2^-8 scale, when no scale byte of the chunk is above 246: then
+ * (sum * 256) * s and sum * (256 * s) are the same product, 256 * s being exact). Returns 1 when
+ * a byte above 246 (a scale of 2^120 or more, NaN excluded) kept the scales unmultiplied. */
+INLINE int chunk_scales(const dsv4_lin_tile *t, const int NT, int64_t b0, int nb, float mul,
+                        float sw[DSV4_LIN_NT][KC / 32])
+{
+    int big = 0;
+    for (int j = 0; j < NT; j++) {
+        const uint8_t *s = t->s[j] + b0 * t->ss1;
+        for (int b = 0; b < nb; b++) big |= s[b * t->ss1] > 246 && s[b * t->ss1] != 255;
+    }
+    if (big) mul = 1.0f;
+    for (int j = 0; j < NT; j++) {
+        const uint8_t *s = t->s[j] + b0 * t->ss1;
+        for (int b = 0; b < nb; b++) sw[j][b] = dsv4_e8m0_to_f32(s[b * t->ss1]) * mul;
+    }
+    return big;
 }
 
 /* The block-scaled formats (FP8 128-blocks, MXFP8, FP4 32-blocks), MT activation rows x NT weight
- * rows: each weight block is decoded once for the MT rows; per output, one 8-lane partial sum per
- * block over K in order, scaled by the block's scale into an 8-lane total (FP8 partial sums, taken
- * at 2^-8 scale, are multiplied back by 256 first, exactly), whatever the tile shape. */
-static inline __attribute__((always_inline)) void tile_blocks(const dsv4_lin_tile *t,
-                                                               float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT,
-                                                               const int NT)
+ * rows: each 32 weights of a row are decoded once for the MT rows; per output, one 8-lane partial
+ * sum per block over K in order (lane l: elements l, l + 8, ...), scaled by the block's scale into
+ * an 8-lane total, whatever the tile shape (FP8 partial sums are taken at 2^-8 scale: see
+ * chunk_scales). The totals live in memory (one load and store per block), the partial sums in
+ * registers; a NaN code anywhere in a weight row makes its outputs NaN. */
+INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT, const int NT,
+                        const dsv4_linear_format fmt)
 {
-    const int fp8 = t->fmt != DSV4_LINEAR_FP4;
-    const int64_t wb = t->fmt == DSV4_LINEAR_FP8_B128 ? 128 : 32;
-    __m256 acc[DSV4_LIN_MT][DSV4_LIN_NT];
+    const int fp4 = fmt == DSV4_LINEAR_FP4;
+    const int64_t wb = fmt == DSV4_LINEAR_FP8_B128 ? 128 : 32, k = t->k;
+    const int64_t row_bytes = fp4 ? k / 2 : k, line = fp4 ? 128 : 64; /* elements per 64-byte line */
+    const float *const *act = (const float *const *)t->act;
+    const uint8_t *const *w = (const uint8_t *const *)t->w;
+    const dec_consts dc = dec_init();
+    float acc[DSV4_LIN_MT][DSV4_LIN_NT][8] __attribute__((aligned(32)));
+#pragma GCC unroll 8
     for (int i = 0; i < MT; i++)
-        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int64_t b0 = 0; b0 < t->k; b0 += wb) {
-        const int64_t end = t->k - b0 < wb ? t->k : b0 + wb;
-        __m256 p[DSV4_LIN_MT][DSV4_LIN_NT];
-        __m128i nan[DSV4_LIN_NT];
-        for (int j = 0; j < NT; j++) {
-            nan[j] = _mm_setzero_si128();
-            for (int i = 0; i < MT; i++) p[i][j] = _mm256_setzero_ps();
-        }
-        for (int64_t k = b0; k < end; k += 16) {
-            __m256 alo[DSV4_LIN_MT], ahi[DSV4_LIN_MT];
-            for (int i = 0; i < MT; i++) {
-                alo[i] = bf16x8((const uint16_t *)t->act[i] + k);
-                ahi[i] = bf16x8((const uint16_t *)t->act[i] + k + 8);
+#pragma GCC unroll 8
+        for (int j = 0; j < NT; j++) _mm256_store_ps(acc[i][j], _mm256_setzero_ps());
+    float sw[DSV4_LIN_NT][KC / 32];
+    __m256i mag[DSV4_LIN_NT]; /* FP8: the largest code magnitudes of the row (0x7F: a NaN) */
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; j++) mag[j] = _mm256_setzero_si256();
+    for (int64_t c0 = 0; c0 < k; c0 += KC) {
+        const int64_t ce = k - c0 < KC ? k : c0 + KC;
+        const int big = chunk_scales(t, NT, c0 / wb, (int)((ce - c0 + wb - 1) / wb), fp4 ? 1.0f : 256.0f, sw);
+        const __m256 up = _mm256_set1_ps(big ? 256.0f : 1.0f);
+        for (int64_t b0 = c0; b0 < ce; b0 += wb) {
+            const int64_t end = ce - b0 < wb ? ce : b0 + wb;
+            __m256 p[DSV4_LIN_MT][DSV4_LIN_NT];
+#pragma GCC unroll 8
+            for (int i = 0; i < MT; i++)
+#pragma GCC unroll 8
+                for (int j = 0; j < NT; j++) p[i][j] = _mm256_setzero_ps();
+            for (int64_t kk = b0; kk < end; kk += 32) {
+                if (kk % line == 0) prefetch_rows(t, NT, fp4 ? kk / 2 : kk, row_bytes);
+#pragma GCC unroll 8
+                for (int j = 0; j < NT; j++) {
+                    __m256 v[4];
+                    if (fp4)
+                        fp4x32(&dc, w[j] + kk / 2, v);
+                    else
+                        e4m3x32(&dc, w[j] + kk, v, &mag[j]);
+#pragma GCC unroll 8
+                    for (int q = 0; q < 4; q++)
+#pragma GCC unroll 8
+                        for (int i = 0; i < MT; i++)
+                            p[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(act[i] + kk + 8 * q), v[q], p[i][j]);
+                }
             }
+#pragma GCC unroll 8
             for (int j = 0; j < NT; j++) {
-                __m256 wlo, whi;
-                if (fp8) {
-                    e4m3x16((const uint8_t *)t->w[j] + k, &wlo, &whi, &nan[j]);
-                } else {
-                    wlo = fp4x8((const uint8_t *)t->w[j] + k / 2);
-                    whi = fp4x8((const uint8_t *)t->w[j] + k / 2 + 4);
-                }
+                const __m256 sc = _mm256_set1_ps(sw[j][(b0 - c0) / wb]);
+#pragma GCC unroll 8
                 for (int i = 0; i < MT; i++) {
-                    p[i][j] = _mm256_fmadd_ps(alo[i], wlo, p[i][j]);
-                    p[i][j] = _mm256_fmadd_ps(ahi[i], whi, p[i][j]);
+                    const __m256 v = fp4 || !big ? p[i][j] : _mm256_mul_ps(p[i][j], up);
+                    _mm256_store_ps(acc[i][j], _mm256_fmadd_ps(v, sc, _mm256_load_ps(acc[i][j])));
                 }
-            }
-        }
-        for (int j = 0; j < NT; j++) {
-            const __m256 sc = _mm256_set1_ps(dsv4_e8m0_to_f32(t->s[j][(b0 / wb) * t->ss1]));
-            const int has_nan = fp8 && !_mm_testz_si128(nan[j], nan[j]);
-            for (int i = 0; i < MT; i++) {
-                __m256 v = fp8 ? _mm256_mul_ps(p[i][j], _mm256_set1_ps(256.0f)) : p[i][j];
-                if (has_nan) v = _mm256_set1_ps(NAN); /* a NaN weight makes the row's products NaN */
-                acc[i][j] = _mm256_fmadd_ps(v, sc, acc[i][j]);
             }
         }
     }
-    for (int i = 0; i < MT; i++)
-        for (int j = 0; j < NT; j++) out[i][j] = hsum(acc[i][j]);
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; j++) {
+        const __m256i isnan = _mm256_cmpeq_epi8(mag[j], _mm256_set1_epi8(0x7F));
+        const int has_nan = !fp4 && !_mm256_testz_si256(isnan, isnan);
+#pragma GCC unroll 8
+        for (int i = 0; i < MT; i++) /* a NaN weight makes the row's products, so the output, NaN */
+            out[i][j] = has_nan ? NAN : hsum(_mm256_load_ps(acc[i][j]));
+    }
 }
 
 /* BF16 / F32 weights, MT x NT: the x rows (BF16 or F32) read once per tile; per output one 8-lane
@@ -132,26 +214,55 @@ static inline __attribute__((always_inline)) void tile_plain(const dsv4_lin_tile
         for (int j = 0; j < NT; j++) out[i][j] = hsum(acc[i][j]);
 }
 
-/* One activation row x four weight rows, or two x two for M > 1 (weights decoded once for both). */
+/* The tile shapes of the block-scaled formats, MT x NT. */
+#define SHAPES(X) X(1, 8) X(1, 4) X(2, 4) X(3, 2) X(4, 2)
+
+#define DEFINE_TILES(MT, NT)                                                                                  \
+    static void tile_##MT##x##NT(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])                 \
+    {                                                                                                         \
+        switch (t->fmt) {                                                                                     \
+        case DSV4_LINEAR_FP8_B128: tile_blocks(t, out, MT, NT, DSV4_LINEAR_FP8_B128); break;                  \
+        case DSV4_LINEAR_MXFP8: tile_blocks(t, out, MT, NT, DSV4_LINEAR_MXFP8); break;                        \
+        default: tile_blocks(t, out, MT, NT, DSV4_LINEAR_FP4); break;                                         \
+        }                                                                                                     \
+    }
+SHAPES(DEFINE_TILES)
+
+/* Block-scaled formats: M = 1 one x eight weight rows (eight independent FMA chains; FP4, whose
+ * decoding is the heavier part, one x four), M = 2 two x four, M = 3 three x two, then four x two:
+ * the best of the shapes measured on the 2-core EPYC (BENCHMARKS.md, AVX2 path). BF16 / F32
+ * weights: one x four, or two x two. */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 {
-    (void)fmt;
-    *mt = m > 1 ? 2 : 1;
-    *nt = m > 1 ? 2 : 4;
+    if (fmt > DSV4_LINEAR_FP4) {
+        *mt = m > 1 ? 2 : 1;
+        *nt = m > 1 ? 2 : 4;
+        return;
+    }
+    *mt = m < 4 ? (int)m : 4;
+    *nt = m == 1 ? (fmt == DSV4_LINEAR_FP4 ? 4 : 8) : m == 2 ? 4 : 2;
 }
 
 static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
 {
-    const int blocks = t->fmt <= DSV4_LINEAR_FP4;
-    if (t->mt == 1) blocks ? tile_blocks(t, out, 1, 4) : tile_plain(t, out, 1, 4);
-    else blocks ? tile_blocks(t, out, 2, 2) : tile_plain(t, out, 2, 2);
+    if (t->fmt > DSV4_LINEAR_FP4) {
+        t->mt == 1 ? tile_plain(t, out, 1, 4) : tile_plain(t, out, 2, 2);
+        return;
+    }
+    switch (t->mt * 10 + t->nt) {
+    case 18: tile_1x8(t, out); break;
+    case 14: tile_1x4(t, out); break;
+    case 24: tile_2x4(t, out); break;
+    case 32: tile_3x2(t, out); break;
+    default: tile_4x2(t, out);
+    }
 }
 
-static void stage_group(const uint8_t *codes, int len, float scale, uint16_t *dst)
+/* dst[i] = e4m3(codes[i]) * scale as F32 (exact: at most 4 significant bits). */
+static void stage_group(const uint8_t *codes, int len, float scale, void *dst)
 {
     const __m256 s = _mm256_set1_ps(scale);
-    for (int i = 0; i < len; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i), v256_bf16_encode(_mm256_mul_ps(v256_e4m3_decode(codes + i), s)));
+    for (int i = 0; i < len; i += 8) _mm256_storeu_ps((float *)dst + i, _mm256_mul_ps(v256_e4m3_decode(codes + i), s));
 }
 
-const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_avx2 = {1, shape, tile, stage_group, NULL, NULL};
+const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_avx2 = {4, shape, tile, stage_group, NULL, NULL};

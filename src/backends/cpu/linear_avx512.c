@@ -359,11 +359,11 @@ static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
 }
 
 /* dst[i] = bf16(e4m3(codes[i]) * scale); len is a multiple of 32. */
-static void stage_group(const uint8_t *codes, int len, float scale, uint16_t *dst)
+static void stage_group(const uint8_t *codes, int len, float scale, void *dst)
 {
     const __m512 s = _mm512_set1_ps(scale);
     for (int i = 0; i < len; i += 16)
-        _mm256_storeu_si256((__m256i *)(dst + i), v512_bf16_encode(_mm512_mul_ps(v512_e4m3_decode(codes + i), s)));
+        _mm256_storeu_si256((__m256i *)((uint16_t *)dst + i), v512_bf16_encode(_mm512_mul_ps(v512_e4m3_decode(codes + i), s)));
 }
 
 /* Element held at position p (< 128) of a block of 128 staged values arranged for fmt (see
@@ -388,4 +388,4 @@ static void rearrange_row(dsv4_linear_format from, dsv4_linear_format to, uint16
     }
 }
 
-const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_avx512 = {1, shape, tile, stage_group, stage_row, rearrange_row};
+const dsv4_cpu_linear_kernels dsv4_cpu_linear_kernels_avx512 = {2, shape, tile, stage_group, stage_row, rearrange_row};

@@ -15,7 +15,8 @@
 
 static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
 
-int64_t dsv4_lin_row_bytes(int64_t k) { return (k + 127) / 128 * 128 * 2; }
+/* The widest staging: F32 values (k + k / 32 bytes for codes, 2 k for BF16 values fit too). */
+int64_t dsv4_lin_row_bytes(int64_t k) { return (k + 127) / 128 * 128 * 4; }
 
 /* The description of a staging, at the first 64-byte boundary of the work space; the rows
  * follow at HEAD_BYTES from it. */
@@ -62,16 +63,16 @@ static void stage_row(const dsv4_cpu_linear_kernels *lk, const dsv4_cpu_format_k
             fk->quantize_row(rule, buf, len, codes, &byte);
         else /* the short last act128 group of a K with an edge block */
             byte = dsv4_quantize_group(p, buf, len, codes);
-        if (lk->stage_bf16) {
-            lk->stage_group(codes, len, dsv4_e8m0_to_f32(byte), (uint16_t *)dst + k0);
+        if (lk->stage_bytes) {
+            lk->stage_group(codes, len, dsv4_e8m0_to_f32(byte), dst + k0 * lk->stage_bytes);
         } else {
             memcpy(dst + k0, codes, (size_t)len);
             dst[a->k + j] = byte;
         }
     }
-    if (lk->stage_bf16) {
-        const int64_t kp = dsv4_lin_row_bytes(a->k) / 2;
-        memset((uint16_t *)dst + a->k, 0, (size_t)(kp - a->k) * 2);
+    if (lk->stage_bytes) {
+        const int64_t kp = (a->k + 127) / 128 * 128;
+        memset(dst + a->k * lk->stage_bytes, 0, (size_t)((kp - a->k) * lk->stage_bytes));
     }
 }
 
