@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks of the cuda backend (`make test-gpu`): build, the C tests against cpu-ref (test_cuda
-# and the op-by-op conformance test_backend_ops), the Python tests on backend "cuda" (the
+# GPU checks of the cuda backend (`make test-gpu`): build, the C tests against cpu-ref (test_cuda,
+# the op-by-op conformance test_backend_ops, and test_engine: the engine on cuda), the Python tests on backend "cuda" (the
 # attention suite with DSV4_TEST_BACKENDS=cuda and the device tests), compute-sanitizer memcheck +
 # racecheck on small cases, the SASS instruction mix, Nsight Compute profiles of one decode
 # launch, the attention benchmark next to a bf16 matmul and the linear benchmark (linear-cuda); with
@@ -9,7 +9,7 @@
 # them also to $OUT/gpu-tests.log when OUT is set); STEPS="build test_cuda ..." runs a subset,
 # STEP_TIMEOUT (seconds, default 300) bounds each step. The build needs what `make build` needs
 # (libpcre2-8 for the tokenizer: on an image without its headers, point PKG_CONFIG_PATH at a copy);
-# the attention tests read shared/testdata (DSV4_SHARED / DSV4_KERNEL_TESTDATA when not beside the repo).
+# the attention and engine tests read shared/testdata (DSV4_SHARED / DSV4_KERNEL_TESTDATA when not beside the repo).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-$ROOT/build-gpu}
@@ -17,7 +17,7 @@ LOGS=${LOGS:-$BUILD/gpu-logs}
 ALL=${OUT:+$OUT/gpu-tests.log}
 JOBS=${JOBS:-$(nproc)}
 PEER=${DSV4_PEER_FLASHMLA:-}
-STEPS=${STEPS:-"build test_cuda backend_ops matmul bench bench_linear pytest_device pytest_attention sass ncu memcheck racecheck memcheck_ops racecheck_ops${PEER:+ peer}"}
+STEPS=${STEPS:-"build test_cuda backend_ops engine matmul bench bench_linear pytest_device pytest_attention sass ncu memcheck racecheck memcheck_ops racecheck_ops memcheck_engine${PEER:+ peer}"}
 mkdir -p "$LOGS"
 if ! nvidia-smi -L > /dev/null 2>&1; then
     echo "test-gpu: SKIP: no NVIDIA GPU visible (nvidia-smi -L failed)"
@@ -44,10 +44,12 @@ step() { # name command...: run, keep the log, print its tail
 }
 
 step build bash -c "cmake -S '$ROOT' -B '$BUILD' -DCMAKE_BUILD_TYPE=Release > /dev/null &&
-                    cmake --build '$BUILD' -j $JOBS --target dsv4 dsv4_cuda dsv4_cli test_cuda test_backend_ops"
+                    cmake --build '$BUILD' -j $JOBS --target dsv4 dsv4_cuda dsv4_cli test_cuda test_backend_ops test_engine"
 step test_cuda "$BUILD/test_cuda"
 # every op of every backend against cpu-ref (tests/c/test_backend_ops.c); cuda's NULL entries are reported skipped
 step backend_ops "$BUILD/test_backend_ops"
+# the engine on cuda against cpu-ref and as on the cpu (tests/c/test_engine.c), and hf-tiny-a's golden logits
+step engine bash -c "'$BUILD/test_engine' && python3 -m pytest -q -rs '$ROOT/tests/python/test_engine.py' -k golden"
 step matmul python3 -c "
 import torch
 a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); b = torch.randn_like(a)
@@ -72,6 +74,12 @@ step racecheck env DSV4_CUDA_TEST_SMALL=2 compute-sanitizer --tool racecheck --r
 # the op-by-op conformance test under the sanitizers: the linear, tensor and layer kernels
 step memcheck_ops compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/test_backend_ops"
 step racecheck_ops compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 "$BUILD/test_backend_ops"
+# the engine under both sanitizers: 8 tokens of the tiny model with 2 drafts a step (every op of a
+# forward, MTP draft, verification and rollback on the device)
+step memcheck_engine bash -c "'$BUILD/dsv4' make-tiny --no-tokenizer --out '$BUILD/tiny-gpu' > /dev/null &&
+    R='run --backend cuda --model $BUILD/tiny-gpu --prompt-ids 1,5,9,33,100,7,250,3 --max-tokens 8 --mtp 2 --seed 1' &&
+    compute-sanitizer --tool memcheck --error-exitcode 9 '$BUILD/dsv4' \$R &&
+    compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 '$BUILD/dsv4' \$R"
 step sass bash -c "cuobjdump --dump-sass '$BUILD/libdsv4-cuda.so' | grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|F2FP|F2F|HADD2)[.A-Z0-9_]*' | sort | uniq -c"
 # the default kernel of the quick bench's first shape (h 64: decode_ws_kernel<true>, ws2)
 NCU="ncu --clock-control none --kernel-name-base mangled --kernel-name regex:${NCU_KERNEL:-decode_ws_kernelILb1} --launch-skip 40 --launch-count 1"
