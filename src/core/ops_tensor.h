@@ -57,12 +57,9 @@ typedef struct dsv4_sample_args {
  * block_size + e % block_size : -1, for i < n (slots may be entries: each element is read before
  * it is written, by the same thread). */
 typedef struct dsv4_paged_slots_args {
-    const int32_t *table;
-    int64_t n_blocks, block_size;
-    const int32_t *entries;
-    int64_t es;
-    int32_t *slots;
-    int64_t ss, n;
+    const int32_t *table, *entries; /* table [n_blocks]; entries with stride es */
+    int32_t *slots;                 /* stride ss */
+    int64_t n_blocks, block_size, es, ss, n;
 } dsv4_paged_slots_args;
 
 /* The rule of dsv4_paged_slots for one entry (every backend's). */

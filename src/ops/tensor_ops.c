@@ -122,8 +122,8 @@ dsv4_status dsv4_paged_slots(dsv4_ctx *ctx, const dsv4_tensor *block_table, int6
     const dsv4_layer_io ins[2] = {{entries, "entries", NULL}, {block_table, "block_table", NULL}};
     DSV4_TRY(dsv4_layer_no_overlap(op, outs, 1, ins, 2));
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, tensor, paged_slots, op));
-    const dsv4_paged_slots_args a = {block_table->data, nb, block_size, entries->data, entries->stride[0],
-                                     slots->data, slots->stride[0], n};
+    const dsv4_paged_slots_args a = {block_table->data, entries->data, slots->data, nb, block_size, entries->stride[0],
+                                     slots->stride[0], n};
     return n ? b->tensor->paged_slots(&ex, &a) : DSV4_OK;
 }
 
