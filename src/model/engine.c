@@ -696,6 +696,12 @@ static dsv4_status host_context(dsv4_engine *e)
 {
     e->device = dsv4_ctx_device_kind(e->ctx);
     e->on_device = e->device != DSV4_DEVICE_CPU;
+    /* DSV4_ENGINE_DEVICE_PATH=1 (tests): a CPU backend takes the device path too (separate
+     * tables, staged conversions, the weights' copy, logits through the device buffer, a host
+     * context of its own), its copies being host copies, so CI runs that code and checks that it
+     * gives the plain path's bytes (docs/engine.md §2.2). */
+    const char *force = getenv("DSV4_ENGINE_DEVICE_PATH");
+    if (force && force[0] == '1') e->on_device = 1;
     if (!e->on_device) {
         e->hctx = e->ctx;
         return DSV4_OK;

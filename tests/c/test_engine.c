@@ -102,6 +102,46 @@ static void test_prefill_decode_threads(dsv4_ctx *c1, dsv4_ctx *c2, const int32_
     dsv4_engine_destroy(e2);
 }
 
+/* The device path on the cpu backend (DSV4_ENGINE_DEVICE_PATH=1, docs/engine.md §2.2): its own
+ * tables and their upload, staged conversions, the weights' copy, logits through the device buffer
+ * and a host context of its own, every copy a host copy: the logits, the MTP logits, the exported
+ * state and speculative greedy generation are the plain path's bytes. */
+static void test_device_path(dsv4_ctx *c, const int32_t *ids, int64_t vocab)
+{
+    setenv("DSV4_ENGINE_DEVICE_PATH", "1", 1);
+    dsv4_engine *ed = open_engine(c, 16, 2);
+    unsetenv("DSV4_ENGINE_DEVICE_PATH");
+    dsv4_engine *ep = open_engine(c, 16, 2);
+    if (!ed || !ep) {
+        dsv4_engine_destroy(ed);
+        dsv4_engine_destroy(ep);
+        return;
+    }
+    dsv4_engine_memory md, mp;
+    dsv4_engine_memory_info(ed, &md);
+    dsv4_engine_memory_info(ep, &mp);
+    CHECK(md.weights_device > 0 && mp.weights_device == 0, "device path: weights copied %llu / plain %llu bytes",
+          (unsigned long long)md.weights_device, (unsigned long long)mp.weights_device);
+    run a = feed(ed, ids, N_PROMPT, 7, vocab), b = feed(ep, ids, N_PROMPT, 7, vocab);
+    CHECK(same_run(&a, &b, N_PROMPT, vocab), "device path: logits, MTP logits or state differ from the plain path");
+    run_free(&a);
+    run_free(&b);
+    int32_t out[2][24];
+    for (int k = 0; k < 2; k++) {
+        dsv4_engine *e = k ? ep : ed;
+        int seq = -1;
+        int64_t n = 0;
+        dsv4_generate_options o = {24, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+        CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
+        CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &o, out[k], 24, &n, NULL), DSV4_OK);
+        CHECK(n == 24, "device path: %lld tokens", (long long)n);
+        dsv4_engine_seq_free(e, seq);
+    }
+    CHECK(!memcmp(out[0], out[1], sizeof out[0]), "device path: speculative greedy tokens differ from the plain path");
+    dsv4_engine_destroy(ed);
+    dsv4_engine_destroy(ep);
+}
+
 /* Relative L2 distance of two rows. */
 static double rel_err(const float *a, const float *b, int64_t n)
 {
@@ -881,6 +921,7 @@ int main(void)
     int32_t ids[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) ids[i] = (int32_t)(test_rand_u64() % 512);
     test_prefill_decode_threads(c1, c2, ids, 512);
+    test_device_path(c2, ids, 512);
     test_cpu_vs_ref(cr, ids, 512);
     test_speculative(c1, ids);
     test_bad_inputs(c1, ids);
