@@ -95,7 +95,8 @@ static double now(void)
 static void load_progress(void *user, const char *line)
 {
     (void)user;
-    fprintf(stderr, "\n  %s", line);
+    if (cli_stderr_tty()) fprintf(stderr, "\n  %s", line); /* after "loading DIR ..." */
+    else fprintf(stderr, "%s\n", line);
     fflush(stderr);
 }
 
