@@ -249,7 +249,7 @@ static int decode(dsv4_engine *e, const int32_t *prompt, int n_prompt, int token
     int seq;
     int64_t n_out;
     int32_t *out = malloc(sizeof *out * (size_t)tokens);
-    dsv4_generate_options o = {tokens, mtp, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+    dsv4_generate_options o = {tokens, mtp, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
     int ok = out && dsv4_engine_seq_create(e, &seq) == DSV4_OK;
     ok = ok && dsv4_engine_generate(e, seq, prompt, n_prompt, &o, out, tokens, &n_out, st) == DSV4_OK;
     if (ok) dsv4_engine_seq_free(e, seq);

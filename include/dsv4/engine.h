@@ -222,9 +222,11 @@ typedef struct dsv4_generate_options {
     int mtp;                 /* draft length k; 0: plain decoding */
     dsv4_sampling sampling;
     int stop_at_eos;
-    int prompt_logits;       /* deliver the logits of every prompt position (in chunks) */
+    int prompt_logits;       /* deliver the logits of every prompt position (in chunks), and of every step */
     dsv4_gen_callback callback;
     void *user;
+    int step_logits;         /* deliver the logits of every decode step (without it or prompt_logits, a step
+                              * on a device backend samples there and delivers none: logits NULL, n_logits 0) */
 } dsv4_generate_options;
 
 typedef struct dsv4_generate_stats {

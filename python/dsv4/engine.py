@@ -59,7 +59,7 @@ GEN_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, _P, ctypes.POINTER(GenStep))
 class GenOptions(ctypes.Structure):
     _fields_ = [("max_tokens", ctypes.c_int64), ("mtp", ctypes.c_int), ("sampling", Sampling),
                 ("stop_at_eos", ctypes.c_int), ("prompt_logits", ctypes.c_int), ("callback", GEN_CALLBACK),
-                ("user", _P)]
+                ("user", _P), ("step_logits", ctypes.c_int)]
 
 
 @c_struct("dsv4_generate_stats")
@@ -277,7 +277,7 @@ class Engine:
 
         cb = GEN_CALLBACK(step_cb)
         o = GenOptions(int(max_tokens), int(mtp), Sampling(float(temperature), float(top_p), int(seed)),
-                       int(bool(stop_at_eos)), int(bool(prompt_logits)), cb, None)
+                       int(bool(stop_at_eos)), int(bool(prompt_logits)), cb, None, int(bool(keep_logits)))
         own = seq is None
         if own:
             seq = self.seq_create()

@@ -213,7 +213,7 @@ dsv4_status cli_generate(cli_session *s, int seq, const cli_gen_args *a, const i
     }
     double t_chunks = now() - t0;
     dsv4_generate_options go = {a->max_tokens, (int)a->mtp, {(float)a->temperature, (float)a->top_p, s->seed},
-                                !a->ignore_eos, prompt_logits, cb, user};
+                                !a->ignore_eos, prompt_logits, cb, user, 0};
     dsv4_status r = dsv4_engine_generate(s->engine, seq, prompt + done, n_prompt - done, &go, out, cap, n_out, st);
     if (r == DSV4_OK) {
         st->prompt_tokens += done;

@@ -39,7 +39,7 @@
     X(dsv4_batch_entry, seq, tokens, n_tokens, n_logits, n_mtp_logits)                                              \
     X(dsv4_step_request, seq, tokens, n_tokens, mtp, sample, sampling, rng, out, n_out, drafted, accepted)          \
     X(dsv4_gen_step, step, tokens, n_tokens, drafted, accepted, seconds, logits, n_logits, first_position)          \
-    X(dsv4_generate_options, max_tokens, mtp, sampling, stop_at_eos, prompt_logits, callback, user)                 \
+    X(dsv4_generate_options, max_tokens, mtp, sampling, stop_at_eos, prompt_logits, callback, user, step_logits)    \
     X(dsv4_generate_stats, prompt_tokens, generated_tokens, steps, drafted, accepted, prefill_seconds,              \
       decode_seconds)                                                                                               \
     X(dsv4_tool_call, id, id_len, name, name_len, arguments, arguments_len)                                         \

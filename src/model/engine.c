@@ -580,10 +580,21 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->qlogits = take(&A[A_HOST], (uint64_t)(draft_rows * V) * 4);
     x->dlogits_rows = e->on_device ? logits_rows : 0;
     x->dlogits = e->on_device ? take(s, (uint64_t)(logits_rows * V) * 4) : NULL;
+    /* a plain step's sampling on a device: params | generator states | tokens of its rows, and
+     * their host twin (engine_generate.c sample_on_device) */
+    x->samp_rows = e->on_device ? e->max_segs : 0;
+    const uint64_t samp_bytes = (uint64_t)x->samp_rows * (sizeof(dsv4_sampling) + 4 * 8 + 4);
+    x->samp = e->on_device ? take(s, samp_bytes) : NULL;
+    x->hsamp = e->on_device ? take(&A[A_HOST], samp_bytes) : NULL;
     x->probs = take(&A[A_HOST], (uint64_t)DSV4_SAMPLE_ROW_BYTES(V));
     x->order = x->probs ? (int32_t *)(x->probs + V) : NULL;
     x->probs2 = take(&A[A_HOST], (uint64_t)V * 4);
-    if (!s->base) DSV4_TRY(plan_workspace(e, &e->s.ws_bytes)); /* sizes pass: the blocks' weights are set */
+    if (!s->base) { /* sizes pass: the blocks' weights are set */
+        DSV4_TRY(plan_workspace(e, &e->s.ws_bytes));
+        size_t sb = 0;
+        if (x->samp_rows) DSV4_TRY(dsv4_sample_workspace_size(e->ctx, x->samp_rows, V, &sb));
+        if (sb > e->s.ws_bytes) e->s.ws_bytes = sb;
+    }
     x->ws = take(s, e->s.ws_bytes ? e->s.ws_bytes : 1);
     return DSV4_OK;
 }

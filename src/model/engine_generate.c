@@ -16,6 +16,8 @@
 
 #include "core/error.h"
 #include "core/sample.h"
+#include "dsv4/device.h"
+#include "dsv4/tensor_ops.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -199,6 +201,71 @@ static dsv4_status draft(dsv4_engine *e, dsv4_step_request *rq, int n, int kmax)
     return DSV4_OK;
 }
 
+/* A plain step on a device: the rows of the requests that sample are in s.dlogits (request i's
+ * at s.lrow[i]); the sample op draws each there with its request's parameters and generator
+ * state (the same tokens and states as on the host, include/dsv4/tensor_ops.h), and only the
+ * tokens and the states come back. Layout of s.samp (engine.c): params [R] | rng [R, 4] | tokens [R]. */
+static dsv4_status sample_on_device(dsv4_engine *e, dsv4_step_request *rq, int n, int64_t rows)
+{
+    eng_scratch *s = &e->s;
+    const int64_t R = s->samp_rows;
+    const size_t pb = (size_t)R * sizeof(dsv4_sampling), rb = (size_t)R * 32, tb = (size_t)R * 4;
+    dsv4_sampling *hp = (dsv4_sampling *)s->hsamp;
+    uint64_t *hr = (uint64_t *)(s->hsamp + pb);
+    const int32_t *ht = (const int32_t *)(s->hsamp + pb + rb);
+    for (int i = 0; i < n; i++) {
+        if (!rq[i].sample) continue;
+        hp[s->lrow[i]] = rq[i].sampling;
+        memcpy(hr + 4 * s->lrow[i], rq[i].rng, 32);
+    }
+    DSV4_TRY(dsv4_device_upload(e->ctx, s->samp, s->hsamp, pb + rb));
+    dsv4_tensor lg = eng_v2(e, s->dlogits, DSV4_F32, rows, e->V), tok = eng_v1(e, s->samp + pb + rb, DSV4_I32, rows);
+    DSV4_TRY(dsv4_sample_rows(e->ctx, &lg, (const dsv4_sampling *)s->samp, (uint64_t *)(s->samp + pb), &tok, s->ws,
+                              s->ws_bytes));
+    DSV4_TRY(dsv4_device_download(e->ctx, s->hsamp + pb, s->samp + pb, rb + tb));
+    for (int i = 0; i < n; i++) {
+        dsv4_step_request *r = &rq[i];
+        if (!r->sample) continue;
+        const int32_t t = ht[s->lrow[i]];
+        if (t < 0) { /* the message the host's check of the row gives (check_rows) */
+            char what[128];
+            snprintf(what, sizeof what, "engine_step: sequence %d, logits at position %lld", r->seq,
+                     (long long)(s->segs[i].start + s->segs[i].T - 1));
+            return dsv4_sample_result(t, what);
+        }
+        memcpy(r->rng, hr + 4 * s->lrow[i], 32);
+        r->out[r->n_out++] = t;
+    }
+    return DSV4_OK;
+}
+
+/* The rows in s.logits: accept the drafts (rolling back what was rejected) and sample. */
+static dsv4_status sample_on_host(dsv4_engine *e, dsv4_step_request *rq, int n)
+{
+    eng_scratch *s = &e->s;
+    const int64_t V = e->V;
+    for (int i = 0; i < n; i++) {
+        dsv4_step_request *r = &rq[i];
+        const eng_seg *g = &s->segs[i];
+        const float *lg = s->logits + s->lrow[i] * V;
+        if (r->mtp) DSV4_TRY(check_rows(e, lg, r->mtp + 1, r, g->start, ""));
+        else if (r->sample) DSV4_TRY(check_rows(e, lg, 1, r, g->start + g->T - 1, ""));
+        if (!r->mtp) {
+            if (r->sample) r->out[r->n_out++] = sample(e, lg, r);
+            continue;
+        }
+        int32_t b;
+        int a = accept(e, r, s->vtok + g->row + 1, r->mtp, lg, s->qlogits + s->qrow[i] * V, &b);
+        if (a < r->mtp) DSV4_TRY(eng_rollback(e, r->seq, g->start, a + 1, g->row));
+        memcpy(r->out, s->vtok + g->row + 1, (size_t)a * sizeof *r->out);
+        r->out[a] = b;
+        r->n_out = a + 1;
+        r->drafted = r->mtp;
+        r->accepted = a;
+    }
+    return DSV4_OK;
+}
+
 /* A checked step; a failure here may leave the caches partly advanced. */
 static dsv4_status run_step(dsv4_engine *e, dsv4_step_request *rq, int n)
 {
@@ -229,27 +296,11 @@ static dsv4_status run_step(dsv4_engine *e, dsv4_step_request *rq, int n)
         else if (rq[i].sample)
             s->cslots[nl++] = g->row + g->T - 1;
     }
-    DSV4_TRY(eng_logits_rows(e, NULL, s->X, s->cslots, nl, s->logits));
-    /* accept, roll back what was rejected, sample */
-    for (int i = 0; i < n; i++) {
-        dsv4_step_request *r = &rq[i];
-        const eng_seg *g = &s->segs[i];
-        const float *lg = s->logits + s->lrow[i] * V;
-        if (r->mtp) DSV4_TRY(check_rows(e, lg, r->mtp + 1, r, g->start, ""));
-        else if (r->sample) DSV4_TRY(check_rows(e, lg, 1, r, g->start + g->T - 1, ""));
-        if (!r->mtp) {
-            if (r->sample) r->out[r->n_out++] = sample(e, lg, r);
-            continue;
-        }
-        int32_t b;
-        int a = accept(e, r, s->vtok + g->row + 1, r->mtp, lg, s->qlogits + s->qrow[i] * V, &b);
-        if (a < r->mtp) DSV4_TRY(eng_rollback(e, r->seq, g->start, a + 1, g->row));
-        memcpy(r->out, s->vtok + g->row + 1, (size_t)a * sizeof *r->out);
-        r->out[a] = b;
-        r->n_out = a + 1;
-        r->drafted = r->mtp;
-        r->accepted = a;
-    }
+    /* a plain step on a device samples there: its logits stay on the device (unless the
+     * generation asks for them) */
+    s->logits_on_host = !e->on_device || kmax || s->keep_logits;
+    DSV4_TRY(eng_logits_rows(e, NULL, s->X, s->cslots, nl, s->logits_on_host ? s->logits : NULL));
+    DSV4_TRY(s->logits_on_host ? sample_on_host(e, rq, n) : sample_on_device(e, rq, n, nl));
     if (!mtp) return DSV4_OK;
     /* MTP rows: every position whose next token is known now; for a verification, the kept
      * positions with the target's streams, the last of them the head row of the next step */
@@ -357,6 +408,7 @@ dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt,
     dsv4_rng_seed(o->sampling.seed, g.rng);
     g.st.prompt_tokens = n_prompt;
     /* everything is checked: a failure from here on fails the sequence (forward marks its own) */
+    e->s.keep_logits = o->prompt_logits || o->step_logits; /* on a device: every step's logits downloaded */
     dsv4_status st = prefill(&g, prompt, n_prompt);
     int32_t x = g.last;
     double t0 = now_s();
@@ -373,10 +425,12 @@ dsv4_status dsv4_engine_generate(dsv4_engine *e, int seq, const int32_t *prompt,
         if (st != DSV4_OK) break;
         g.st.drafted += r.drafted;
         g.st.accepted += r.accepted;
-        emit(&g, step, toks, r.n_out, r.drafted, r.accepted, ts, e->s.logits, r.n_out, n);
+        const int lh = e->s.logits_on_host; /* else sampled on the device: no logits to show */
+        emit(&g, step, toks, r.n_out, r.drafted, r.accepted, ts, lh ? e->s.logits : NULL, lh ? r.n_out : 0, n);
         x = toks[r.n_out - 1];
         step++;
     }
+    e->s.keep_logits = 0;
     if (st != DSV4_OK) return e->seqs[seq].failed ? st : eng_seq_failed(e, seq, st, op);
     g.st.decode_seconds = now_s() - t0;
     g.st.generated_tokens = g.n_out;

@@ -434,10 +434,14 @@ dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, con
     return DSV4_OK;
 }
 
-/* logits is host memory: on a device the head writes s.dlogits, downloaded in pieces of its rows. */
+/* logits is host memory: on a device the head writes s.dlogits, downloaded in pieces of its rows;
+ * logits NULL (a device, n <= dlogits_rows): they stay there, for the sampling on the device. */
 dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, int64_t n, float *logits)
 {
     const int64_t D = e->D, V = e->V, piece = e->on_device ? e->s.dlogits_rows : n;
+    if (!logits && (!e->on_device || n > piece))
+        return dsv4_fail(DSV4_ERR_CAPACITY, "engine: %lld logits rows kept on the device (room for %lld)", (long long)n,
+                         (long long)piece);
     for (int64_t r0 = 0; r0 < n; r0 += piece) {
         const int64_t m = n - r0 < piece ? n - r0 : piece;
         float *out = e->on_device ? e->s.dlogits : logits + r0 * V;
@@ -446,7 +450,7 @@ dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, in
         TRY(dsv4_hc_head(e->ctx, L ? &L->hc_head : &e->hc_head, &Xv, &y));
         TRY(rmsnorm(e, &y, L ? &L->w->norm : &e->dw->norm, &y));
         TRY(linear_t(e, &e->dw->head, &y, &lg));
-        if (e->on_device) TRY(dsv4_device_download(e->ctx, logits + r0 * V, out, (size_t)(m * V) * 4));
+        if (e->on_device && logits) TRY(dsv4_device_download(e->ctx, logits + r0 * V, out, (size_t)(m * V) * 4));
     }
     return DSV4_OK;
 }

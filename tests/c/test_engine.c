@@ -106,6 +106,52 @@ static void test_prefill_decode_threads(dsv4_ctx *c1, dsv4_ctx *c2, const int32_
  * tables and their upload, staged conversions, the weights' copy, logits through the device buffer
  * and a host context of its own, every copy a host copy: the logits, the MTP logits, the exported
  * state and speculative greedy generation are the plain path's bytes. */
+/* Steps of two sequences, one sampling at temperature 0.8 / top-p 0.9 from its first step, the
+ * other appending a prompt chunk first and then greedy: tokens and generator states. */
+static void sampled_steps(dsv4_engine *e, const int32_t *ids, int32_t toks[2][6], uint64_t rng[2][4])
+{
+    int seq[2] = {-1, -1};
+    for (int j = 0; j < 2; j++) CHECK(dsv4_engine_seq_create(e, &seq[j]) == DSV4_OK, "seq: %s", dsv4_last_error());
+    dsv4_rng_seed(11, rng[0]);
+    dsv4_rng_seed(12, rng[1]);
+    int32_t last[2] = {0, 0};
+    for (int step = 0; step < 6; step++) {
+        dsv4_step_request r[2] = {
+            {seq[0], step ? &last[0] : ids, step ? 1 : 6, 0, 1, {0.8f, 0.9f, 11}, rng[0], &toks[0][step], 0, 0, 0},
+            {seq[1], step ? &last[1] : ids + 1, step ? 1 : 5, 0, step > 0, {0.0f, 1.0f, 0}, rng[1], &toks[1][step], 0, 0, 0}};
+        if (step == 1) r[1].tokens = ids + 6; /* the chunk's next token: nothing was sampled yet */
+        CHECK_STATUS(dsv4_engine_step(e, r, 2), DSV4_OK);
+        last[0] = toks[0][step];
+        last[1] = r[1].sample ? toks[1][step] : 0;
+        if (!r[1].sample) toks[1][step] = -1;
+    }
+    for (int j = 0; j < 2; j++) dsv4_engine_seq_free(e, seq[j]);
+}
+
+/* A device engine samples a plain step on the device (engine_generate.c sample_on_device): the
+ * same tokens and generator states as the host's sampling, in steps and in generation. */
+static void device_path_sampling(dsv4_engine *ed, dsv4_engine *ep, const int32_t *ids)
+{
+    int32_t toks[2][2][6];
+    uint64_t rng[2][2][4];
+    sampled_steps(ed, ids, toks[0], rng[0]);
+    sampled_steps(ep, ids, toks[1], rng[1]);
+    CHECK(!memcmp(toks[0], toks[1], sizeof toks[0]) && !memcmp(rng[0], rng[1], sizeof rng[0]),
+          "device path: sampled step tokens or generator states differ from the plain path");
+    int32_t out[2][16];
+    for (int k = 0; k < 2; k++) {
+        dsv4_engine *e = k ? ep : ed;
+        int seq = -1;
+        int64_t n = 0;
+        dsv4_generate_options o = {16, 0, {0.7f, 0.95f, 5}, 0, 0, NULL, NULL, 0};
+        CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
+        CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &o, out[k], 16, &n, NULL), DSV4_OK);
+        CHECK(n == 16, "device path: %lld tokens", (long long)n);
+        dsv4_engine_seq_free(e, seq);
+    }
+    CHECK(!memcmp(out[0], out[1], sizeof out[0]), "device path: sampled tokens differ from the plain path");
+}
+
 static void test_device_path(dsv4_ctx *c, const int32_t *ids, int64_t vocab)
 {
     setenv("DSV4_ENGINE_DEVICE_PATH", "1", 1);
@@ -131,13 +177,14 @@ static void test_device_path(dsv4_ctx *c, const int32_t *ids, int64_t vocab)
         dsv4_engine *e = k ? ep : ed;
         int seq = -1;
         int64_t n = 0;
-        dsv4_generate_options o = {24, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+        dsv4_generate_options o = {24, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
         CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
         CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &o, out[k], 24, &n, NULL), DSV4_OK);
         CHECK(n == 24, "device path: %lld tokens", (long long)n);
         dsv4_engine_seq_free(e, seq);
     }
     CHECK(!memcmp(out[0], out[1], sizeof out[0]), "device path: speculative greedy tokens differ from the plain path");
+    device_path_sampling(ed, ep, ids);
     dsv4_engine_destroy(ed);
     dsv4_engine_destroy(ep);
 }
@@ -232,7 +279,7 @@ static int greedy_run(dsv4_engine *e, const char *isa, const int32_t *prompt, in
     int seq = -1;
     int64_t n_out = 0;
     rows->seen = 0;
-    dsv4_generate_options o = {GREEDY_STEPS, 0, {0.0f, 1.0f, 0}, 0, 1, keep_rows, rows};
+    dsv4_generate_options o = {GREEDY_STEPS, 0, {0.0f, 1.0f, 0}, 0, 1, keep_rows, rows, 0};
     memcpy(ids, prompt, sizeof(int32_t) * GREEDY_PROMPT);
     CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
     CHECK_STATUS(dsv4_engine_generate(e, seq, prompt, GREEDY_PROMPT, &o, ids + GREEDY_PROMPT, GREEDY_STEPS, &n_out, NULL),
@@ -330,7 +377,7 @@ static void test_speculative(dsv4_ctx *c, const int32_t *prompt)
     int32_t plain[32], spec[32];
     int64_t n_plain = 0, n_spec = 0;
     int seq;
-    dsv4_generate_options o = {32, 0, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+    dsv4_generate_options o = {32, 0, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
     dsv4_generate_stats st;
     CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq");
     CHECK(dsv4_engine_generate(e, seq, prompt, 6, &o, plain, 32, &n_plain, &st) == DSV4_OK, "%s", dsv4_last_error());
@@ -376,7 +423,7 @@ static void test_bad_inputs(dsv4_ctx *c, const int32_t *ids)
     free(after);
     CHECK_STATUS(dsv4_engine_seq_create(e, &seq2), DSV4_OK);
     CHECK_STATUS(dsv4_engine_seq_create(e, &seq3), DSV4_ERR_CAPACITY);
-    dsv4_generate_options o = {4, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+    dsv4_generate_options o = {4, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
     int32_t out[4];
     int64_t n_out;
     CHECK_STATUS(dsv4_engine_generate(e, seq2, ids, 3, &o, out, 4, &n_out, NULL), DSV4_ERR_INVALID_ARG); /* mtp > 1 */
@@ -437,7 +484,7 @@ static void test_long_context_batches(dsv4_ctx *c)
     }
     /* speculative decoding from a long prompt: verifications of k+1 = 2..4 tokens at ~1000 positions */
     for (int k = 1; k <= 3; k += 2) {
-        dsv4_generate_options o = {24, k, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+        dsv4_generate_options o = {24, k, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
         dsv4_generate_stats st;
         int32_t out[24];
         int64_t n_out = 0;
@@ -486,7 +533,7 @@ static void test_failed_forward(dsv4_ctx *c, const int32_t *ids)
         CHECK_STATUS(dsv4_engine_seq_reset(e, seq), DSV4_OK);
     }
     /* a speculative step whose draft fails: generate fails and the sequence is refused */
-    dsv4_generate_options o = {8, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+    dsv4_generate_options o = {8, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
     int32_t out[8];
     int64_t n_out;
     dsv4_tensor keep = e->layers[4].wo_a;
@@ -519,7 +566,7 @@ static void test_generate_prompt(dsv4_ctx *c, const int32_t *ids)
     memcpy(prompt, ids, sizeof prompt);
     prompt[9] = 512; /* in the third chunk of 4 */
     int64_t n_out = -1;
-    dsv4_generate_options o = {4, 1, {0.0f, 1.0f, 0}, 0, 1, NULL, NULL};
+    dsv4_generate_options o = {4, 1, {0.0f, 1.0f, 0}, 0, 1, NULL, NULL, 0};
     CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq");
     CHECK_STATUS(dsv4_engine_generate(e, seq, prompt, 12, &o, out, 4, &n_out, NULL), DSV4_ERR_RANGE);
     CHECK(dsv4_engine_seq_length(e, seq) == 0, "a bad prompt token ran chunks (length %lld)",
@@ -787,7 +834,7 @@ static void test_nonfinite(dsv4_ctx *c, const int32_t *ids)
         int seq = -1;
         int32_t out[8];
         int64_t n_out = -1;
-        dsv4_generate_options g = {4, 0, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL};
+        dsv4_generate_options g = {4, 0, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
         CHECK_STATUS(dsv4_engine_seq_create(e, &seq), DSV4_OK);
         CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 5, &g, out, 8, &n_out, NULL), DSV4_ERR_RANGE);
         CHECK(n_out == -1 && strstr(dsv4_last_error(), "logits at position 4") && strstr(dsv4_last_error(), "is NaN"), "%s",
