@@ -54,12 +54,36 @@ dsv4_status dsv4_device_free(dsv4_ctx *ctx, void *ptr)
     return DSV4_OK;
 }
 
+dsv4_status dsv4_device_host_alloc(dsv4_ctx *ctx, size_t bytes, void **ptr)
+{
+    DSV4_CHECK_ARG(ptr, "device_host_alloc: null output pointer");
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_host_alloc", DSV4_FAMILY_NONE, &b, &ex));
+    if (b->memory && b->memory->host_alloc) return b->memory->host_alloc(&ex, bytes, ptr);
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) return dsv4_fail(DSV4_ERR_NO_MEMORY, "device_host_alloc: %zu bytes of host memory not available", bytes);
+    *ptr = p;
+    return DSV4_OK;
+}
+
+dsv4_status dsv4_device_host_free(dsv4_ctx *ctx, void *ptr)
+{
+    if (!ptr) return DSV4_OK;
+    const dsv4_backend *b;
+    dsv4_exec ex;
+    DSV4_TRY(dsv4_op_resolve(ctx, "device_host_free", DSV4_FAMILY_NONE, &b, &ex));
+    if (b->memory && b->memory->host_free) return b->memory->host_free(&ex, ptr);
+    free(ptr);
+    return DSV4_OK;
+}
+
 /* The four transfers share their checks; `which` picks the backend entry. */
-enum { XFER_UP, XFER_DOWN, XFER_COPY };
+enum { XFER_UP, XFER_DOWN, XFER_COPY, XFER_UP_ASYNC };
 
 static dsv4_status transfer(dsv4_ctx *ctx, int which, void *dst, const void *src, size_t bytes)
 {
-    static const char *const names[] = {"device_upload", "device_download", "device_copy"};
+    static const char *const names[] = {"device_upload", "device_download", "device_copy", "device_upload_async"};
     if (!bytes) return DSV4_OK;
     DSV4_CHECK_ARG(dst && src, "%s: null pointer", names[which]);
     const dsv4_backend *b;
@@ -72,12 +96,19 @@ static dsv4_status transfer(dsv4_ctx *ctx, int which, void *dst, const void *src
     }
     if (which == XFER_UP) return b->memory->upload(&ex, dst, src, bytes);
     if (which == XFER_DOWN) return b->memory->download(&ex, dst, src, bytes);
+    if (which == XFER_UP_ASYNC)
+        return b->memory->upload_async ? b->memory->upload_async(&ex, dst, src, bytes) : b->memory->upload(&ex, dst, src, bytes);
     return b->memory->copy(&ex, dst, src, bytes);
 }
 
 dsv4_status dsv4_device_upload(dsv4_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
     return transfer(ctx, XFER_UP, dst, src, bytes);
+}
+
+dsv4_status dsv4_device_upload_async(dsv4_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    return transfer(ctx, XFER_UP_ASYNC, dst, src, bytes);
 }
 
 dsv4_status dsv4_device_download(dsv4_ctx *ctx, void *dst, const void *src, size_t bytes)

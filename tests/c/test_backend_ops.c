@@ -1231,9 +1231,9 @@ static void ix_compressor(void)
     /* kind, ratio, dim, eps, fp8_sim, overlap: CSA (overlapping, ratios 4, 8 and 128), HCA (128),
      * the CSA indexer with packed and BF16 entries */
     static const cmp_case cases[] = {
-        {{DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1, 1}, 0, 0},    {{DSV4_COMPRESSOR_MAIN, 8, 512, 1e-6f, 0, 1}, 0, 1},
-        {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 1, 0}, 0, 0},  {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0, 1}, 0, 0},
-        {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1}, 0, 1}, {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1}, 1, 0},
+        {{DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1, 1, NULL}, 0, 0},    {{DSV4_COMPRESSOR_MAIN, 8, 512, 1e-6f, 0, 1, NULL}, 0, 1},
+        {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 1, 0, NULL}, 0, 0},  {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0, 1, NULL}, 0, 0},
+        {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1, NULL}, 0, 1}, {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1, NULL}, 1, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) ix_compressor_case(&cases[i]);
 }

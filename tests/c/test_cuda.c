@@ -749,7 +749,7 @@ static void test_graph_indexer(void)
  * step waits on the host. The entries against cpu-ref are test_backend_ops' part. */
 static void test_compressor(void)
 {
-    const dsv4_compressor_desc dc = {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1};
+    const dsv4_compressor_desc dc = {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1, NULL};
     enum { R = 4, D = 128, W = 2 * D, SR = 2 * R, LD = W + 4, N1 = 6, N2 = 9, N = N1 + N2, M1 = N1 / R,
            M = N / R, MP = 64 };
     const size_t sbytes = 4 * ((size_t)(SR - 1) * LD + W);

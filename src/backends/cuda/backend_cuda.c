@@ -106,6 +106,28 @@ static dsv4_status mem_upload(const dsv4_exec *ex, void *dst, const void *src, s
     CU_RUN(ex, "device_upload", copy_sync(ex, dst, src, bytes, cudaMemcpyHostToDevice));
 }
 
+/* From pinned staging (dsv4_device_host_alloc): no wait, so that a graph can hold the copy. */
+static dsv4_status mem_upload_async(const dsv4_exec *ex, void *dst, const void *src, size_t bytes)
+{
+    CU_RUN(ex, "device_upload_async",
+           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)dsv4_cu_stream(ex)));
+}
+
+static dsv4_status mem_host_alloc(const dsv4_exec *ex, size_t bytes, void **ptr)
+{
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, "device_host_alloc", &g));
+    cudaError_t e = cudaMallocHost(ptr, bytes ? bytes : 1);
+    dsv4_cu_leave(&g);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return dsv4_fail(DSV4_ERR_NO_MEMORY, "device_host_alloc: %zu bytes of pinned host memory not available", bytes);
+    }
+    return dsv4_cu_status(e, "device_host_alloc");
+}
+
+static dsv4_status mem_host_free(const dsv4_exec *ex, void *ptr) { CU_RUN(ex, "device_host_free", cudaFreeHost(ptr)); }
+
 static dsv4_status mem_download(const dsv4_exec *ex, void *dst, const void *src, size_t bytes)
 {
     CU_RUN(ex, "device_download", copy_sync(ex, dst, src, bytes, cudaMemcpyDeviceToHost));
@@ -266,6 +288,9 @@ static const struct dsv4_memory_ops cuda_memory_ops = {
     .memset = mem_memset,
     .sync = mem_sync,
     .info = mem_info,
+    .host_alloc = mem_host_alloc,
+    .host_free = mem_host_free,
+    .upload_async = mem_upload_async,
     .timer_create = cu_timer_create,
     .timer_record = cu_timer_record,
     .timer_elapsed = cu_timer_elapsed,
