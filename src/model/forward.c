@@ -128,9 +128,9 @@ static dsv4_status window_scope(fwd *f)
 static int64_t shaped_hca_width(const dsv4_engine *e, int p) { return e->opt.max_context / e->pool_ratio[p]; }
 
 /* Pool p: the cache slots of the entries the call's segments emit, in segment order (the order
- * compressed_scope writes them; in the shaped step one per segment, -1 where it emits none), and for an HCA pool its scope: per segment one row of the slots
- * of entries 0 .. w-1 (w = (start+T)/r), which each of its rows views (row stride 0) up to its own
- * count (p+1)/r. */
+ * compressed_scope writes them; in the shaped step one per segment, -1 where it emits none), and
+ * for an HCA pool its scope: per segment one row of the slots of entries 0 .. w-1
+ * (w = (start+T)/r), which each of its rows views (row stride 0) up to its own count (p+1)/r. */
 static dsv4_status pool_tables(fwd *f, int p)
 {
     const dsv4_engine *e = f->e;
