@@ -40,6 +40,16 @@ DSV4_API dsv4_status dsv4_device_copy(dsv4_ctx *ctx, void *dst, const void *src,
 DSV4_API dsv4_status dsv4_device_memset(dsv4_ctx *ctx, void *dst, int value, size_t bytes);
 DSV4_API dsv4_status dsv4_device_sync(dsv4_ctx *ctx);
 
+/* Staging memory on the host for asynchronous uploads: page-locked (pinned) host memory on a
+ * device, plain host memory on a CPU backend. host_free(NULL) is a no-op. */
+DSV4_API dsv4_status dsv4_device_host_alloc(dsv4_ctx *ctx, size_t bytes, void **ptr);
+DSV4_API dsv4_status dsv4_device_host_free(dsv4_ctx *ctx, void *ptr);
+/* An upload ordered on the context's stream that returns at once (a host copy on a CPU backend):
+ * src must be memory of dsv4_device_host_alloc and keep its bytes until the stream reaches the
+ * copy (dsv4_device_sync, or a download after it). It can be recorded in a graph: each launch
+ * then copies what src holds when the stream reaches it. */
+DSV4_API dsv4_status dsv4_device_upload_async(dsv4_ctx *ctx, void *dst, const void *src, size_t bytes);
+
 /* A contiguous tensor in device memory (t->data owned by the caller: dsv4_device_tensor_free). */
 DSV4_API dsv4_status dsv4_device_tensor_alloc(dsv4_ctx *ctx, dsv4_tensor *t, dsv4_dtype dtype, int ndim,
                                               const int64_t *shape);

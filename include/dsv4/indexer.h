@@ -72,6 +72,8 @@ typedef struct dsv4_compressor_desc {
                     KV cache will hold), 0 = the BF16 vector before it */
     int overlap; /* 1: overlapping windows of 2·ratio tokens, coff = 2 (the compressors of CSA
                     layers and their indexers); 0: one window of ratio tokens, coff = 1 (HCA) */
+    const dsv4_tensor *position; /* NULL, or the position of the call's one token read where the op
+                    runs (dsv4_compressor_forward: the graph-shaped decode step) */
 } dsv4_compressor_desc;
 
 /* Entries emitted by tokens start_pos .. start_pos+n_tokens-1: (start_pos+n)/ratio - start_pos/ratio;
@@ -88,6 +90,13 @@ DSV4_API dsv4_status dsv4_compressor_state_reset(dsv4_ctx *ctx, const dsv4_compr
                                                  dsv4_tensor *state_score);
 
 /* Run n = kv->shape[0] tokens at positions start_pos.. through the compressor.
+ * With desc->position (I64 [1] in the context's memory) the one token's position p is read
+ * there instead (n = 1, start_pos = 0), so that a recorded graph replays the call at any
+ * position: out (and out_scales) is then given whatever p, with rows >= 1, and the entry c = p/ratio
+ * that the token emits when (p + 1) mod ratio == 0 goes to row c mod rows(out): a one-row out
+ * takes it at any p, a view of a whole cache (rows > every entry) at row c. No entry: out is not
+ * written. Where the position is host memory (the CPU backends) it is checked as start_pos is; on
+ * a device it is not read on the host: an entry past the rope table is not written there.
  *   kv, gate     F32 [n, coff*d]          projections of the tokens (gate without ape)
  *   ape          F32 [ratio, coff*d]
  *   norm         BF16 or F32 [d]          RMSNorm weight
@@ -105,7 +114,13 @@ DSV4_API dsv4_status dsv4_compressor_forward(dsv4_ctx *ctx, const dsv4_compresso
                                              const dsv4_tensor *norm, const dsv4_tensor *rope, dsv4_tensor *state_kv,
                                              dsv4_tensor *state_score, dsv4_tensor *out, dsv4_tensor *out_scales);
 
-/* Indexer query path. q BF16 [T, H, d] (d in {64, 128, 256}), positions I32/I64 [T] (0 <= p < max_pos),
+/* Positions of the indexer ops (dsv4_indexer_q, dsv4_indexer_args): host memory, checked before
+ * anything runs; or, on a device, I64 in the context's memory, read where the op runs so that a
+ * recorded graph replays the op at any positions. Those are not checked: a position outside the
+ * rope table is clamped into it, and n_t is clamped to [0, N] (N: the cache rows given, which can
+ * be a capacity).
+ *
+ * Indexer query path. q BF16 [T, H, d] (d in {64, 128, 256}), positions I32/I64 [T] (0 <= p < max_pos),
  * rope F32 [max_pos, 64]. out FP4X2/U8 [T, H, d/2] + out_scales E8M0/U8 [T, H, d/32], or
  * out BF16 [T, H, d] (the simulated values) with out_scales NULL. */
 DSV4_API dsv4_status dsv4_indexer_q(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tensor *positions,

@@ -21,7 +21,9 @@ extern "C" {
 
 /* out[t, j, :] = table[ids[t], :] for t < T, j < copies.
  * table: BF16 [V, D]; ids: I32 [T], each in [0, V); out: BF16 [T, copies, D] (copies >= 1) or
- * [T, D] (copies = 1). out overlaps neither table nor ids. */
+ * [T, D] (copies = 1). out overlaps neither table nor ids. The exception to the rule above: on a
+ * device (cuda) the ids are read where the op runs, never on the host, so that a step's graph can
+ * start with it; an id out of range there gives rows of zeros and no error (check the ids first). */
 DSV4_API dsv4_status dsv4_embed_rows(dsv4_ctx *ctx, const dsv4_tensor *table, const dsv4_tensor *ids,
                                      dsv4_tensor *out);
 

@@ -16,7 +16,7 @@ _KINDS = {"main": 0, "indexer": 1}
 @c_struct("dsv4_compressor_desc")
 class CompressorDesc(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("ratio", ctypes.c_int), ("dim", ctypes.c_int), ("eps", ctypes.c_float),
-                ("fp8_sim", ctypes.c_int), ("overlap", ctypes.c_int)]
+                ("fp8_sim", ctypes.c_int), ("overlap", ctypes.c_int), ("position", _P)]
 
 
 @c_struct("dsv4_indexer_args")

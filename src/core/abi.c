@@ -18,7 +18,7 @@
     X(dsv4_rope_params, theta, factor, original_max_pos, beta_fast, beta_slow)                                      \
     X(dsv4_device_info, name, ordinal, multiprocessors, compute_major, compute_minor, total_memory, free_memory,    \
       l2_bytes, shared_per_block)                                                                                   \
-    X(dsv4_compressor_desc, kind, ratio, dim, eps, fp8_sim, overlap)                                                \
+    X(dsv4_compressor_desc, kind, ratio, dim, eps, fp8_sim, overlap, position)                                                \
     X(dsv4_indexer_args, q, q_scales, weights, k, k_scales, positions, ratio)                                       \
     X(dsv4_hc_site, fn, scale, base, sinkhorn_iters, eps, norm_eps)                                                 \
     X(dsv4_ffn_weights, fmt, w1, w1_scale, w3, w3_scale, w2, w2_scale)                                              \

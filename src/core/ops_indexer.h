@@ -38,6 +38,11 @@ typedef struct dsv4_cmp_call {
     int64_t ld_out;
     uint8_t *out_scales;
     int64_t ld_out_scales;
+    /* Set only on a device (the CPU op layer reads it): the one token's position in the device's
+     * memory (start_pos 0, n_tokens 1); its entry c, if it emits one, goes to out row c mod
+     * out_rows, and an entry whose rope row c*ratio is past max_pos (rope_rows) is not written. */
+    const int64_t *position;
+    int64_t out_rows, rope_rows;
 } dsv4_cmp_call;
 
 typedef struct dsv4_ixq_call {
@@ -45,9 +50,10 @@ typedef struct dsv4_ixq_call {
     int dim;
     const uint16_t *q;         /* [T, H, d]: element (t, h, i) at t*ld_q_t + h*ld_q_h + i */
     int64_t ld_q_t, ld_q_h;
-    const void *positions;     /* [T], int32 or int64 */
-    int pos_i64;
-    int64_t ld_pos;
+    const void *positions;     /* [T], int32 or int64: host memory, or with pos_device int64 in the
+                                  device's memory, clamped there into the table's rope_rows rows */
+    int pos_i64, pos_device;
+    int64_t ld_pos, rope_rows;
     const float *rope;
     int64_t ld_rope;
     int packed;                /* 1: codes + scales, 0: BF16 values in out */
@@ -67,8 +73,8 @@ typedef struct dsv4_ix_operands {
     int64_t ld_w;
     const uint8_t *k, *k_scales;       /* [N, d/2], [N, d/32] */
     int64_t ld_k, ld_ks;
-    const void *positions;
-    int pos_i64;
+    const void *positions;             /* host memory; pos_device: int64 in the device's memory, */
+    int pos_i64, pos_device;           /* n_t clamped there to [0, N] */
     int64_t ld_pos;
 } dsv4_ix_operands;
 

@@ -20,6 +20,10 @@ struct dsv4_memory_ops {
     dsv4_status (*memset)(const dsv4_exec *ex, void *dst, int value, size_t bytes);
     dsv4_status (*sync)(const dsv4_exec *ex);
     dsv4_status (*info)(const dsv4_exec *ex, dsv4_device_info *info);
+    /* Pinned host staging and the upload from it that does not wait (include/dsv4/device.h). */
+    dsv4_status (*host_alloc)(const dsv4_exec *ex, size_t bytes, void **ptr);
+    dsv4_status (*host_free)(const dsv4_exec *ex, void *ptr);
+    dsv4_status (*upload_async)(const dsv4_exec *ex, void *dst, const void *src, size_t bytes);
 
     /* Timing of device work: an event pair recorded on the stream. */
     dsv4_status (*timer_create)(const dsv4_exec *ex, void **timer);

@@ -558,6 +558,7 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     x->qrow = take(&A[A_HOST], (uint64_t)e->max_segs * 8);
     x->xrow = take(&A[A_HOST], (uint64_t)e->max_segs * 8);
     x->segs = take(&A[A_HOST], (uint64_t)e->max_segs * sizeof *x->segs);
+    x->plan = take(&A[A_HOST], (uint64_t)e->max_segs * sizeof *x->plan);
     x->msegs = take(&A[A_HOST], (uint64_t)e->max_segs * sizeof *x->msegs);
     x->lrow = take(&A[A_HOST], (uint64_t)e->max_segs * sizeof *x->lrow);
     x->mark = take(&A[A_HOST], (uint64_t)S);
@@ -713,6 +714,12 @@ static dsv4_status host_context(dsv4_engine *e)
      * gives the plain path's bytes (docs/engine.md §2.2). */
     const char *force = getenv("DSV4_ENGINE_DEVICE_PATH");
     if (force && force[0] == '1') e->on_device = 1;
+    /* decode rows on the device path: the shaped step, recorded as graphs where the backend has
+     * them (DSV4_CUDA_GRAPH=0: the plain launches; =shaped: the shaped ones, not recorded) */
+    const char *graph = getenv("DSV4_CUDA_GRAPH");
+    e->step_mode = !e->on_device || (graph && !strcmp(graph, "0")) ? ENG_STEP_PLAIN
+                   : e->device == DSV4_DEVICE_CPU || (graph && !strcmp(graph, "shaped")) ? ENG_STEP_SHAPED
+                                                                                        : ENG_STEP_GRAPH;
     if (!e->on_device) {
         e->hctx = e->ctx;
         return DSV4_OK;
@@ -783,8 +790,15 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
     for (int i = 0; i < N_ARENAS; i++) { /* placement: one zeroed allocation per arena */
         e->mem_bytes[i] = A[i].off;
         const size_t bytes = (size_t)A[i].off + 64;
-        if (i == A_HOST) e->mem[i] = calloc(1, bytes);
-        else if (dsv4_device_alloc(e->ctx, bytes, &e->mem[i]) != DSV4_OK || dsv4_device_memset(e->ctx, e->mem[i], 0, bytes) != DSV4_OK)
+        /* on a device the host block is pinned: the tables' upload can then sit in a graph, and the
+         * logits come back faster (plain host memory if the device has none to give) */
+        if (i == A_HOST && e->on_device && dsv4_device_host_alloc(e->ctx, bytes, &e->mem[i]) == DSV4_OK) {
+            memset(e->mem[i], 0, bytes);
+            e->host_pinned = 1;
+        } else if (i == A_HOST) {
+            dsv4_clear_error();
+            e->mem[i] = calloc(1, bytes);
+        } else if (dsv4_device_alloc(e->ctx, bytes, &e->mem[i]) != DSV4_OK || dsv4_device_memset(e->ctx, e->mem[i], 0, bytes) != DSV4_OK)
             e->mem[i] = NULL;
         if (!e->mem[i])
             return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: cannot allocate the planned %.1f MiB", (double)A[i].off / 1048576.0);
@@ -838,8 +852,11 @@ void dsv4_engine_destroy(dsv4_engine *e)
             if (e->seqs[s].live) dsv4_engine_seq_free(e, s);
     for (int p = 0; p < e->n_pools; p++) dsv4_kv_pages_destroy(e->pools[p]);
     dsv4_kv_pages_destroy(e->ring_pool);
+    for (int k = 0; k < ENG_GRAPHS; k++) dsv4_device_graph_destroy(e->graphs[k].graph);
+    if (e->s.tab_inflight) dsv4_device_sync(e->ctx);
     for (int i = 0; i < N_ARENAS; i++) {
-        if (i == A_HOST) free(e->mem[i]);
+        if (i == A_HOST && e->host_pinned) dsv4_device_host_free(e->ctx, e->mem[i]);
+        else if (i == A_HOST) free(e->mem[i]);
         else dsv4_device_free(e->ctx, e->mem[i]);
     }
     if (e->on_device) {

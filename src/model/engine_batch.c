@@ -52,6 +52,9 @@ dsv4_status eng_logits_rows(dsv4_engine *e, const eng_layer *L, const uint16_t *
 {
     if (!n) return DSV4_OK;
     const int64_t rs = e->hc * e->D;
+    int computed = !L && X == e->s.X && e->s.head_rows > 0; /* the shaped step ran the head of its rows */
+    for (int64_t i = 0; i < n && computed; i++) computed = rows[i] >= 0 && rows[i] < e->s.head_rows;
+    if (computed) return eng_step_logits(e, rows, n, out);
     int consecutive = 1;
     for (int64_t i = 1; i < n && consecutive; i++) consecutive = rows[i] == rows[0] + i;
     if (consecutive) return eng_logits(e, L, X + rows[0] * rs, n, out);

@@ -112,6 +112,9 @@ typedef struct eng_scratch {
     uint8_t *tab, *dtab;        /* the block that holds each */
     uint64_t tab_bytes;
     int64_t pslot_n[ENG_MAX_RATIOS]; /* entries of pslots */
+    int tab_inflight;           /* a shaped step's upload of the tables may not have run yet */
+    int64_t head_rows;          /* rows 0.. of s.X whose logits the last (shaped) step left in dlogits */
+    eng_seg *plan;              /* host [max_segs]: the shaped step's segments (positions erased) */
     int64_t *cslots;            /* host [T]: a call's row lists after the forward (logits rows) */
     int32_t *mtok;              /* host [T] next tokens of the MTP rows */
     int32_t *vtok;              /* host [T] a step's tokens and drafts by row */
@@ -138,6 +141,16 @@ typedef struct eng_scratch {
     void *ws;                   /* one workspace for every op */
     size_t ws_bytes;
 } eng_scratch;
+
+/* The shaped decode step's modes (forward.c; DSV4_CUDA_GRAPH) and its recorded graphs: one per
+ * shape (segment count and sequences), ENG_GRAPHS of them kept, for up to ENG_GRAPH_SEGS segments. */
+enum { ENG_STEP_PLAIN = 0, ENG_STEP_SHAPED = 1, ENG_STEP_GRAPH = 2 };
+#define ENG_GRAPHS 8
+#define ENG_GRAPH_SEGS 256
+typedef struct eng_graph {
+    struct dsv4_device_graph *graph;
+    int n, sq[ENG_GRAPH_SEGS];
+} eng_graph;
 
 struct dsv4_engine {
     dsv4_ctx *ctx;
@@ -166,6 +179,10 @@ struct dsv4_engine {
     int pool_hca[ENG_MAX_RATIOS];  /* the pool's layers are HCA (one scope row shared by them) */
     eng_seq *seqs;
     eng_scratch s;
+    int step_mode;               /* ENG_STEP_*: how decode rows run */
+    eng_graph graphs[ENG_GRAPHS];
+    int graph_next;              /* the place the next recorded graph takes */
+    int host_pinned;             /* mem[A_HOST] is the device's pinned staging memory */
     void *mem[5];                /* converted, kv, state, scratch (the context's memory); host bookkeeping */
     uint64_t mem_bytes[5];
     uint64_t weights_mapped;
@@ -183,6 +200,9 @@ dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, con
 /* Logits of the streams X [n, hc, D] through hc_head, norm and the head (L = NULL: the main
  * model's; else MTP block L's). */
 dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, int64_t n, float *logits);
+/* The logits of rows (each < s.head_rows) that the last shaped step left in s.dlogits, into logits
+ * (NULL: moved to rows 0..n-1 of s.dlogits, for the sampling on the device). */
+dsv4_status eng_step_logits(dsv4_engine *e, const int64_t *rows, int64_t n, float *logits);
 /* MTP rows: segment i holds rows at positions start.. of sequence sq; input streams [T, hc, D] in
  * s.Xm (gathered by the caller), next tokens [T]; output streams in s.X. Writes the MTP ring. */
 dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens);

@@ -38,6 +38,9 @@ typedef struct fwd {
     int save;          /* some segment snapshots its states: the compressor inputs are kept */
     int has_extra;     /* a CSA layer's indexer found entries for some row this call */
     int64_t hca_width[ENG_MAX_RATIOS]; /* HCA pools: widest scope row of the call */
+    int shaped;        /* the graph-shaped decode step (docs/engine.md §2.2): once the tables are
+                          built, seg holds no positions and every launch is a function of the
+                          segments' count and sequences */
 } fwd;
 
 /* ---- op wrappers ---------------------------------------------------------------------------- */
@@ -121,10 +124,13 @@ static dsv4_status window_scope(fwd *f)
     return DSV4_OK;
 }
 
+/* The HCA scope width of the shaped step: the most entries any position of the context sees. */
+static int64_t shaped_hca_width(const dsv4_engine *e, int p) { return e->opt.max_context / e->pool_ratio[p]; }
+
 /* Pool p: the cache slots of the entries the call's segments emit, in segment order (the order
- * compressed_scope writes them), and for an HCA pool its scope: per segment one row of the slots
- * of entries 0 .. w-1 (w = (start+T)/r), which each of its rows views (row stride 0) up to its own
- * count (p+1)/r. */
+ * compressed_scope writes them; in the shaped step one per segment, -1 where it emits none), and
+ * for an HCA pool its scope: per segment one row of the slots of entries 0 .. w-1
+ * (w = (start+T)/r), which each of its rows views (row stride 0) up to its own count (p+1)/r. */
 static dsv4_status pool_tables(fwd *f, int p)
 {
     const dsv4_engine *e = f->e;
@@ -137,7 +143,8 @@ static dsv4_status pool_tables(fwd *f, int p)
         const int64_t m = dsv4_compressor_emit_count((int)r, g->start, g->T);
         for (int64_t j = 0; j < m; j++) t->pslots[p][mo + j] = g->start / r + j;
         TRY(dsv4_kv_seq_slots(seq_of(f, i)->comp[p], t->pslots[p] + mo, m, t->pslots[p] + mo));
-        mo += m;
+        if (f->shaped && !m) t->pslots[p][mo] = -1; /* a slot per segment: -1 = nothing to insert */
+        mo += f->shaped ? 1 : m;
         if (!e->pool_hca[p]) continue;
         const int64_t w = (g->start + g->T) / r;
         int32_t *row = t->hidx[p] + i * e->hrow[p];
@@ -147,20 +154,69 @@ static dsv4_status pool_tables(fwd *f, int p)
         if (w > wmax) wmax = w;
     }
     s->pslot_n[p] = mo;
-    f->hca_width[p] = wmax;
+    f->hca_width[p] = f->shaped ? shaped_hca_width(e, p) : wmax;
     return DSV4_OK;
 }
 
+/* The shaped step uploads its tables inside its launches (upload_tables). */
 static dsv4_status build_tables(fwd *f)
 {
     TRY(window_scope(f));
     for (int p = 0; p < f->e->n_pools; p++) TRY(pool_tables(f, p));
     eng_scratch *s = f->s;
-    if (s->dtab == s->tab) return DSV4_OK;
+    if (s->dtab == s->tab || f->shaped) return DSV4_OK;
     return dsv4_device_upload(f->e->ctx, s->dtab, s->tab, s->tab_bytes);
 }
 
+/* The shaped step's first launch: the tables from the pinned host block, without a wait (the
+ * host writes the block again only after the stream has passed this copy: begin). */
+static dsv4_status upload_tables(fwd *f)
+{
+    eng_scratch *s = f->s;
+    if (s->dtab == s->tab) return DSV4_OK;
+    TRY(dsv4_device_upload_async(f->e->ctx, s->dtab, s->tab, s->tab_bytes));
+    s->tab_inflight = 1;
+    return DSV4_OK;
+}
+
 /* ---- attention (§5) ------------------------------------------------------------------------- */
+
+/* The shaped step's indexer for segment g (one row, position on the device): the indexer
+ * compressor writes its entry (if the row emits one) into the cache row of its number, and the
+ * selection runs over the cache's capacity with n_t = (p+1)/r read on the device (none yet: the
+ * lengths are 0 and the indices -1, as the plain step's memset leaves them). */
+static dsv4_status shaped_indexer_rows(fwd *f, const eng_layer *L, dsv4_compressor_desc *desc, const eng_seg *g)
+{
+    const dsv4_engine *e = f->e;
+    const dsv4_layer_weights *w = L->w;
+    eng_scratch *s = f->s;
+    const int64_t nI = e->cfg->index_n_heads, dI = e->cfg->index_head_dim, eb = e->index_entry_bytes;
+    const int64_t topk = e->cfg->index_topk, N = e->index_entries;
+    const int r = L->ratio;
+    float *st = eng_state(e, L, g->sq) + eng_main_state_floats(L);
+    dsv4_tensor skv = eng_v2(e, st, DSV4_F32, 2 * r, 2 * dI), ssc = eng_v2(e, st + 2 * r * 2 * dI, DSV4_F32, 2 * r, 2 * dI);
+    dsv4_tensor gkv = eng_v2(e, s->ikv + g->row * 2 * dI, DSV4_F32, 1, 2 * dI);
+    dsv4_tensor gg = eng_v2(e, s->igate + g->row * 2 * dI, DSV4_F32, 1, 2 * dI);
+    uint8_t *cache = L->index_cache + (size_t)(g->sq * N * eb);
+    dsv4_tensor k = rows_view(e, cache, DSV4_U8, N, dI / 2, eb), ks = rows_view(e, cache + dI / 2, DSV4_U8, N, dI / 32, eb);
+    dsv4_tensor gp = eng_v1(e, s->dt.positions + g->row, DSV4_I64, 1);
+    desc->position = &gp;
+    TRY(dsv4_compressor_forward(e->ctx, desc, 0, &gkv, &gg, &L->index_ape, &w->index_compressor.norm, &e->rope_compress,
+                                &skv, &ssc, &k, &ks));
+    desc->position = NULL;
+    int32_t *gidx = s->cidx + g->row * topk, *glen = s->clen + g->row;
+    dsv4_tensor gq = eng_v3(e, s->qpk + g->row * nI * dI / 2, DSV4_U8, 1, nI, dI / 2);
+    dsv4_tensor gqs = eng_v3(e, s->qsc + g->row * nI * dI / 32, DSV4_U8, 1, nI, dI / 32);
+    dsv4_tensor gw = eng_v2(e, s->wts + g->row * nI, DSV4_F32, 1, nI);
+    dsv4_tensor idx = eng_v2(e, gidx, DSV4_I32, 1, topk), len = eng_v1(e, glen, DSV4_I32, 1);
+    dsv4_indexer_args args = {&gq, &gqs, &gw, &k, &ks, &gp, r};
+    TRY(dsv4_indexer_select(e->ctx, &args, topk, &idx, &len, s->ws, s->ws_bytes));
+    const eng_seq *q = &e->seqs[g->sq];
+    dsv4_tensor bt = eng_v1(e, q->btab[L->pool], DSV4_I32, q->btab_n[L->pool]), ent = eng_v1(e, gidx, DSV4_I32, topk);
+    TRY(dsv4_paged_slots(e->ctx, &bt, L->comp.block_size, &ent, &ent));
+    f->has_extra = 1;
+    return DSV4_OK;
+}
 
 /* Lightning indexer (§5.6): the indexer compressor appends each sequence's entries to its cache,
  * then every row keeps the top-k of its sequence's visible entries. Leaves slots in cidx [T, topk],
@@ -176,7 +232,7 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
     dsv4_tensor qi = eng_v2(e, s->qi, DSV4_BF16, T, nI * dI), qi3 = eng_v3(e, s->qi, DSV4_BF16, T, nI, dI);
     dsv4_tensor qpk = eng_v3(e, s->qpk, DSV4_U8, T, nI, dI / 2), qsc = eng_v3(e, s->qsc, DSV4_U8, T, nI, dI / 32);
     TRY(linear(e, &w->index_wq_b, qr, &qi));
-    TRY(dsv4_indexer_q(e->ctx, &qi3, &f->hpos, &e->rope_compress, &qpk, &qsc));
+    TRY(dsv4_indexer_q(e->ctx, &qi3, f->shaped ? &f->pos : &f->hpos, &e->rope_compress, &qpk, &qsc));
     dsv4_tensor wp = eng_v2(e, s->wp, DSV4_BF16, T, nI), wts = eng_v2(e, s->wts, DSV4_F32, T, nI);
     TRY(linear_t(e, &w->index_weights_proj, x, &wp));
     TRY(dsv4_indexer_weights(e->ctx, &wp, (int)dI, &wts));
@@ -194,6 +250,10 @@ static dsv4_status indexer(fwd *f, const eng_layer *L, const dsv4_tensor *x, con
     f->has_extra = 0;
     for (int i = 0; i < f->n_seg; i++) {
         const eng_seg *g = &f->seg[i];
+        if (f->shaped) {
+            TRY(shaped_indexer_rows(f, L, &desc, g));
+            continue;
+        }
         float *st = eng_state(e, L, g->sq) + eng_main_state_floats(L);
         dsv4_tensor skv = eng_v2(e, st, DSV4_F32, 2 * r, 2 * dI), ssc = eng_v2(e, st + 2 * r * 2 * dI, DSV4_F32, 2 * r, 2 * dI);
         dsv4_tensor gkv = eng_v2(e, s->ikv + g->row * 2 * dI, DSV4_F32, g->T, 2 * dI);
@@ -254,10 +314,13 @@ static dsv4_status compressed_scope(fwd *f, const eng_layer *L, const dsv4_tenso
         dsv4_tensor skv = eng_v2(e, st, DSV4_F32, rows, cols), ssc = eng_v2(e, st + rows * cols, DSV4_F32, rows, cols);
         dsv4_tensor gkv = eng_v2(e, s->ckv + g->row * cols, DSV4_F32, g->T, cols);
         dsv4_tensor gg = eng_v2(e, s->cgate + g->row * cols, DSV4_F32, g->T, cols);
-        int64_t m = dsv4_compressor_emit_count((int)r, g->start, g->T);
+        /* shaped: the position on the device, the entry (if any) in the segment's row of cout */
+        dsv4_tensor gp = eng_v1(e, s->dt.positions + g->row, DSV4_I64, 1);
+        desc.position = f->shaped ? &gp : NULL;
+        int64_t m = f->shaped ? 1 : dsv4_compressor_emit_count((int)r, g->start, g->T);
         dsv4_tensor out = eng_v2(e, s->cout + mo * d, DSV4_BF16, m, d);
-        TRY(dsv4_compressor_forward(e->ctx, &desc, g->start, &gkv, &gg, &L->ape, &w->compressor.norm, &e->rope_compress,
-                                    &skv, &ssc, m ? &out : NULL, NULL));
+        TRY(dsv4_compressor_forward(e->ctx, &desc, f->shaped ? 0 : g->start, &gkv, &gg, &L->ape, &w->compressor.norm,
+                                    &e->rope_compress, &skv, &ssc, m ? &out : NULL, NULL));
         if (!m || f->replay) continue; /* a replay's entries are in the cache already */
         mo += m;
     }
@@ -320,7 +383,7 @@ static dsv4_status attention(fwd *f, const eng_layer *L)
     if (L->kind == DSV4_ATTN_HCA && cw) { /* each segment views its own scope row */
         for (int i = 0; i < f->n_seg; i++) {
             const eng_seg *g = &f->seg[i];
-            int64_t gw = (g->start + g->T) / L->ratio;
+            int64_t gw = f->shaped ? cw : (g->start + g->T) / L->ratio; /* shaped: the capacity, lengths per row */
             dsv4_tensor cidx = rows_view(e, s->dt.hidx[L->pool] + i * e->hrow[L->pool], DSV4_I32, g->T, gw, 0);
             dsv4_tensor clen = eng_v1(e, s->dt.hlen[L->pool] + g->row, DSV4_I32, g->T);
             TRY(sparse_attention(f, L, g->row, g->T, gw ? &cidx : NULL, gw ? &clen : NULL));
@@ -373,15 +436,22 @@ static dsv4_status block(fwd *f, const eng_layer *L, const dsv4_hc_site *next)
     return dsv4_hc_post(e->ctx, &a, &X, &post, &comb, &X);
 }
 
-/* The call's rows, positions, tokens and index tables (in the context's memory once this returns). */
-static dsv4_status begin(fwd *f, dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens)
+/* The call's rows, positions, tokens and index tables (in the context's memory once this returns,
+ * or for the shaped step once its first launch has run). */
+static dsv4_status begin(fwd *f, dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens, int shaped)
 {
     memset(f, 0, sizeof *f);
     f->e = e;
     f->s = &e->s;
     f->seg = segs;
     f->n_seg = n_seg;
+    f->shaped = shaped;
     eng_tables *t = &e->s.t;
+    if (e->s.tab_inflight) { /* a shaped step's upload may still read the host tables */
+        TRY(dsv4_device_sync(e->ctx));
+        e->s.tab_inflight = 0;
+    }
+    e->s.head_rows = 0;
     for (int i = 0; i < n_seg; i++) {
         const eng_seg *g = &segs[i];
         for (int64_t r = 0; r < g->T; r++) t->positions[g->row + r] = g->start + r;
@@ -406,12 +476,126 @@ static dsv4_status first_hc_pre(fwd *f, const dsv4_hc_site *site)
     return dsv4_hc_pre(f->e->ctx, site, &X, &xin, &post, &comb);
 }
 
+/* The head of the streams X [n, hc, D] (L: as eng_logits) into out [n, V] in the context's memory. */
+static dsv4_status head(dsv4_engine *e, const eng_layer *L, const uint16_t *X, int64_t n, float *out)
+{
+    dsv4_tensor Xv = eng_v3(e, X, DSV4_BF16, n, e->hc, e->D), y = eng_v2(e, e->s.xin, DSV4_BF16, n, e->D);
+    dsv4_tensor lg = eng_v2(e, out, DSV4_F32, n, e->V);
+    TRY(dsv4_hc_head(e->ctx, L ? &L->hc_head : &e->hc_head, &Xv, &y));
+    TRY(rmsnorm(e, &y, L ? &L->w->norm : &e->dw->norm, &y));
+    return linear_t(e, &e->dw->head, &y, &lg);
+}
+
+/* ---- the shaped decode step (docs/engine.md §2.2) ---------------------------------------------
+ * A call of decode rows only (T = 1 per segment, nothing saved or replayed) on the device path:
+ * its launches read every position-dependent value from the tables (positions, slots or -1,
+ * lengths) and use the engine's capacities for the widths, so they are a function of the segments'
+ * count and sequences alone. By construction: once the tables are built, the launches see segments
+ * whose positions are erased. On CUDA the launches are recorded once per such shape as a graph
+ * and replayed (DSV4_CUDA_GRAPH=0: the plain launches; =shaped: these launches, not recorded). */
+static int shapeable(const dsv4_engine *e, const eng_seg *segs, int n_seg, int flags)
+{
+    if (e->step_mode == ENG_STEP_PLAIN || flags) return 0;
+    for (int i = 0; i < n_seg; i++)
+        if (segs[i].T != 1 || segs[i].save) return 0;
+    return 1;
+}
+
+static dsv4_status blocks(fwd *f)
+{
+    dsv4_engine *e = f->e;
+    const int64_t nl = e->cfg->n_layers;
+    TRY(eng_wrap(first_hc_pre(f, &e->layers[0].hc_attn), "block", 0));
+    for (int64_t l = 0; l < nl; l++)
+        TRY(eng_wrap(block(f, &e->layers[l], l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL), "block", (int)l));
+    return DSV4_OK;
+}
+
+/* tables -> embedding -> blocks -> the head of every row into s.dlogits (when they fit there) */
+static dsv4_status shaped_launches(fwd *f)
+{
+    dsv4_engine *e = f->e;
+    eng_scratch *s = f->s;
+    TRY(upload_tables(f));
+    TRY(embed(f, e->hc, s->X));
+    TRY(blocks(f));
+    return f->T <= s->dlogits_rows ? head(e, NULL, s->X, f->T, s->dlogits) : DSV4_OK;
+}
+
+static eng_graph *find_graph(dsv4_engine *e, const eng_seg *plan, int n)
+{
+    for (int k = 0; k < ENG_GRAPHS; k++) {
+        eng_graph *g = &e->graphs[k];
+        if (!g->graph || g->n != n) continue;
+        int same = 1;
+        for (int i = 0; i < n && same; i++) same = g->sq[i] == plan[i].sq;
+        if (same) return g;
+    }
+    return NULL;
+}
+
+/* Record the launches as a graph in a free (or the oldest) place of the cache, then launch it. */
+static dsv4_status capture(fwd *f)
+{
+    dsv4_engine *e = f->e;
+    TRY(dsv4_device_graph_begin(e->ctx));
+    dsv4_status st = shaped_launches(f);
+    dsv4_device_graph *gr = NULL;
+    dsv4_status end = dsv4_device_graph_end(e->ctx, &gr); /* ends the capture whatever happened in it */
+    if (st == DSV4_OK) st = end;
+    if (st != DSV4_OK) {
+        dsv4_device_graph_destroy(gr);
+        return st;
+    }
+    eng_graph *g = &e->graphs[e->graph_next];
+    e->graph_next = (e->graph_next + 1) % ENG_GRAPHS;
+    dsv4_device_graph_destroy(g->graph);
+    g->graph = gr;
+    g->n = f->n_seg;
+    for (int i = 0; i < f->n_seg; i++) g->sq[i] = f->seg[i].sq;
+    return dsv4_device_graph_launch(gr);
+}
+
+static dsv4_status shaped_step(fwd *f)
+{
+    dsv4_engine *e = f->e;
+    eng_scratch *s = f->s;
+    eng_seg *plan = s->plan;
+    for (int i = 0; i < f->n_seg; i++) plan[i] = (eng_seg){f->seg[i].sq, 0, -1, 1, i, f->seg[i].src, 0};
+    f->seg = plan; /* positions erased */
+    const int record = e->step_mode == ENG_STEP_GRAPH && f->n_seg <= ENG_GRAPH_SEGS;
+    if (record) {
+        const eng_graph *g = find_graph(e, plan, f->n_seg);
+        dsv4_status st = g ? dsv4_device_graph_launch(g->graph) : capture(f);
+        if (st != DSV4_OK && !g) { /* not capturable here: eager launches from now on */
+            dsv4_warn("engine: the decode step runs without a CUDA graph (its capture failed: %s)", dsv4_last_error());
+            e->step_mode = ENG_STEP_SHAPED;
+        } else {
+            TRY(st);
+            s->tab_inflight = 1;
+        }
+    }
+    if (!record || e->step_mode != ENG_STEP_GRAPH) TRY(shaped_launches(f));
+    s->head_rows = f->T <= s->dlogits_rows ? f->T : 0;
+    return DSV4_OK;
+}
+
 dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, const int32_t *tokens, int flags)
 {
     fwd f;
-    TRY(begin(&f, e, segs, n_seg, tokens));
-    f.replay = (flags & ENG_REPLAY) != 0;
+    const int shaped = shapeable(e, segs, n_seg, flags);
+    TRY(begin(&f, e, segs, n_seg, tokens, shaped));
     eng_scratch *s = &e->s;
+    if (shaped) {
+        TRY(shaped_step(&f));
+        for (int i = 0; i < n_seg; i++) {
+            eng_seq *q = &e->seqs[segs[i].sq];
+            q->hist[segs[i].start] = s->t.tokens[segs[i].row];
+            q->len = segs[i].start + 1;
+        }
+        return DSV4_OK;
+    }
+    f.replay = (flags & ENG_REPLAY) != 0;
     const int64_t nl = e->cfg->n_layers;
     TRY(embed(&f, e->hc, s->X)); /* the streams start as hc copies of the embedding */
     for (int i = 0; i < n_seg; i++) {
@@ -423,9 +607,7 @@ dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, con
                              L->state_floats * 4));
         }
     }
-    TRY(eng_wrap(first_hc_pre(&f, &e->layers[0].hc_attn), "block", 0));
-    for (int64_t l = 0; l < nl; l++)
-        TRY(eng_wrap(block(&f, &e->layers[l], l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL), "block", (int)l));
+    TRY(blocks(&f));
     for (int i = 0; i < n_seg; i++) {
         eng_seq *q = &e->seqs[segs[i].sq];
         memcpy(q->hist + segs[i].start, s->t.tokens + segs[i].row, (size_t)segs[i].T * sizeof *q->hist);
@@ -445,12 +627,26 @@ dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, in
     for (int64_t r0 = 0; r0 < n; r0 += piece) {
         const int64_t m = n - r0 < piece ? n - r0 : piece;
         float *out = e->on_device ? e->s.dlogits : logits + r0 * V;
-        dsv4_tensor Xv = eng_v3(e, X + r0 * e->hc * D, DSV4_BF16, m, e->hc, D), y = eng_v2(e, e->s.xin, DSV4_BF16, m, D);
-        dsv4_tensor lg = eng_v2(e, out, DSV4_F32, m, V);
-        TRY(dsv4_hc_head(e->ctx, L ? &L->hc_head : &e->hc_head, &Xv, &y));
-        TRY(rmsnorm(e, &y, L ? &L->w->norm : &e->dw->norm, &y));
-        TRY(linear_t(e, &e->dw->head, &y, &lg));
+        TRY(head(e, L, X + r0 * e->hc * D, m, out));
         if (e->on_device && logits) TRY(dsv4_device_download(e->ctx, logits + r0 * V, out, (size_t)(m * V) * 4));
+    }
+    return DSV4_OK;
+}
+
+dsv4_status eng_step_logits(dsv4_engine *e, const int64_t *rows, int64_t n, float *logits)
+{
+    const int64_t V = e->V;
+    if (!logits) { /* kept on the device for its sampling, as rows 0..n-1 (rows[i] >= i increase:
+                    * each row moves down onto one no later row reads) */
+        for (int64_t i = 0; i < n; i++)
+            if (rows[i] != i) TRY(eng_copy(e, e->s.dlogits + i * V, e->s.dlogits + rows[i] * V, V * 4));
+        return DSV4_OK;
+    }
+    for (int64_t i = 0; i < n;) {
+        int64_t k = 1; /* a run of consecutive rows: one download */
+        while (i + k < n && rows[i + k] == rows[i] + k) k++;
+        TRY(dsv4_device_download(e->ctx, logits + i * V, e->s.dlogits + rows[i] * V, (size_t)(k * V) * 4));
+        i += k;
     }
     return DSV4_OK;
 }
@@ -463,7 +659,7 @@ dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const i
     eng_scratch *s = &e->s;
     const int64_t D = e->D, hc = e->hc;
     fwd f;
-    TRY(begin(&f, e, segs, n_seg, tokens));
+    TRY(begin(&f, e, segs, n_seg, tokens, 0));
     const int64_t T = f.T;
     /* X[t][j] = bf16(e_proj·enorm(embed[tok]) + h_proj·hnorm(streams[t][j])) */
     dsv4_tensor x = eng_v2(e, s->x, DSV4_BF16, T, D), ep = eng_v2(e, s->a, DSV4_BF16, T, D);

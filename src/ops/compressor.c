@@ -104,6 +104,51 @@ static dsv4_status check_outputs(const char *op, const dsv4_compressor_desc *d, 
     return dsv4_check_inner_contiguous(op, "out", out);
 }
 
+/* desc->position given: one token (kv [1, w]) and out with rows. On host memory the position is
+ * read here and the call becomes the plain one at that position, its entry (if any) at out's row
+ * c mod rows: *start_pos, *out, *out_scales are rewritten (views in o, os). On a device *dev_pos
+ * is the backend's to read and *out_rows the rows of out. */
+static dsv4_status resolve_position(const char *op, const dsv4_backend *b, const dsv4_compressor_desc *desc,
+                                    const dsv4_tensor *kv, int64_t *start_pos, dsv4_tensor **out, dsv4_tensor **out_scales,
+                                    dsv4_tensor *o, dsv4_tensor *os, const int64_t **dev_pos, int64_t *out_rows)
+{
+    const dsv4_tensor *pos = desc->position;
+    DSV4_TRY(dsv4_check_tensor(op, "position", pos, DSV4_DT(DSV4_I64), 1, (const int64_t[]){1}));
+    if (pos->device != b->device)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: position is not in the memory of backend '%s'", op, b->name);
+    if (*start_pos != 0) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: start_pos must be 0 with a position tensor", op);
+    if (!kv || kv->ndim != 2 || kv->shape[0] != 1)
+        return dsv4_fail(DSV4_ERR_SHAPE, "%s: a position tensor takes one token (kv [1, coff*d])", op);
+    dsv4_tensor *ot = *out, *st = *out_scales;
+    DSV4_CHECK_ARG(ot && ot->ndim == 2 && ot->shape[0] >= 1, "%s: out must have rows with a position tensor", op);
+    const int64_t rows = ot->shape[0];
+    if (st && (st->ndim != 2 || st->shape[0] != rows))
+        return dsv4_fail(DSV4_ERR_SHAPE, "%s: out_scales must have the %lld rows of out", op, (long long)rows);
+    if (b->device != DSV4_DEVICE_CPU) {
+        *dev_pos = pos->data;
+        *out_rows = rows;
+        return DSV4_OK;
+    }
+    const int64_t p = *(const int64_t *)pos->data;
+    *start_pos = p;
+    if (p < 0 || (p + 1) % desc->ratio) { /* no entry (a bad p is refused by the caller's check) */
+        *out = *out_scales = NULL;
+        return DSV4_OK;
+    }
+    const int64_t row = (p / desc->ratio) % rows;
+    *o = *ot;
+    o->shape[0] = 1;
+    o->data = (uint8_t *)ot->data + (size_t)(row * ot->stride[0]) * dsv4_dtype_size(ot->dtype);
+    *out = o;
+    if (st) {
+        *os = *st;
+        os->shape[0] = 1;
+        os->data = (uint8_t *)st->data + (size_t)(row * st->stride[0]) * dsv4_dtype_size(st->dtype);
+        *out_scales = os;
+    }
+    return DSV4_OK;
+}
+
 dsv4_status dsv4_compressor_forward(dsv4_ctx *ctx, const dsv4_compressor_desc *desc, int64_t start_pos,
                                     const dsv4_tensor *kv, const dsv4_tensor *gate, const dsv4_tensor *ape,
                                     const dsv4_tensor *norm, const dsv4_tensor *rope, dsv4_tensor *state_kv,
@@ -112,6 +157,11 @@ dsv4_status dsv4_compressor_forward(dsv4_ctx *ctx, const dsv4_compressor_desc *d
     DSV4_OP_BEGIN("compressor_forward", INDEXER);
     DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, indexer, compress, op));
     DSV4_TRY(check_desc(op, desc));
+    const int64_t *dev_pos = NULL;
+    int64_t out_rows = 0;
+    dsv4_tensor o1, os1;
+    if (desc->position)
+        DSV4_TRY(resolve_position(op, b, desc, kv, &start_pos, &out, &out_scales, &o1, &os1, &dev_pos, &out_rows));
     if (start_pos < 0 || start_pos > POS_LIMIT)
         return dsv4_fail(DSV4_ERR_RANGE, "%s: start_pos %lld not in [0, 2^52]", op, (long long)start_pos);
     const int r = desc->ratio, d = desc->dim, coff = desc->overlap ? 2 : 1;
@@ -129,9 +179,10 @@ dsv4_status dsv4_compressor_forward(dsv4_ctx *ctx, const dsv4_compressor_desc *d
     DSV4_TRY(dsv4_ix_check_views(op, b, ins, inames, 5));
     DSV4_TRY(check_state(op, desc, state_kv, state_score));
 
-    int64_t m = dsv4_compressor_emit_count(r, start_pos, n);
+    /* on a device with a position tensor: out's rows are checked; the entry is the backend's */
+    int64_t m = dev_pos ? out_rows : dsv4_compressor_emit_count(r, start_pos, n);
     int64_t first = start_pos / r;
-    if (m > 0 && (first + m - 1) * r >= rope->shape[0])
+    if (!dev_pos && m > 0 && (first + m - 1) * r >= rope->shape[0])
         return dsv4_fail(DSV4_ERR_RANGE, "%s: entry %lld starts at position %lld, past the %lld rows of the rope table", op,
                          (long long)(first + m - 1), (long long)((first + m - 1) * r), (long long)rope->shape[0]);
     dsv4_cmp_out mode;
@@ -152,6 +203,7 @@ dsv4_status dsv4_compressor_forward(dsv4_ctx *ctx, const dsv4_compressor_desc *d
         .out_mode = mode, .out = m ? out->data : NULL, .ld_out = m ? out->stride[0] : 0,
         .out_scales = (m && mode == DSV4_CMP_OUT_PACKED) ? out_scales->data : NULL,
         .ld_out_scales = (m && mode == DSV4_CMP_OUT_PACKED) ? out_scales->stride[0] : 0,
+        .position = dev_pos, .out_rows = out_rows, .rope_rows = rope->shape[0],
     };
     return b->indexer->compress(&ex, &c);
 }

@@ -62,11 +62,21 @@ static int64_t pos_at(const dsv4_tensor *p, int64_t t)
                                 : ((const int32_t *)p->data)[t * p->stride[0]];
 }
 
-/* positions I32/I64 [T]; every p in [0, limit) (limit < 0: no upper bound). */
-static dsv4_status check_positions(const char *op, const dsv4_tensor *p, int64_t tokens, int64_t limit,
-                                   const char *what)
+/* Positions in a device's memory (include/dsv4/indexer.h): I64, the backend's memory, not read here. */
+static int on_device(const dsv4_tensor *p) { return p && p->device != DSV4_DEVICE_CPU; }
+
+/* positions I32/I64 [T]; every p in [0, limit) (limit < 0: no upper bound). On a device: I64 in
+ * the backend's memory, the values the backend's to clamp. */
+static dsv4_status check_positions(const char *op, const dsv4_backend *b, const dsv4_tensor *p, int64_t tokens,
+                                   int64_t limit, const char *what)
 {
     DSV4_TRY(dsv4_check_tensor(op, "positions", p, DSV4_DT(DSV4_I32) | DSV4_DT(DSV4_I64), 1, (const int64_t[]){tokens}));
+    if (on_device(p)) {
+        if (p->device != b->device || p->dtype != DSV4_I64)
+            return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: positions on a device must be I64 in the memory of backend '%s'",
+                             op, b->name);
+        return DSV4_OK;
+    }
     DSV4_TRY(dsv4_check_host(op, "positions", p));
     for (int64_t t = 0; t < tokens; t++) {
         int64_t v = pos_at(p, t);
@@ -97,7 +107,7 @@ dsv4_status dsv4_indexer_q(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tenso
     const int64_t T = q->shape[0], H = q->shape[1], d = q->shape[2];
     DSV4_TRY(check_dim(op, d));
     DSV4_TRY(dsv4_check_tensor(op, "rope", rope, DSV4_DT(DSV4_F32), 2, (const int64_t[]){DSV4_ANY, 64}));
-    DSV4_TRY(check_positions(op, positions, T, rope->shape[0], "rows of the rope table"));
+    DSV4_TRY(check_positions(op, b, positions, T, rope->shape[0], "rows of the rope table"));
     int packed = !(out && out->dtype == DSV4_BF16);
     if (packed) {
         DSV4_TRY(check_fp4_pair(op, "out", out, "out_scales", out_scales, 2, (const int64_t[]){T, H}, d));
@@ -116,6 +126,7 @@ dsv4_status dsv4_indexer_q(dsv4_ctx *ctx, const dsv4_tensor *q, const dsv4_tenso
     dsv4_ixq_call c = {
         .tokens = T, .heads = H, .dim = (int)d, .q = q->data, .ld_q_t = q->stride[0], .ld_q_h = q->stride[1],
         .positions = positions->data, .pos_i64 = positions->dtype == DSV4_I64, .ld_pos = positions->stride[0],
+        .pos_device = on_device(positions), .rope_rows = rope->shape[0],
         .rope = rope->data, .ld_rope = rope->stride[0], .packed = packed, .out = out->data,
         .ld_out_t = out->stride[0], .ld_out_h = out->stride[1],
         .out_scales = packed ? out_scales->data : NULL, .ld_os_t = packed ? out_scales->stride[0] : 0,
@@ -164,8 +175,8 @@ static dsv4_status check_args(const char *op, const dsv4_backend *b, const dsv4_
     if (N >= ((int64_t)1 << 31) - 1)
         return dsv4_fail(DSV4_ERR_SHAPE, "%s: %lld cache entries overflow int32 indices", op, (long long)N);
     DSV4_TRY(check_fp4_pair(op, "k", a->k, "k_scales", a->k_scales, 1, (const int64_t[]){N}, d));
-    DSV4_TRY(check_positions(op, a->positions, T, -1, ""));
-    for (int64_t t = 0; t < T; t++) {
+    DSV4_TRY(check_positions(op, b, a->positions, T, -1, ""));
+    for (int64_t t = 0; t < T && !on_device(a->positions); t++) {
         int64_t nt = (pos_at(a->positions, t) + 1) / a->ratio;
         if (nt > N)
             return dsv4_fail(DSV4_ERR_RANGE,
@@ -182,6 +193,7 @@ static dsv4_status check_args(const char *op, const dsv4_backend *b, const dsv4_
         .weights = a->weights->data, .ld_w = a->weights->stride[0],
         .k = a->k->data, .k_scales = a->k_scales->data, .ld_k = a->k->stride[0], .ld_ks = a->k_scales->stride[0],
         .positions = a->positions->data, .pos_i64 = a->positions->dtype == DSV4_I64, .ld_pos = a->positions->stride[0],
+        .pos_device = on_device(a->positions),
     };
     return DSV4_OK;
 }

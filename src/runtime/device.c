@@ -29,37 +29,59 @@ dsv4_status dsv4_device_info_get(dsv4_ctx *ctx, dsv4_device_info *info)
     return DSV4_OK;
 }
 
-dsv4_status dsv4_device_alloc(dsv4_ctx *ctx, size_t bytes, void **ptr)
+/* The backend's memory (`host` 0) or its staging host memory (`host` 1); host memory (256-byte
+ * aligned) for backends without a memory table. */
+static dsv4_status host_or_device_alloc(dsv4_ctx *ctx, const char *op, int host, size_t bytes, void **ptr)
 {
-    DSV4_CHECK_ARG(ptr, "device_alloc: null output pointer");
+    DSV4_CHECK_ARG(ptr, "%s: null output pointer", op);
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, "device_alloc", DSV4_FAMILY_NONE, &b, &ex));
-    if (b->memory) return b->memory->alloc(&ex, bytes, ptr);
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_NONE, &b, &ex));
+    if (b->memory && (host ? b->memory->host_alloc : b->memory->alloc))
+        return (host ? b->memory->host_alloc : b->memory->alloc)(&ex, bytes, ptr);
     size_t rounded = (bytes + 255) / 256 * 256;
     void *p = aligned_alloc(256, rounded ? rounded : 256);
-    if (!p) return dsv4_fail(DSV4_ERR_NO_MEMORY, "device_alloc: %zu bytes of host memory not available", bytes);
+    if (!p) return dsv4_fail(DSV4_ERR_NO_MEMORY, "%s: %zu bytes of host memory not available", op, bytes);
     *ptr = p;
     return DSV4_OK;
 }
 
-dsv4_status dsv4_device_free(dsv4_ctx *ctx, void *ptr)
+dsv4_status dsv4_device_alloc(dsv4_ctx *ctx, size_t bytes, void **ptr)
+{
+    return host_or_device_alloc(ctx, "device_alloc", 0, bytes, ptr);
+}
+
+/* The other side of host_or_device_alloc. */
+static dsv4_status host_or_device_free(dsv4_ctx *ctx, const char *op, int host, void *ptr)
 {
     if (!ptr) return DSV4_OK;
     const dsv4_backend *b;
     dsv4_exec ex;
-    DSV4_TRY(dsv4_op_resolve(ctx, "device_free", DSV4_FAMILY_NONE, &b, &ex));
-    if (b->memory) return b->memory->free(&ex, ptr);
+    DSV4_TRY(dsv4_op_resolve(ctx, op, DSV4_FAMILY_NONE, &b, &ex));
+    if (b->memory && (host ? b->memory->host_free : b->memory->free))
+        return (host ? b->memory->host_free : b->memory->free)(&ex, ptr);
     free(ptr);
     return DSV4_OK;
 }
 
+dsv4_status dsv4_device_free(dsv4_ctx *ctx, void *ptr) { return host_or_device_free(ctx, "device_free", 0, ptr); }
+
+dsv4_status dsv4_device_host_alloc(dsv4_ctx *ctx, size_t bytes, void **ptr)
+{
+    return host_or_device_alloc(ctx, "device_host_alloc", 1, bytes, ptr);
+}
+
+dsv4_status dsv4_device_host_free(dsv4_ctx *ctx, void *ptr)
+{
+    return host_or_device_free(ctx, "device_host_free", 1, ptr);
+}
+
 /* The four transfers share their checks; `which` picks the backend entry. */
-enum { XFER_UP, XFER_DOWN, XFER_COPY };
+enum { XFER_UP, XFER_DOWN, XFER_COPY, XFER_UP_ASYNC };
 
 static dsv4_status transfer(dsv4_ctx *ctx, int which, void *dst, const void *src, size_t bytes)
 {
-    static const char *const names[] = {"device_upload", "device_download", "device_copy"};
+    static const char *const names[] = {"device_upload", "device_download", "device_copy", "device_upload_async"};
     if (!bytes) return DSV4_OK;
     DSV4_CHECK_ARG(dst && src, "%s: null pointer", names[which]);
     const dsv4_backend *b;
@@ -72,12 +94,19 @@ static dsv4_status transfer(dsv4_ctx *ctx, int which, void *dst, const void *src
     }
     if (which == XFER_UP) return b->memory->upload(&ex, dst, src, bytes);
     if (which == XFER_DOWN) return b->memory->download(&ex, dst, src, bytes);
+    if (which == XFER_UP_ASYNC)
+        return b->memory->upload_async ? b->memory->upload_async(&ex, dst, src, bytes) : b->memory->upload(&ex, dst, src, bytes);
     return b->memory->copy(&ex, dst, src, bytes);
 }
 
 dsv4_status dsv4_device_upload(dsv4_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
     return transfer(ctx, XFER_UP, dst, src, bytes);
+}
+
+dsv4_status dsv4_device_upload_async(dsv4_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    return transfer(ctx, XFER_UP_ASYNC, dst, src, bytes);
 }
 
 dsv4_status dsv4_device_download(dsv4_ctx *ctx, void *dst, const void *src, size_t bytes)

@@ -1224,6 +1224,86 @@ static void ix_compressor_case(const cmp_case *cc)
     free(kv), free(gate), free(ape), free(normf), free(normb), free(rope);
 }
 
+/* The position form (desc.position, the shaped decode step): single tokens at positions 0 .. 3r,
+ * each position in the context's memory, the entries into a cache of 3 entries + 1 (packed
+ * indexer rows of one 68-byte stride, or BF16 rows) at the entry's row, against cpu-ref's plain
+ * calls at those positions into the same rows; a position of no emission leaves the cache as it
+ * is (poisoned rows stay poisoned). Then the same tokens with a one-row out, as the engine's main
+ * compressor uses it: the row holds the latest entry. */
+static void ix_compressor_at_case(const cmp_case *cc)
+{
+    const dsv4_compressor_desc *dc = &cc->d;
+    const int r = dc->ratio, D = dc->dim, coff = dc->overlap ? 2 : 1, w = coff * D, srows = coff * r;
+    const int packed = dc->kind == DSV4_COMPRESSOR_INDEXER && !cc->bf16_out;
+    const int64_t P = 3 * r + 1, NE = 4; /* positions, cache rows */
+    const size_t eb = packed ? (size_t)D / 2 + (size_t)D / 32 : 2 * (size_t)D, cbytes = (size_t)NE * eb;
+    float *rope = malloc(4 * (size_t)P * 64);
+    dsv4_rope_params rp = dsv4_rope_v4_params(DSV4_ROPE_YARN);
+    dsv4_tensor trope = view(rope, DSV4_F32, 2, P, 64, 0);
+    CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
+    float *kv = f32_rand((size_t)P * w, 1.0f, 0.0f), *gate = f32_rand((size_t)P * w, 2.0f, 0.0f),
+          *ape = f32_rand((size_t)r * w, 1.0f, 0.0f), *normf = f32_rand((size_t)D, 0.1f, 1.0f);
+    const size_t sbytes = 4 * (size_t)srows * (size_t)w;
+    int64_t *pos = malloc(8 * (size_t)P);
+    for (int64_t p = 0; p < P; p++) pos[p] = p;
+    char what[64];
+    snprintf(what, sizeof what, "position form: %s r%d d%d%s", dc->kind == DSV4_COMPRESSOR_INDEXER ? "indexer" : "main",
+             r, D, cc->bf16_out ? " bf16 out" : "");
+    for (int one_row = 0; one_row < 2 && !test_failures; one_row++) {
+        const int64_t rows = one_row ? 1 : NE;
+        dsv4_ctx *cs[2] = {ref, tc};
+        uint8_t *hcache[2], *hst[2][2];
+        dsv4_status st[2] = {DSV4_OK, DSV4_OK};
+        for (int side = 0; side < 2; side++) {
+            dsv4_ctx *c = cs[side];
+            uint8_t *cache = scratch(c, cbytes);
+            dsv4_tensor skv = view(scratch(c, sbytes), DSV4_F32, 2, srows, w, 0), ssc = view(scratch(c, sbytes), DSV4_F32, 2, srows, w, 0);
+            skv.device = ssc.device = dsv4_ctx_device_kind(c);
+            CHECK_STATUS(dsv4_compressor_state_reset(c, dc, &skv, &ssc), DSV4_OK);
+            dsv4_tensor ha = view(ape, DSV4_F32, 2, r, w, 0), hn = view(normf, DSV4_F32, 1, D, 0, 0);
+            dsv4_tensor ta = on(c, &ha), tn = on(c, &hn), tr = on(c, &trope);
+            dsv4_tensor hkv = view(kv, DSV4_F32, 2, P, w, 0), hg = view(gate, DSV4_F32, 2, P, w, 0);
+            dsv4_tensor hpos = view(pos, DSV4_I64, 1, P, 0, 0), tkvs = on(c, &hkv), tgs = on(c, &hg), tpos = on(c, &hpos);
+            for (int64_t p = 0; p < P && st[side] == DSV4_OK; p++) {
+                dsv4_tensor tkv = tkvs, tg = tgs, tp = tpos;
+                tkv.shape[0] = tg.shape[0] = tp.shape[0] = 1;
+                tkv.data = (float *)tkvs.data + p * w, tg.data = (float *)tgs.data + p * w;
+                tp.data = (int64_t *)tpos.data + p;
+                dsv4_tensor o, os; /* side 0: the plain call's row of the entry; side 1: every row */
+                const int64_t first = side ? 0 : ((p / r) % rows), n = side ? rows : 1;
+                uint8_t *base = cache + (size_t)first * eb;
+                if (packed) {
+                    dsv4_tensor_init_strided(&o, base, DSV4_U8, 2, (const int64_t[]){n, D / 2}, (const int64_t[]){(int64_t)eb, 1});
+                    dsv4_tensor_init_strided(&os, base + D / 2, DSV4_U8, 2, (const int64_t[]){n, D / 32},
+                                             (const int64_t[]){(int64_t)eb, 1});
+                } else {
+                    dsv4_tensor_init(&o, base, DSV4_BF16, 2, (const int64_t[]){n, D});
+                }
+                o.device = os.device = dsv4_ctx_device_kind(c);
+                const int emits = (p + 1) % r == 0;
+                if (side == 0) {
+                    st[0] = dsv4_compressor_forward(c, dc, p, &tkv, &tg, &ta, &tn, &tr, &skv, &ssc, emits ? &o : NULL,
+                                                    emits && packed ? &os : NULL);
+                } else {
+                    dsv4_compressor_desc d1 = *dc;
+                    d1.position = &tp;
+                    st[1] = dsv4_compressor_forward(c, &d1, 0, &tkv, &tg, &ta, &tn, &tr, &skv, &ssc, &o, packed ? &os : NULL);
+                }
+            }
+            hcache[side] = malloc(cbytes), hst[side][0] = malloc(sbytes), hst[side][1] = malloc(sbytes);
+            if (dsv4_device_download(c, hcache[side], cache, cbytes) != DSV4_OK) die("device_download");
+            back(c, &skv, hst[side][0]), back(c, &ssc, hst[side][1]);
+            release();
+        }
+        ran("compressor_forward", st[1], st[0]);
+        same("compressor_forward", what, hcache[1], hcache[0], cbytes);
+        same("compressor_forward", "position form: state", hst[1][0], hst[0][0], sbytes);
+        same("compressor_forward", "position form: state scores", hst[1][1], hst[0][1], sbytes);
+        for (int side = 0; side < 2; side++) free(hcache[side]), free(hst[side][0]), free(hst[side][1]);
+    }
+    free(kv), free(gate), free(ape), free(normf), free(rope), free(pos);
+}
+
 static void ix_compressor(void)
 {
     if (missing("indexer.compress", HAS(indexer, compress))) return;
@@ -1231,16 +1311,18 @@ static void ix_compressor(void)
     /* kind, ratio, dim, eps, fp8_sim, overlap: CSA (overlapping, ratios 4, 8 and 128), HCA (128),
      * the CSA indexer with packed and BF16 entries */
     static const cmp_case cases[] = {
-        {{DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1, 1}, 0, 0},    {{DSV4_COMPRESSOR_MAIN, 8, 512, 1e-6f, 0, 1}, 0, 1},
-        {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 1, 0}, 0, 0},  {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0, 1}, 0, 0},
-        {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1}, 0, 1}, {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1}, 1, 0},
+        {{DSV4_COMPRESSOR_MAIN, 4, 512, 1e-6f, 1, 1, NULL}, 0, 0},    {{DSV4_COMPRESSOR_MAIN, 8, 512, 1e-6f, 0, 1, NULL}, 0, 1},
+        {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 1, 0, NULL}, 0, 0},  {{DSV4_COMPRESSOR_MAIN, 128, 512, 1e-6f, 0, 1, NULL}, 0, 0},
+        {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1, NULL}, 0, 1}, {{DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1, NULL}, 1, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) ix_compressor_case(&cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) ix_compressor_at_case(&cases[i]);
 }
 
 /* One indexer_q comparison: T tokens (positions spread over the MP rows of the rope table, the
- * first 0 and the last MP - 1), H heads of dim D; packed codes + scales, or BF16 values. */
-static void ix_query_case(int T, int H, int D, int MP, int packed, int pos_i64, const dsv4_tensor *trope)
+ * first 0 and the last MP - 1), H heads of dim D; packed codes + scales, or BF16 values. dev_pos
+ * (I64 only): the tested side's positions are in its context's memory (read where the op runs). */
+static void ix_query_case(int T, int H, int D, int MP, int packed, int pos_i64, const dsv4_tensor *trope, int dev_pos)
 {
     uint16_t *q = bf16_rand((size_t)T * H * D, 2.0f);
     int64_t *pos = malloc(8 * (size_t)T);
@@ -1258,7 +1340,8 @@ static void ix_query_case(int T, int H, int D, int MP, int packed, int pos_i64, 
                     hc = packed ? view(oc[side], DSV4_U8, 3, T, H, D / 2) : view(oc[side], DSV4_BF16, 3, T, H, D),
                     hs = view(os[side], DSV4_U8, 3, T, H, D / 32);
         dsv4_tensor tq = on(cs[side], &hq), tr = on(cs[side], trope), tcd = on(cs[side], &hc), ts = on(cs[side], &hs);
-        st[side] = dsv4_indexer_q(cs[side], &tq, &hp, &tr, &tcd, packed ? &ts : NULL); /* positions: host memory */
+        dsv4_tensor tp = dev_pos && side ? on(cs[side], &hp) : hp;
+        st[side] = dsv4_indexer_q(cs[side], &tq, &tp, &tr, &tcd, packed ? &ts : NULL);
         back(cs[side], &tcd, oc[side]);
         if (packed) back(cs[side], &ts, os[side]);
         release();
@@ -1277,11 +1360,13 @@ static void ix_query_and_weights(void)
     dsv4_tensor trope = view(rope, DSV4_F32, 2, MP, 64, 0);
     CHECK_STATUS(dsv4_rope_table(ref, &rp, &trope), DSV4_OK);
     if (!missing("indexer.index_q", HAS(indexer, index_q))) {
-        ix_query_case(T, 8, D, MP, 1, 0, &trope);
+        ix_query_case(T, 8, D, MP, 1, 0, &trope, 0);
+        ix_query_case(T, 8, D, MP, 1, 1, &trope, 1);
         if (tb->device != DSV4_DEVICE_CPU) { /* the device kernel's shapes; CI time on the cpu backends */
-            ix_query_case(300, 2, 64, MP, 1, 1, &trope); /* two launches of tokens */
-            ix_query_case(5, 3, 256, MP, 1, 0, &trope);
-            ix_query_case(4, 5, 128, MP, 0, 1, &trope);   /* BF16 values */
+            ix_query_case(300, 2, 64, MP, 1, 1, &trope, 0); /* two launches of tokens */
+            ix_query_case(300, 2, 64, MP, 1, 1, &trope, 1);
+            ix_query_case(5, 3, 256, MP, 1, 0, &trope, 0);
+            ix_query_case(4, 5, 128, MP, 0, 1, &trope, 0);   /* BF16 values */
         }
     }
     const int proj_kinds = tb->device == DSV4_DEVICE_CPU ? 1 : 2; /* F32, and BF16 on device backends */
@@ -1302,10 +1387,14 @@ static void ix_query_and_weights(void)
 
 /* One scores / select / topk comparison: T tokens at positions pos (ratio 4), H heads of dim D,
  * N cache entries; topk on given scores with ties every `tie` candidates (tie 0: scores rounded to
- * quarters), a NaN, and n_valid. */
+ * quarters), a NaN, and n_valid. dev_pos: the tested side's positions are I64 in its context's
+ * memory (counts read where the op runs). */
 static void ix_scores_topk_case(int T, int H, int D, int N, int TOPK, const int32_t *pos, const int32_t *nvalid,
-                                int tie, int entries)
+                                int tie, int entries, int dev_pos)
 {
+    int64_t pos64[8];
+    for (int t = 0; t < T && t < 8; t++) pos64[t] = pos[t];
+    const dsv4_tensor hp64 = view(pos64, DSV4_I64, 1, T, 0, 0);
     uint8_t *q = bytes_rand((size_t)T * H * D / 2, 0, 256), *qs = bytes_rand((size_t)T * H * D / 32, 120, 12);
     uint8_t *k = bytes_rand((size_t)N * D / 2, 0, 256), *ks = bytes_rand((size_t)N * D / 32, 120, 12);
     float *w = f32_rand((size_t)T * H, 0.1f, 0.0f);
@@ -1341,7 +1430,8 @@ static void ix_scores_topk_case(int T, int H, int D, int N, int TOPK, const int3
             dsv4_ctx *c = cs[side];
             memset(sc[side], 0xA5, nsc), memset(ix[side], 0xA5, nix), memset(ln[side], 0xA5, 4 * T);
             dsv4_tensor tq = on(c, &hq), tqs = on(c, &hqs), tw = on(c, &hw), tk = on(c, &hk), tks = on(c, &hks);
-            dsv4_indexer_args args = {&tq, &tqs, &tw, &tk, &tks, &hp, 4}; /* positions: host memory */
+            dsv4_tensor tp = dev_pos && side ? on(c, &hp64) : hp;
+            dsv4_indexer_args args = {&tq, &tqs, &tw, &tk, &tks, &tp, 4};
             dsv4_tensor hs = view(op == 2 ? given : sc[side], DSV4_F32, 2, T, N, 0), ts = on(c, &hs),
                         hi = view(ix[side], DSV4_I32, 2, T, TOPK, 0), ti = on(c, &hi),
                         hl = view(ln[side], DSV4_I32, 1, T, 0, 0), tl = on(c, &hl),
@@ -1370,18 +1460,19 @@ static void ix_scores_topk(void)
 {
     {
         const int32_t pos[4] = {4 * 700 - 1, 4 * 700 - 3, 9, 2}, nvalid[4] = {700, 300, 2, 0}; /* n_t <= N */
-        ix_scores_topk_case(4, 64, 128, 700, 64, pos, nvalid, 37, 0);
+        ix_scores_topk_case(4, 64, 128, 700, 64, pos, nvalid, 37, 0, 0);
+        ix_scores_topk_case(4, 64, 128, 700, 64, pos, nvalid, 37, 0, 1);
     }
     if (tb->device == DSV4_DEVICE_CPU) return; /* the device kernels' shapes; CI time on the cpu backends */
     {   /* head dims 64 and 256, heads not a multiple of 16 or the maximum, a top-k wider than a pass */
         const int32_t pos[3] = {4 * 1000 - 1, 1999, 6}, nvalid[3] = {1000, 999, 1};
-        ix_scores_topk_case(3, 20, 64, 1000, 1024, pos, nvalid, 3, 0);
-        ix_scores_topk_case(3, 128, 256, 1000, 100, pos, nvalid, 2, 1); /* 136-byte cache entries */
+        ix_scores_topk_case(3, 20, 64, 1000, 1024, pos, nvalid, 3, 0, 0);
+        ix_scores_topk_case(3, 128, 256, 1000, 100, pos, nvalid, 2, 1, 1); /* 136-byte cache entries */
     }
     {   /* 256k candidates, the widest top-k of the cuda kernel; pairs tied, then mass ties */
         const int32_t pos[2] = {4 * 262144 - 1, 4 * 100000}, nvalid[2] = {262144, 200001};
-        ix_scores_topk_case(2, 16, 64, 262144, 4096, pos, nvalid, 2, 0);
-        ix_scores_topk_case(2, 16, 64, 262144, 2048, pos, nvalid, 0, 1);
+        ix_scores_topk_case(2, 16, 64, 262144, 4096, pos, nvalid, 2, 0, 0);
+        ix_scores_topk_case(2, 16, 64, 262144, 2048, pos, nvalid, 0, 1, 0);
     }
 }
 

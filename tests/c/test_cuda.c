@@ -12,7 +12,8 @@
  *     device/host mismatches rejected; the router and the MoE block (FP4 experts) in one graph;
  *     the indexer's query path, head weights, scores, top-k and select in one graph;
  *     the compressor's state reset and chained calls (state in device memory) in one graph;
- *     sampling in a graph, replayed, against cpu-ref.
+ *     sampling in a graph, replayed, against cpu-ref; ids uploaded from pinned staging and
+ *     embedded in a graph, replayed with new ids.
  * Without a CUDA device it checks the host fallback of the memory API, says why it skips and exits
  * 77 (CTest SKIP_RETURN_CODE: reported as skipped, not passed). */
 #include "dsv4.h"
@@ -749,7 +750,7 @@ static void test_graph_indexer(void)
  * step waits on the host. The entries against cpu-ref are test_backend_ops' part. */
 static void test_compressor(void)
 {
-    const dsv4_compressor_desc dc = {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1};
+    const dsv4_compressor_desc dc = {DSV4_COMPRESSOR_INDEXER, 4, 128, 1e-6f, 0, 1, NULL};
     enum { R = 4, D = 128, W = 2 * D, SR = 2 * R, LD = W + 4, N1 = 6, N2 = 9, N = N1 + N2, M1 = N1 / R,
            M = N / R, MP = 64 };
     const size_t sbytes = 4 * ((size_t)(SR - 1) * LD + W);
@@ -872,6 +873,48 @@ static void test_graph_sample(void)
     free(lg), free(hws);
 }
 
+/* The first launches of the engine's shaped step (docs/engine.md §2.2) in one graph: the upload
+ * of ids from pinned staging without a wait (dsv4_device_upload_async), then embed_rows reading
+ * them on the device. Each replay embeds what the host wrote into the staging before it; an id
+ * out of range gives a row of zeros and no error (dsv4/tensor_ops.h), the output poisoned first. */
+static void test_graph_embed(void)
+{
+    enum { V = 7, D = 40, T = 3, C = 2 };
+    uint16_t table[V * D], out[T * C * D];
+    for (int i = 0; i < V * D; i++) table[i] = (uint16_t)(0x3F80 + i); /* no zero among them */
+    int32_t *stage = NULL;
+    CHECK_STATUS(dsv4_device_host_alloc(cu, T * 4, (void **)&stage), DSV4_OK);
+    if (!stage) return;
+    const int64_t st[2] = {V, D}, si[1] = {T}, so[3] = {T, C, D};
+    uint16_t *dout = dput(NULL, sizeof out);
+    dsv4_tensor tt = view(dput(table, sizeof table), DSV4_BF16, 2, st, 1);
+    int32_t *dids = dput(NULL, T * 4);
+    dsv4_tensor ti = view(dids, DSV4_I32, 1, si, 1), to = view(dout, DSV4_BF16, 3, so, 1);
+    dsv4_device_graph *g = NULL;
+    CHECK_STATUS(dsv4_device_graph_begin(cu), DSV4_OK);
+    dsv4_status s1 = dsv4_device_upload_async(cu, dids, stage, T * 4), s2 = dsv4_embed_rows(cu, &tt, &ti, &to);
+    CHECK_STATUS(dsv4_device_graph_end(cu, &g), DSV4_OK);
+    CHECK(s1 == DSV4_OK && s2 == DSV4_OK, "upload_async / embed_rows in a graph: %s", dsv4_last_error());
+    const int32_t sets[2][T] = {{1, -1, V}, {6, 0, 3}};
+    for (int k = 0; k < 2 && g; k++) {
+        memcpy(stage, sets[k], sizeof sets[k]);
+        dsv4_device_memset(cu, dout, 0xA5, sizeof out);
+        CHECK_STATUS(dsv4_device_graph_launch(g), DSV4_OK);
+        dget(out, dout, sizeof out);
+        int ok = 1;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < C; j++)
+                for (int i = 0; i < D; i++) {
+                    const int32_t id = sets[k][t];
+                    ok &= out[(t * C + j) * D + i] == (id >= 0 && id < V ? table[id * D + i] : 0);
+                }
+        CHECK(ok, "graph replay %d: embed_rows of the staged ids wrong", k);
+    }
+    dsv4_device_graph_destroy(g);
+    dsv4_device_host_free(cu, stage);
+    dfree_all();
+}
+
 int main(void)
 {
     test_seed();
@@ -956,6 +999,7 @@ int main(void)
     test_graph_indexer();
     test_compressor();
     test_graph_sample();
+    test_graph_embed();
 
     dsv4_ctx_destroy(cu);
     dsv4_ctx_destroy(cu_mma);

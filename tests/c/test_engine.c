@@ -106,8 +106,9 @@ static void test_prefill_decode_threads(dsv4_ctx *c1, dsv4_ctx *c2, const int32_
  * tables and their upload, staged conversions, the weights' copy, logits through the device buffer
  * and a host context of its own, every copy a host copy: the logits, the MTP logits, the exported
  * state and speculative greedy generation are the plain path's bytes. */
-/* Steps of two sequences, one sampling at temperature 0.8 / top-p 0.9 from its first step, the
- * other appending a prompt chunk first and then greedy: tokens and generator states. */
+/* Steps of two sequences, one sampling at temperature 0.8 / top-p 0.9 (but at step 3, where it
+ * only appends: the other's row is then the step's first sampled row), the other appending a
+ * prompt chunk first and then greedy: tokens and generator states. */
 static void sampled_steps(dsv4_engine *e, const int32_t *ids, int32_t toks[2][6], uint64_t rng[2][4])
 {
     int seq[2] = {-1, -1};
@@ -120,8 +121,10 @@ static void sampled_steps(dsv4_engine *e, const int32_t *ids, int32_t toks[2][6]
             {seq[0], step ? &last[0] : ids, step ? 1 : 6, 0, 1, {0.8f, 0.9f, 11}, rng[0], &toks[0][step], 0, 0, 0},
             {seq[1], step ? &last[1] : ids + 1, step ? 1 : 5, 0, step > 0, {0.0f, 1.0f, 0}, rng[1], &toks[1][step], 0, 0, 0}};
         if (step == 1) r[1].tokens = ids + 6; /* the chunk's next token: nothing was sampled yet */
+        if (step == 3) r[0].sample = 0;
         CHECK_STATUS(dsv4_engine_step(e, r, 2), DSV4_OK);
-        last[0] = toks[0][step];
+        if (!r[0].sample) toks[0][step] = -1;
+        last[0] = r[0].sample ? toks[0][step] : 0;
         last[1] = r[1].sample ? toks[1][step] : 0;
         if (!r[1].sample) toks[1][step] = -1;
     }
@@ -187,6 +190,80 @@ static void test_device_path(dsv4_ctx *c, const int32_t *ids, int64_t vocab)
     device_path_sampling(ed, ep, ids);
     dsv4_engine_destroy(ed);
     dsv4_engine_destroy(ep);
+}
+
+/* Two sequences decoded a token a step, as calls of two rows (positions 3.. and 0..) for N_PROMPT - 3
+ * steps, on engine e: the logits of every step and both exported states. */
+typedef struct pair_run {
+    float *logits;
+    uint8_t *state[2];
+    size_t state_len[2];
+} pair_run;
+
+enum { PAIR_STEPS = N_PROMPT - 3 };
+
+static pair_run decode_pair(dsv4_engine *e, const int32_t *ids, int64_t vocab)
+{
+    pair_run r = {calloc((size_t)(2 * PAIR_STEPS * vocab), sizeof(float)), {NULL, NULL}, {0, 0}};
+    int a = -1, b = -1;
+    CHECK(dsv4_engine_seq_create(e, &a) == DSV4_OK && dsv4_engine_seq_create(e, &b) == DSV4_OK, "seq_create: %s",
+          dsv4_last_error());
+    CHECK_STATUS(dsv4_engine_forward(e, a, ids, 3, NULL, 0, NULL, 0), DSV4_OK);
+    for (int t = 0; t < PAIR_STEPS && !test_failures; t++) {
+        const dsv4_batch_entry en[2] = {{a, ids + 3 + t, 1, 1, 0}, {b, ids + t, 1, 1, 0}};
+        CHECK_STATUS(dsv4_engine_forward_batch(e, en, 2, r.logits + (size_t)(2 * t) * (size_t)vocab, NULL), DSV4_OK);
+    }
+    r.state[0] = export_seq(e, a, &r.state_len[0]);
+    r.state[1] = export_seq(e, b, &r.state_len[1]);
+    dsv4_engine_seq_free(e, a);
+    dsv4_engine_seq_free(e, b);
+    return r;
+}
+
+static int same_pair(const pair_run *x, const pair_run *y, int64_t vocab)
+{
+    int same = !memcmp(x->logits, y->logits, sizeof(float) * (size_t)(2 * PAIR_STEPS * vocab));
+    for (int k = 0; k < 2; k++)
+        same &= x->state_len[k] == y->state_len[k] && !memcmp(x->state[k], y->state[k], x->state_len[k]);
+    return same;
+}
+
+static void pair_free(pair_run *r)
+{
+    free(r->logits);
+    free(r->state[0]);
+    free(r->state[1]);
+}
+
+/* The shaped decode step (docs/engine.md §2.2): its launches are a function of the call's shape (its
+ * segments' count and sequences), every position read from the tables. Decode rows through
+ * positions 0..39, past entries of both compression ratios (4: CSA and its indexer, 8: HCA) and the
+ * indexer's first selections, give the plain path's bytes (logits and states): on the cpu backend
+ * the shaped launches (DSV4_ENGINE_DEVICE_PATH=1) against the plain engine; on cuda the replayed
+ * graphs against the same launches run eagerly (DSV4_CUDA_GRAPH=shaped), and both against the plain
+ * launches (DSV4_CUDA_GRAPH=0), whose attention widths differ (the tiny model's scopes fit one block
+ * of 64 entries either way, so no split-KV plan differs and the bytes must agree). */
+static void test_shaped_step(dsv4_ctx *c, const int32_t *ids, int64_t vocab)
+{
+    const int cuda = dsv4_ctx_device_kind(c) == DSV4_DEVICE_CUDA;
+    /* [0]: the shaped step (cpu: the device path; cuda: graphs); [1]: the plain launches; [2] cuda:
+     * the shaped launches without graphs */
+    const char *modes[3] = {cuda ? NULL : "1", "0", "shaped"};
+    pair_run r[3];
+    const int n = cuda ? 3 : 2;
+    for (int k = 0; k < n; k++) {
+        if (!cuda && k == 0) setenv("DSV4_ENGINE_DEVICE_PATH", "1", 1);
+        if (cuda && k) setenv("DSV4_CUDA_GRAPH", modes[k], 1);
+        dsv4_engine *e = open_engine(c, 16, 0);
+        unsetenv("DSV4_ENGINE_DEVICE_PATH");
+        unsetenv("DSV4_CUDA_GRAPH");
+        if (!e) return;
+        r[k] = decode_pair(e, ids, vocab);
+        dsv4_engine_destroy(e);
+    }
+    CHECK(same_pair(&r[0], &r[1], vocab), "shaped step: logits or states differ from the plain launches");
+    if (cuda) CHECK(same_pair(&r[0], &r[2], vocab), "shaped step: the graphs differ from the same launches run eagerly");
+    for (int k = 0; k < n; k++) pair_free(&r[k]);
 }
 
 /* Relative L2 distance of two rows. */
@@ -969,6 +1046,7 @@ int main(void)
     for (int i = 0; i < N_PROMPT; i++) ids[i] = (int32_t)(test_rand_u64() % 512);
     test_prefill_decode_threads(c1, c2, ids, 512);
     test_device_path(c2, ids, 512);
+    test_shaped_step(c2, ids, 512);
     test_cpu_vs_ref(cr, ids, 512);
     test_speculative(c1, ids);
     test_bad_inputs(c1, ids);
@@ -988,6 +1066,7 @@ int main(void)
         if (cu) {
             printf("cuda engine:\n");
             test_prefill_decode_threads(cu, cu, ids, 512);
+            test_shaped_step(cu, ids, 512);
             test_speculative(cu, ids);
             test_long_context_batches(cu);
             test_bad_inputs(cu, ids);

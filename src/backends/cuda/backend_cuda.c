@@ -79,17 +79,24 @@ static dsv4_status cuda_available(void)
         return dsv4_cu_status(e_, (op));                      \
     } while (0)
 
-static dsv4_status mem_alloc(const dsv4_exec *ex, size_t bytes, void **ptr)
+/* Device memory, or pinned host memory (`pinned`: the staging of dsv4_device_upload_async). */
+static dsv4_status alloc_on(const dsv4_exec *ex, const char *op, int pinned, size_t bytes, void **ptr)
 {
     dsv4_cu_guard g;
-    DSV4_TRY(dsv4_cu_enter(ex, "device_alloc", &g));
-    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    DSV4_TRY(dsv4_cu_enter(ex, op, &g));
+    cudaError_t e = pinned ? cudaMallocHost(ptr, bytes ? bytes : 1) : cudaMalloc(ptr, bytes ? bytes : 1);
     dsv4_cu_leave(&g);
     if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError();
-        return dsv4_fail(DSV4_ERR_NO_MEMORY, "device_alloc: %zu bytes of CUDA memory not available", bytes);
+        return dsv4_fail(DSV4_ERR_NO_MEMORY, "%s: %zu bytes of %s memory not available", op, bytes,
+                         pinned ? "pinned host" : "CUDA");
     }
-    return dsv4_cu_status(e, "device_alloc");
+    return dsv4_cu_status(e, op);
+}
+
+static dsv4_status mem_alloc(const dsv4_exec *ex, size_t bytes, void **ptr)
+{
+    return alloc_on(ex, "device_alloc", 0, bytes, ptr);
 }
 
 static dsv4_status mem_free(const dsv4_exec *ex, void *ptr) { CU_RUN(ex, "device_free", cudaFree(ptr)); }
@@ -105,6 +112,20 @@ static dsv4_status mem_upload(const dsv4_exec *ex, void *dst, const void *src, s
 {
     CU_RUN(ex, "device_upload", copy_sync(ex, dst, src, bytes, cudaMemcpyHostToDevice));
 }
+
+/* From pinned staging (dsv4_device_host_alloc): no wait, so that a graph can hold the copy. */
+static dsv4_status mem_upload_async(const dsv4_exec *ex, void *dst, const void *src, size_t bytes)
+{
+    CU_RUN(ex, "device_upload_async",
+           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)dsv4_cu_stream(ex)));
+}
+
+static dsv4_status mem_host_alloc(const dsv4_exec *ex, size_t bytes, void **ptr)
+{
+    return alloc_on(ex, "device_host_alloc", 1, bytes, ptr);
+}
+
+static dsv4_status mem_host_free(const dsv4_exec *ex, void *ptr) { CU_RUN(ex, "device_host_free", cudaFreeHost(ptr)); }
 
 static dsv4_status mem_download(const dsv4_exec *ex, void *dst, const void *src, size_t bytes)
 {
@@ -266,6 +287,9 @@ static const struct dsv4_memory_ops cuda_memory_ops = {
     .memset = mem_memset,
     .sync = mem_sync,
     .info = mem_info,
+    .host_alloc = mem_host_alloc,
+    .host_free = mem_host_free,
+    .upload_async = mem_upload_async,
     .timer_create = cu_timer_create,
     .timer_record = cu_timer_record,
     .timer_elapsed = cu_timer_elapsed,

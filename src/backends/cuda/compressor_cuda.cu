@@ -110,12 +110,27 @@ DSV4_CU_INLINE float cmp_e4m3_f32(uint32_t c)
     return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
 }
 
+/* A position read on the device becomes start_pos; *row: the output row of entry `entry`. Returns
+ * whether the call's token emits that entry (always for a host start_pos: the grid has m CTAs). */
+DSV4_CU_INLINE bool resolve_position(dsv4_cu_cmp &a, long long i, long long *row)
+{
+    *row = i;
+    if (!a.position) return true;
+    a.start_pos = *a.position;
+    const long long p = a.start_pos, c = p / a.ratio;
+    if (p < 0 || (p + 1) % a.ratio || c * a.ratio >= a.rope_rows) return false;
+    *row = c % a.out_rows;
+    return true;
+}
+
 __global__ void __launch_bounds__(CMP_MAX_THREADS) cmp_entries_kernel(dsv4_cu_cmp a)
 {
     __shared__ float xs[DSV4_CU_CMP_MAX_DIM];
     __shared__ float rs_shared;
+    long long i;
+    if (!resolve_position(a, blockIdx.x, &i)) return;
     const int d = a.dim, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
-    const long long i = blockIdx.x, entry = a.start_pos / a.ratio + i;
+    const long long entry = a.start_pos / a.ratio + (a.position ? 0 : i);
     for (int e = tid; e < d; e += nt) xs[e] = cu_bf16_round(pool_channel(a, entry, e));
     __syncthreads();
     if (tid == 0) { /* finish_entry's sum of squares, in index order */
@@ -164,6 +179,10 @@ __global__ void __launch_bounds__(CMP_MAX_THREADS) cmp_entries_kernel(dsv4_cu_cm
 /* compressor_cpu.c dsv4_cmp_run's state update for residue k = blockIdx.y, column j. */
 __global__ void cmp_state_kernel(dsv4_cu_cmp a)
 {
+    if (a.position) {
+        a.start_pos = *a.position;
+        if (a.start_pos < 0) return;
+    }
     const long long r = a.ratio, k = blockIdx.y, width = (long long)(a.overlap ? 2 : 1) * a.dim;
     const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= width) return;
@@ -198,7 +217,9 @@ extern "C" int dsv4_cu_cmp_launch(const dsv4_cu_cmp *a, void *stream)
     const int d = a->dim, r = a->ratio;
     if (d < 64 || d > DSV4_CU_CMP_MAX_DIM || d % 32 || r < 1 || r > 65535 || a->n_tokens < 1)
         return (int)cudaErrorInvalidValue;
-    const long long m = (a->start_pos + a->n_tokens) / r - a->start_pos / r;
+    /* a position on the device: one CTA that finds out whether the token emits */
+    const long long m = a->position ? 1 : (a->start_pos + a->n_tokens) / r - a->start_pos / r;
+    if (a->position && (a->n_tokens != 1 || a->out_rows < 1)) return (int)cudaErrorInvalidValue;
     if (m > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
     cudaStream_t s = (cudaStream_t)stream;
     if (m > 0) {

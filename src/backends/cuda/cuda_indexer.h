@@ -35,6 +35,9 @@ typedef struct dsv4_cu_ixq {
     uint8_t *out_scales;
     long long ld_os_t, ld_os_h;
     int64_t pos[DSV4_CU_IXQ_TOKENS];
+    const int64_t *dpos; /* non-NULL: the positions of tokens 0.. on the device (row stride ld_dpos),
+                            clamped into the rope_rows rows of the table; pos unused */
+    long long ld_dpos, rope_rows;
 } dsv4_cu_ixq;
 
 int dsv4_cu_ixq_launch(const dsv4_cu_ixq *a, void *stream);
@@ -51,6 +54,10 @@ typedef struct dsv4_cu_ix_scores {
     const uint8_t *k, *k_scales;
     long long ld_k, ld_ks;
     int32_t count[DSV4_CU_IX_TOKENS];
+    const int64_t *dpos; /* non-NULL: count = min(n_cache, (p + 1) / ratio) of the positions on the
+                            device (row stride ld_dpos; p < 0 counts none); count unused */
+    long long ld_dpos;
+    int ratio;
 } dsv4_cu_ix_scores;
 
 int dsv4_cu_ix_scores_launch(const dsv4_cu_ix_scores *a, float *scores, long long ld, void *stream);
@@ -105,6 +112,8 @@ typedef struct dsv4_cu_cmp {
     long long ld_out;
     uint8_t *out_scales;
     long long ld_out_scales;
+    const int64_t *position; /* non-NULL: start_pos read here (n_tokens 1); entry c at out row c mod out_rows */
+    long long out_rows, rope_rows;
 } dsv4_cu_cmp;
 
 int dsv4_cu_cmp_launch(const dsv4_cu_cmp *a, void *stream);

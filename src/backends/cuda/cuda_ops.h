@@ -73,7 +73,7 @@ int dsv4_cu_dequant_weight_launch(int fp4, const uint8_t *w, long long ldw, long
                                   void *stream);
 
 /* ---- tensor family (tensor_cuda.cu) ----------------------------------------------------------- */
-int dsv4_cu_embed_launch(const uint16_t *table, long long ldt, long long d, const int32_t *ids, long long ids_s,
+int dsv4_cu_embed_launch(const uint16_t *table, long long ldt, long long v, long long d, const int32_t *ids, long long ids_s,
                          long long t, uint16_t *out, long long so_t, long long so_j, long long copies, void *stream);
 int dsv4_cu_add_bf16_launch(long long t, long long n, long long d, const uint16_t *a, long long sa_t, long long sa_j,
                             const uint16_t *b, long long sb_t, uint16_t *y, long long sy_t, long long sy_j,

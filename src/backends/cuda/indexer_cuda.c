@@ -1,11 +1,12 @@
 /* The indexer family of the cuda backend (core/ops_indexer.h): the query path (RoPE, Hadamard,
  * FP4), head weights, scores, top-k and select (scores and top-k fused: no [T, N] scores in memory)
  * on the device (indexer_cuda.cu), launched on the context's stream with nothing allocated, read
- * back or waited for. Positions and n_valid are host arrays by contract: the glue reads them and
- * they travel in the launch parameters, a bounded number of tokens a launch. The compressor
+ * back or waited for. Positions in host memory and n_valid (host arrays) are read by the glue and
+ * travel in the launch parameters, a bounded number of tokens a launch; positions in device
+ * memory (the graph-shaped decode step) are read by the kernels. The compressor
  * (compressor_cuda.cu) keeps its state in device memory: its entries and state update, and the
  * reset of a fresh state, are launches on the stream too (start_pos and n_tokens are host
- * scalars of the call). */
+ * scalars of the call, or the one token's position is read on the device). */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_indexer.h"
 #include "core/error.h"
@@ -24,6 +25,7 @@ static dsv4_status cu_compress(const dsv4_exec *ex, const dsv4_cmp_call *c)
         .ld_rope = c->ld_rope, .state_kv = c->state_kv, .state_score = c->state_score,
         .ld_state_kv = c->ld_state_kv, .ld_state_score = c->ld_state_score, .out = c->out, .ld_out = c->ld_out,
         .out_scales = c->out_scales, .ld_out_scales = c->ld_out_scales,
+        .position = c->position, .out_rows = c->out_rows, .rope_rows = c->rope_rows,
     };
     CU_LAUNCH(ex, "compressor_forward", dsv4_cu_cmp_launch(&a, dsv4_cu_stream(ex)));
 }
@@ -63,7 +65,11 @@ static dsv4_status cu_index_q(const dsv4_exec *ex, const dsv4_ixq_call *c)
     for (int64_t t0 = 0; t0 < c->tokens && !err; t0 += DSV4_CU_IXQ_TOKENS) {
         a.t0 = t0;
         a.tokens = c->tokens - t0 < DSV4_CU_IXQ_TOKENS ? c->tokens - t0 : DSV4_CU_IXQ_TOKENS;
-        for (int64_t i = 0; i < a.tokens; i++) a.pos[i] = host_position(c->positions, c->pos_i64, c->ld_pos, t0 + i);
+        if (c->pos_device) {
+            a.dpos = c->positions, a.ld_dpos = c->ld_pos, a.rope_rows = c->rope_rows;
+        } else {
+            for (int64_t i = 0; i < a.tokens; i++) a.pos[i] = host_position(c->positions, c->pos_i64, c->ld_pos, t0 + i);
+        }
         err = dsv4_cu_ixq_launch(&a, dsv4_cu_stream(ex));
     }
     dsv4_cu_leave(&g);
@@ -84,6 +90,7 @@ static dsv4_cu_ix_scores score_args(const dsv4_ix_operands *o)
         .n_cache = o->n_cache, .heads = (int)o->heads, .dim = o->dim, .q = o->q, .q_scales = o->q_scales,
         .ld_q_t = o->ld_q_t, .ld_q_h = o->ld_q_h, .ld_qs_t = o->ld_qs_t, .ld_qs_h = o->ld_qs_h,
         .weights = o->weights, .ld_w = o->ld_w, .k = o->k, .k_scales = o->k_scales, .ld_k = o->ld_k, .ld_ks = o->ld_ks,
+        .dpos = o->pos_device ? o->positions : NULL, .ld_dpos = o->ld_pos, .ratio = o->ratio,
     };
 }
 
@@ -97,7 +104,7 @@ static dsv4_status cu_scores(const dsv4_exec *ex, const dsv4_ix_operands *o, flo
     for (int64_t t0 = 0; t0 < o->tokens && !err; t0 += DSV4_CU_IX_TOKENS) {
         a.t0 = t0;
         a.tokens = o->tokens - t0 < DSV4_CU_IX_TOKENS ? o->tokens - t0 : DSV4_CU_IX_TOKENS;
-        for (int64_t i = 0; i < a.tokens; i++) a.count[i] = n_candidates(o, t0 + i);
+        for (int64_t i = 0; i < a.tokens && !o->pos_device; i++) a.count[i] = n_candidates(o, t0 + i);
         err = dsv4_cu_ix_scores_launch(&a, scores, ld, dsv4_cu_stream(ex));
     }
     dsv4_cu_leave(&g);
@@ -165,7 +172,7 @@ static dsv4_status cu_select(const dsv4_exec *ex, const dsv4_ix_operands *o, con
     for (int64_t t0 = 0; t0 < o->tokens && !err; t0 += DSV4_CU_IX_TOKENS) {
         a.s.t0 = t0;
         a.s.tokens = o->tokens - t0 < DSV4_CU_IX_TOKENS ? o->tokens - t0 : DSV4_CU_IX_TOKENS;
-        for (int64_t i = 0; i < a.s.tokens; i++) a.s.count[i] = n_candidates(o, t0 + i);
+        for (int64_t i = 0; i < a.s.tokens && !o->pos_device; i++) a.s.count[i] = n_candidates(o, t0 + i);
         err = dsv4_cu_ix_select_launch(&a, parts, dsv4_cu_stream(ex));
     }
     dsv4_cu_leave(&g);

@@ -39,6 +39,14 @@ extern "C" int dsv4_cu_ix_weights_launch(const void *proj, int proj_bf16, long l
  * operations: the butterflies of a stage are independent, the group maximum is order-free). */
 enum { IXQ_WARPS = 4 };
 
+/* The rope row of local token tl: from the launch, or read on the device and clamped to the table. */
+DSV4_CU_INLINE long long ixq_pos(const dsv4_cu_ixq &a, long long tl)
+{
+    if (!a.dpos) return a.pos[tl];
+    const long long p = a.dpos[(a.t0 + tl) * a.ld_dpos];
+    return p < 0 ? 0 : (p >= a.rope_rows ? a.rope_rows - 1 : p);
+}
+
 __global__ void __launch_bounds__(IXQ_WARPS * 32) ixq_kernel(dsv4_cu_ixq a)
 {
     __shared__ float xs[IXQ_WARPS][256];
@@ -50,7 +58,7 @@ __global__ void __launch_bounds__(IXQ_WARPS * 32) ixq_kernel(dsv4_cu_ixq a)
     const uint16_t *q = a.q + t * a.ld_q_t + h * a.ld_q_h;
     for (int e = lane; e < d; e += 32) x[e] = cu_bf16_f32(q[e]);
     __syncwarp();
-    cu_ix_rope_pair(x + d - 64, a.rope + a.pos[tl] * a.ld_rope, lane);
+    cu_ix_rope_pair(x + d - 64, a.rope + ixq_pos(a, tl) * a.ld_rope, lane);
     __syncwarp();
     cu_ix_fwht<false>(x, d, lane, 32);
     const float hscale = (float)(1.0 / sqrt((double)d)); /* IEEE double, as indexer_common.c */
@@ -167,12 +175,20 @@ template <int D> DSV4_CU_INLINE float score_one(const dsv4_cu_ix_scores &a, cons
     return lanes[0];
 }
 
+/* Candidates of local token tl (dsv4_cu_ix_scores count / dpos). */
+DSV4_CU_INLINE long long ix_count(const dsv4_cu_ix_scores &a, int tl)
+{
+    if (!a.dpos) return a.count[tl];
+    const long long p = a.dpos[(a.t0 + tl) * a.ld_dpos], n = p < 0 ? 0 : (p + 1) / a.ratio;
+    return n < a.n_cache ? n : a.n_cache;
+}
+
 template <int D>
 __global__ void __launch_bounds__(SC_THREADS) ix_scores_kernel(dsv4_cu_ix_scores a, float *scores, long long ld)
 {
     __shared__ ix_query q;
     const int tl = blockIdx.y;
-    const long long t = a.t0 + tl, N = a.n_cache, nt = a.count[tl];
+    const long long t = a.t0 + tl, N = a.n_cache, nt = ix_count(a, tl);
     load_query<D>(a, t, &q);
     __syncthreads();
     float *row = scores + t * ld;
@@ -363,7 +379,7 @@ template <int D> __global__ void __launch_bounds__(SEL_THREADS) ix_select_part_k
     __shared__ unsigned held;
     __shared__ unsigned long long bar;
     const int tl = blockIdx.y, part = blockIdx.x, parts = gridDim.x;
-    const long long t = a.s.t0 + tl, nt = a.s.count[tl], k = a.topk;
+    const long long t = a.s.t0 + tl, nt = ix_count(a.s, tl), k = a.topk;
     load_query<D>(a.s, t, &q);
     if (threadIdx.x == 0) held = 0, bar = 0ull;
     __syncthreads();
@@ -393,7 +409,7 @@ __global__ void __launch_bounds__(TK_THREADS) ix_select_merge_kernel(dsv4_cu_ix_
     __shared__ unsigned long long sh_prefix;
     __shared__ unsigned sh_want, sh_n;
     const int tl = blockIdx.x, tid = threadIdx.x;
-    const long long t = a.s.t0 + tl, nt = a.s.count[tl], k = a.topk, m = (long long)parts * k;
+    const long long t = a.s.t0 + tl, nt = ix_count(a.s, tl), k = a.topk, m = (long long)parts * k;
     const unsigned long long *src = a.ws + (long long)tl * m;
     const unsigned take = (unsigned)(nt < k ? nt : k);
     if (tid == 0) sh_prefix = 0ull, sh_want = take, sh_n = 0;

@@ -1,9 +1,10 @@
-/* The tensor family of the cuda backend (core/ops_tensor.h). The add and the sampling
- * (sample_cuda.cu) launch and return. The two gathers must reject an index entry out of range
- * before writing anything, and the entries are in device memory: they are read back first (in
- * pieces of 1024 through a stack buffer, a wait on the context's stream each), so embed_rows and
- * copy_rows with an index cannot be captured in a CUDA graph; a graph-ready form needs a
- * device-side status word the caller reads later (as the sampling's result codes are). */
+/* The tensor family of the cuda backend (core/ops_tensor.h). The add, the sampling
+ * (sample_cuda.cu) and embed_rows launch and return: embed_rows is a step's first op, so it reads
+ * its ids on the device only (graph-capturable), an id out of range giving a row of zeros
+ * (include/dsv4/tensor_ops.h; the engine checks its tokens on the host first). copy_rows with an
+ * index must reject an entry out of range before writing anything, and the entries are in device
+ * memory: they are read back first (in pieces of 1024 through a stack buffer, a wait on the
+ * context's stream each), so it cannot be captured in a CUDA graph. */
 #include "backends/cuda/cuda_glue.h"
 #include "backends/cuda/cuda_ops.h"
 #include "core/error.h"
@@ -35,15 +36,9 @@ static dsv4_status check_index(const dsv4_exec *ex, const char *op, const char *
 
 static dsv4_status cu_embed(const dsv4_exec *ex, const dsv4_embed_args *a)
 {
-    dsv4_cu_guard g;
-    DSV4_TRY(dsv4_cu_enter(ex, "embed_rows", &g));
-    dsv4_status s = check_index(ex, "embed_rows", "ids", a->ids, a->ids_s, a->T, a->V);
-    int e = s ? 0
-              : dsv4_cu_embed_launch(a->table, a->ldt, a->D, a->ids, a->ids_s, a->T, a->out, a->so_t, a->so_j,
-                                     a->copies, dsv4_cu_stream(ex));
-    dsv4_cu_leave(&g);
-    DSV4_TRY(s);
-    return dsv4_cu_status(e, "embed_rows");
+    CU_LAUNCH(ex, "embed_rows",
+              dsv4_cu_embed_launch(a->table, a->ldt, a->V, a->D, a->ids, a->ids_s, a->T, a->out, a->so_t, a->so_j,
+                                   a->copies, dsv4_cu_stream(ex)));
 }
 
 static dsv4_status cu_add(const dsv4_exec *ex, const dsv4_add_args *a)

@@ -17,11 +17,17 @@ DSV4_CU_INLINE void copy_row(const uint8_t *src, uint8_t *dst, long long bytes)
     }
 }
 
-__global__ void embed_kernel(const uint16_t *table, long long ldt, long long d, const int32_t *ids, long long ids_s,
-                             uint16_t *out, long long so_t, long long so_j, long long copies)
+/* An id outside [0, V) gives a row of zeros (the ids are not read on the host: tensor_cuda.c). */
+__global__ void embed_kernel(const uint16_t *table, long long ldt, long long v, long long d, const int32_t *ids,
+                             long long ids_s, uint16_t *out, long long so_t, long long so_j, long long copies)
 {
-    const long long t = blockIdx.x / copies, j = blockIdx.x % copies;
-    copy_row((const uint8_t *)(table + (long long)ids[t * ids_s] * ldt), (uint8_t *)(out + t * so_t + j * so_j), d * 2);
+    const long long t = blockIdx.x / copies, j = blockIdx.x % copies, id = ids[t * ids_s];
+    uint16_t *o = out + t * so_t + j * so_j;
+    if (id < 0 || id >= v) {
+        for (long long i = threadIdx.x; i < d; i += blockDim.x) o[i] = 0;
+        return;
+    }
+    copy_row((const uint8_t *)(table + id * ldt), (uint8_t *)o, d * 2);
 }
 
 __global__ void copy_rows_kernel(const uint8_t *src, long long lds, const int32_t *idx, long long idx_s, uint8_t *dst,
@@ -60,14 +66,14 @@ __global__ void paged_slots_kernel(const int32_t *table, long long n_blocks, lon
 
 static unsigned threads_for(long long bytes) { return bytes >= 4096 ? 256 : bytes >= 1024 ? 128 : 64; }
 
-extern "C" int dsv4_cu_embed_launch(const uint16_t *table, long long ldt, long long d, const int32_t *ids,
+extern "C" int dsv4_cu_embed_launch(const uint16_t *table, long long ldt, long long v, long long d, const int32_t *ids,
                                     long long ids_s, long long t, uint16_t *out, long long so_t, long long so_j,
                                     long long copies, void *stream)
 {
     if (t * copies == 0) return 0;
     if (t * copies > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
-    embed_kernel<<<(unsigned)(t * copies), threads_for(d * 2), 0, (cudaStream_t)stream>>>(table, ldt, d, ids, ids_s,
-                                                                                          out, so_t, so_j, copies);
+    embed_kernel<<<(unsigned)(t * copies), threads_for(d * 2), 0, (cudaStream_t)stream>>>(table, ldt, v, d, ids,
+                                                                                          ids_s, out, so_t, so_j, copies);
     return (int)cudaGetLastError();
 }
 
