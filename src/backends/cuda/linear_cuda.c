@@ -15,13 +15,27 @@
 static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
 static int mx32(dsv4_linear_format fmt) { return fmt == DSV4_LINEAR_MXFP8; }
 
-/* 64 bytes to reach a 64-byte boundary, the description, the BF16 rows. */
+/* 64 bytes to reach a 64-byte boundary, then the staging (cuda_ops.h: the description, the BF16
+ * rows, the FP16 codes and the scales). */
 static size_t workspace_size(dsv4_linear_format fmt, int64_t rows, int64_t k)
 {
-    return quantized(fmt) ? 64 + sizeof(dsv4_cu_stage_head) + (size_t)(rows * k) * 2 : 0;
+    return quantized(fmt) ? 64 + (size_t)dsv4_cu_stage_bytes(rows, k) : 0;
 }
 
 static dsv4_cu_stage_head *head_of(void *ws) { return (dsv4_cu_stage_head *)(((uintptr_t)ws + 63) & ~(uintptr_t)63); }
+
+/* x of a quantized product: the staging of `rows` rows of K = l->k in the work space. */
+static void use_staging(dsv4_cu_linear *l, dsv4_cu_stage_head *h, int64_t rows)
+{
+    l->x = h + 1;
+    l->x_bf16 = 1;
+    l->xs_m = l->groups * l->k;
+    l->xs_g = l->k;
+    if (l->k % 32 == 0) {
+        l->xcodes = (const uint16_t *)((const uint8_t *)h + dsv4_cu_stage_codes_offset(rows, l->k));
+        l->xscales = (const float *)((const uint8_t *)h + dsv4_cu_stage_scales_offset(rows, l->k));
+    }
+}
 
 static size_t elem_bytes(dsv4_linear_format fmt)
 {
@@ -70,10 +84,7 @@ static dsv4_status cu_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
             st = check_staging(ex, a);
         else if (a->m)
             e = dsv4_cu_stage_launch(a->x, a->x_bf16, a->xs_m, a->xs_g, a->m, a->groups, a->k, mx32(a->fmt), h, s);
-        l.x = h + 1;
-        l.x_bf16 = 1;
-        l.xs_m = a->groups * a->k;
-        l.xs_g = a->k;
+        use_staging(&l, h, a->m * a->groups);
     }
     if (st == DSV4_OK && e == 0) e = dsv4_cu_linear_launch(&l, s);
     dsv4_cu_leave(&g);
@@ -114,7 +125,7 @@ dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *exp
     if (quantized(fmt)) {
         dsv4_cu_stage_head *h = head_of(ws);
         if (stage) e = dsv4_cu_stage_launch(x, 1, k, 0, R, 1, k, mx32(fmt), h, st);
-        l.x = h + 1;
+        use_staging(&l, h, R);
     }
     dsv4_cu_moe_chunk c;
     c.offsets = offsets;
