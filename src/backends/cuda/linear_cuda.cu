@@ -1,8 +1,9 @@
 /* Linear layers on the GPU (include/dsv4/linear.h, docs/kernels.md §5 and §12): the activation
- * staging (act128 / mx32, bit for bit the rules of src/formats/codec.h) and one streaming product
- * kernel for every weight format.
+ * staging (act128 / mx32, bit for bit the rules of src/formats/codec.h), the tensor-core product
+ * of the quantized formats for few rows (mma_kernel below, which says when it runs) and one fp32
+ * streaming product kernel for every weight format (the rest).
  *
- * The product reads each weight byte once, in 16-byte loads that bypass L1 (the activations,
+ * The fp32 product reads each weight byte once, in 16-byte loads that bypass L1 (the activations,
  * re-read by every CTA, stay there), decodes in registers and multiply-adds in fp32:
  *   a CTA is 8 warps in 8/KW sets of KW: a set owns four weight rows (two for M > 2), its KW warps
  *   split K (chunks of 32 lanes x 16 bytes, warp w of the set taking chunks w, w + KW, ...), KW as
