@@ -84,6 +84,25 @@ static void wset_make(dsv4_ctx *c, const lcase *lc, wset *ws)
     free(hs);
 }
 
+/* Seconds per call of graph g of `calls` calls: one warm-up replay, the median of REPS; g destroyed. */
+static double graph_seconds(dsv4_ctx *c, dsv4_device_graph *g, int calls)
+{
+    dsv4_device_timer *tm = NULL;
+    if (dsv4_device_timer_create(c, &tm)) die("timer");
+    if (dsv4_device_graph_launch(g)) die("graph_launch");
+    double v[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double ms = 0;
+        if (dsv4_device_timer_start(tm) || dsv4_device_graph_launch(g) || dsv4_device_timer_stop(tm) ||
+            dsv4_device_timer_elapsed_ms(tm, &ms))
+            die("timing");
+        v[r] = ms * 1e-3 / calls;
+    }
+    dsv4_device_timer_destroy(tm);
+    dsv4_device_graph_destroy(g);
+    return bench_median(v, REPS);
+}
+
 /* Seconds per call at M = m: a graph of one call per copy, median of REPS replays. */
 static double time_case(dsv4_ctx *c, const lcase *lc, const wset *ws, int64_t m, void *x, void *y, void *work,
                         size_t wsb)
@@ -107,20 +126,7 @@ static double time_case(dsv4_ctx *c, const lcase *lc, const wset *ws, int64_t m,
         }
         if (pass && dsv4_device_graph_end(c, &g)) die("graph_end");
     }
-    dsv4_device_timer *tm = NULL;
-    if (dsv4_device_timer_create(c, &tm)) die("timer");
-    if (dsv4_device_graph_launch(g)) die("graph_launch");
-    double v[REPS];
-    for (int r = 0; r < REPS; r++) {
-        double ms = 0;
-        if (dsv4_device_timer_start(tm) || dsv4_device_graph_launch(g) || dsv4_device_timer_stop(tm) ||
-            dsv4_device_timer_elapsed_ms(tm, &ms))
-            die("timing");
-        v[r] = ms * 1e-3 / ws->copies;
-    }
-    dsv4_device_timer_destroy(tm);
-    dsv4_device_graph_destroy(g);
-    return bench_median(v, REPS);
+    return graph_seconds(c, g, ws->copies);
 }
 
 /* ---- the MoE block at V4-Flash sizes (dsv4_moe): 256 FP4 experts of w1, w3 [2048, 4096] and w2
@@ -211,22 +217,11 @@ static double moe_time(dsv4_ctx *c, moe_set *m, int T)
         }
         if (pass && dsv4_device_graph_end(c, &g)) die("graph_end");
     }
-    dsv4_device_timer *tm = NULL;
-    if (dsv4_device_timer_create(c, &tm) || dsv4_device_graph_launch(g)) die("timer");
-    double v[REPS];
-    for (int r = 0; r < REPS; r++) {
-        double ms = 0;
-        if (dsv4_device_timer_start(tm) || dsv4_device_graph_launch(g) || dsv4_device_timer_stop(tm) ||
-            dsv4_device_timer_elapsed_ms(tm, &ms))
-            die("timing");
-        v[r] = ms * 1e-3 / calls;
-    }
-    dsv4_device_timer_destroy(tm);
-    dsv4_device_graph_destroy(g);
+    const double t = graph_seconds(c, g, calls);
     dsv4_device_free(c, x), dsv4_device_free(c, y), dsv4_device_free(c, di), dsv4_device_free(c, dw);
     dsv4_device_free(c, work);
     free(hx), free(fx);
-    return bench_median(v, REPS);
+    return t;
 }
 
 static void moe_rows(dsv4_ctx *c, double copy)

@@ -236,6 +236,18 @@ DSV4_CU_INLINE void chunk(const uint4 *w, const uint32_t *sb, const uint8_t *con
     }
 }
 
+/* y[m, g, n] = v + bias[n], one rounding. */
+DSV4_CU_INLINE void store_y(const dsv4_cu_linear &p, long long m, long long g, long long n, float v)
+{
+    if (p.bias) {
+        const long long bi = n * p.bias_s;
+        v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
+    }
+    const long long yi = m * p.ys_m + g * p.ys_g + n;
+    if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
+    else ((float *)p.y)[yi] = v;
+}
+
 /* The experts of an MoE launch (dsv4_cu_moe_linear_launch): blockIdx.y picks one. A kernel
  * parameter read in place (__grid_constant__), so indexing it copies nothing. */
 struct moe_tab {
@@ -342,13 +354,7 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
             if (n >= p.n || i >= mv) continue;
             float v = red[set * kw][e];
             for (int j = 1; j < kw; j++) v += red[set * kw + j][e];
-            if (p.bias) {
-                const long long bi = n * p.bias_s;
-                v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
-            }
-            const long long yi = (m0 + i) * p.ys_m + g * p.ys_g + n;
-            if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
-            else ((float *)p.y)[yi] = v;
+            store_y(p, m0 + i, g, n, v);
         }
         if (MOE) __syncthreads(); /* red is reused by the next tile */
     } while (MOE && (m0 += MT) < mend);
@@ -569,13 +575,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
             if (n >= p.n || tok >= mv) continue;
             float v = red[set * kw][e][ln];
             for (int i = 1; i < kw; i++) v += red[set * kw + i][e][ln];
-            if (p.bias) {
-                const long long bi = n * p.bias_s;
-                v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
-            }
-            const long long yi = (m0 + tok) * p.ys_m + gi * p.ys_g + n;
-            if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
-            else ((float *)p.y)[yi] = v;
+            store_y(p, m0 + tok, gi, n, v);
         }
         if (!MOE || m0 + 8 * NT >= mend) break;
         __syncthreads(); /* red is reused by the next pass */
