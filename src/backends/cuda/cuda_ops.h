@@ -181,7 +181,9 @@ int dsv4_cu_route_launch(const dsv4_cu_route *a, void *stream);
 
 /* ---- MoE block (moe_cuda.cu): the device side of core/ops_layer.h's dsv4_moe_args ------------- */
 /* One CTA: the stable counting sort of the T*k pairs by expert (ids outside [0, E) dropped: pos
- * -1), offsets [E + 1], order / wsorted [R] (rows past the last kept pair: order -1, weight 0). */
+ * -1), offsets [E + 1], order / wsorted [R] (rows past the last kept pair: order -1, weight 0);
+ * E <= DSV4_CU_MOE_MAX_EXPERTS (an expert's count per thread of the CTA). */
+#define DSV4_CU_MOE_MAX_EXPERTS 1023
 int dsv4_cu_moe_group_launch(const int32_t *ids, long long ldids, const float *weights, long long ldweights,
                              long long T, int k, int E, int32_t *offsets, int32_t *order, int32_t *pos,
                              float *wsorted, void *stream);

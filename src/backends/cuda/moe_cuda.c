@@ -30,6 +30,9 @@ static dsv4_status moe_run(const dsv4_exec *ex, const dsv4_moe_args *a)
     const char *op = "moe";
     void *s = dsv4_cu_stream(ex);
     const int64_t R = a->T * a->k;
+    if (a->E > DSV4_CU_MOE_MAX_EXPERTS)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: the cuda backend groups at most %d experts (got %d)", op,
+                         DSV4_CU_MOE_MAX_EXPERTS, a->E);
     DSV4_TRY(dsv4_cu_status(dsv4_cu_moe_group_launch(a->ids, a->ldids, a->weights, a->ldweights, a->T, a->k, a->E,
                                                      a->offsets, a->order, a->pos, a->wsorted, s),
                             op));
