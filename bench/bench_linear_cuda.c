@@ -5,7 +5,8 @@
  * bytes counted). Every call of a timing reads another copy of the weights, and the copies
  * together are >= 512 MB (ten times the L2), so the weights come from HBM as in a decode step; a
  * timing is one CUDA graph of one call per copy, replayed 5 times, the median per call.
- * The MoE block for 1 and 8 tokens follows (moe_rows). Options: --quick (M = 1 and 16 only). */
+ * The MoE block for 1 and 8 tokens follows (moe_rows). Options: --quick (M = 1 and 16 only),
+ * --only WORD (the cases whose name or format holds WORD; "moe": the MoE rows alone). */
 #include "bench.h"
 #include "dsv4.h"
 
@@ -242,6 +243,7 @@ static void moe_rows(dsv4_ctx *c, double copy)
 int dsv4_bench_linear_cuda(int argc, char **argv)
 {
     const int quick = bench_opt_flag(argc, argv, "--quick");
+    const char *only = bench_opt_str(argc, argv, "--only", NULL); /* cases whose name or format holds it */
     if (dsv4_backend_available("cuda") != DSV4_OK) {
         printf("bench linear-cuda: skipped: %s\n", dsv4_last_error());
         return 0;
@@ -261,6 +263,7 @@ int dsv4_bench_linear_cuda(int argc, char **argv)
     const int nm = quick ? 2 : 6;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const lcase *lc = &cases[ci];
+        if (only && !strstr(lc->name, only) && !strstr(dsv4_linear_format_name(lc->fmt), only)) continue;
         wset ws;
         wset_make(c, lc, &ws);
         const size_t nx = (size_t)(MMAX * lc->groups * lc->k), ny = (size_t)(MMAX * lc->groups * lc->n);
@@ -284,7 +287,7 @@ int dsv4_bench_linear_cuda(int argc, char **argv)
         dsv4_device_free(c, ws.w), dsv4_device_free(c, ws.s);
         free(hx), free(fx);
     }
-    moe_rows(c, copy);
+    if (!only || !strcmp(only, "moe")) moe_rows(c, copy);
     printf("\nGB/s: weight + scale bytes of the checkpoint format per call (activation staging included, x and y\n"
            "BF16); %% copy: that rate over the device copy rate above. Weights from HBM: each call of a timing reads\n"
            "another copy (>= 512 MB in all); one CUDA graph per timing, median of %d replays. moe: one dsv4_moe of M\n"
