@@ -81,13 +81,14 @@ int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream);
 /* Up to DSV4_CU_MOE_CHUNK experts e0 .. e0+n-1 of one MoE product: their weights and scales (the
  * layout, strides included, that of a->w / a->scale), and offsets [E + 1] in device memory, the
  * sorted rows of expert e being [offsets[e], offsets[e+1]) of x (row stride xs_m) and of y. The
- * table travels as a kernel parameter (4 KB; parameters above 4 KB need CUDA 12.1). */
+ * tables travel as a kernel parameter (8 KB; parameters above 4 KB need CUDA 12.1). */
 #define DSV4_CU_MOE_CHUNK 256
 typedef struct dsv4_cu_moe_chunk {
-    const void *w[DSV4_CU_MOE_CHUNK];
-    const uint8_t *s[DSV4_CU_MOE_CHUNK];
+    const void *w[2][DSV4_CU_MOE_CHUNK]; /* `sets` weight sets on the same x (w1 and w3, or one) */
+    const uint8_t *s[2][DSV4_CU_MOE_CHUNK];
+    void *y[2]; /* set j's y (a->y unused) */
     const int32_t *offsets;
-    int e0, n;
+    int e0, n, sets;
 } dsv4_cu_moe_chunk;
 
 /* a->m: the R sorted rows in all (> 0); a->groups must be 1, a->x BF16. */

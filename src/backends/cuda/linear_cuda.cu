@@ -236,32 +236,44 @@ DSV4_CU_INLINE void chunk(const uint4 *w, const uint32_t *sb, const uint8_t *con
     }
 }
 
-/* y[m, g, n] = v + bias[n], one rounding. */
-DSV4_CU_INLINE void store_y(const dsv4_cu_linear &p, long long m, long long g, long long n, float v)
+/* y[m, g, n] = v + bias[n], one rounding (y: p.y, or an MoE set's). */
+DSV4_CU_INLINE void store_y(const dsv4_cu_linear &p, void *y, long long m, long long g, long long n, float v)
 {
     if (p.bias) {
         const long long bi = n * p.bias_s;
         v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
     }
     const long long yi = m * p.ys_m + g * p.ys_g + n;
-    if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
-    else ((float *)p.y)[yi] = v;
+    if (p.y_bf16) ((uint16_t *)y)[yi] = (uint16_t)cu_f32_bf16(v);
+    else ((float *)y)[yi] = v;
 }
 
 /* The experts of an MoE launch (dsv4_cu_moe_linear_launch): blockIdx.y picks one. A kernel
  * parameter read in place (__grid_constant__), so indexing it copies nothing. */
 struct moe_tab {
-    const void *w[DSV4_CU_MOE_CHUNK];
-    const uint8_t *s[DSV4_CU_MOE_CHUNK];
+    const void *w[2][DSV4_CU_MOE_CHUNK];
+    const uint8_t *s[2][DSV4_CU_MOE_CHUNK];
+    void *y[2];
     int n;
 };
 struct no_tab {
     int unused;
 };
 
+static moe_tab moe_table(const dsv4_cu_moe_chunk *mo)
+{
+    moe_tab t = {};
+    for (int j = 0; j < mo->sets; j++) {
+        for (int i = 0; i < mo->n; i++) t.w[j][i] = mo->w[j][i], t.s[j][i] = mo->s[j][i];
+        t.y[j] = mo->y[j];
+    }
+    t.n = mo->n;
+    return t;
+}
+
 /* MOE false: group blockIdx.y, row tile blockIdx.z (one pass of the tile loop, which the compiler
- * sees). MOE: blockIdx.y is expert e0 + y of `tab`, its rows [off[e], off[e+1]) of x and y read
- * on the device and walked in tiles of MT. */
+ * sees). MOE: blockIdx.y is expert e0 + y of `tab`, weight set blockIdx.z, its rows
+ * [off[e], off[e+1]) of x and y read on the device and walked in tiles of MT. */
 template <int FMT, bool XF32, int MT, bool MOE, typename TAB>
 __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned,
                                                          const __grid_constant__ TAB tab, const int32_t *off, int e0)
@@ -275,10 +287,12 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
     const long long g = MOE ? 0 : blockIdx.y; /* the group of x, w and y (MoE: one weight per expert) */
     long long m0 = (long long)blockIdx.z * MT, mend = p.m < m0 + MT ? p.m : m0 + MT;
     const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
+    void *yout = p.y;
     if constexpr (MOE) {
         m0 = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
         if (m0 >= mend) return; /* an expert no pair chose */
-        wb = (const uint8_t *)tab.w[blockIdx.y], sb = tab.s[blockIdx.y];
+        wb = (const uint8_t *)tab.w[blockIdx.z][blockIdx.y], sb = tab.s[blockIdx.z][blockIdx.y];
+        yout = tab.y[blockIdx.z];
     }
     const long long nbase = ((long long)blockIdx.x * rsets + rs) * NR;
 
@@ -354,7 +368,7 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
             if (n >= p.n || i >= mv) continue;
             float v = red[set * kw][e];
             for (int j = 1; j < kw; j++) v += red[set * kw + j][e];
-            store_y(p, m0 + i, g, n, v);
+            store_y(p, yout, m0 + i, g, n, v);
         }
         if (MOE) __syncthreads(); /* red is reused by the next tile */
     } while (MOE && (m0 += MT) < mend);
@@ -432,7 +446,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
     const long long gi = MOE ? 0 : blockIdx.y;
     long long m0 = 0, mend = p.m;
     const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
-    if constexpr (MOE) { /* blockIdx.y: the y-th expert of the chunk that has rows (slots past the last: none) */
+    void *yout = p.y;
+    if constexpr (MOE) { /* blockIdx.y: the y-th expert of the chunk that has rows (slots past the last:
+                          * none), blockIdx.z the weight set */
         static_assert(DSV4_CU_MOE_CHUNK <= THREADS, "one expert of the chunk per thread");
         __shared__ int warp_count[WARPS], slot_expert;
         const int e = threadIdx.x;
@@ -448,7 +464,8 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
         const int se = slot_expert;
         if (se < 0) return;
         m0 = off[e0 + se], mend = off[e0 + se + 1];
-        wb = (const uint8_t *)tab.w[se], sb = tab.s[se];
+        wb = (const uint8_t *)tab.w[blockIdx.z][se], sb = tab.s[blockIdx.z][se];
+        yout = tab.y[blockIdx.z];
     }
     const long long row0 = ((long long)blockIdx.x * rsets + rs) * 16;
     const uint8_t *wr[2], *sr[2];
@@ -575,7 +592,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
             if (n >= p.n || tok >= mv) continue;
             float v = red[set * kw][e][ln];
             for (int i = 1; i < kw; i++) v += red[set * kw + i][e][ln];
-            store_y(p, m0 + tok, gi, n, v);
+            store_y(p, yout, m0 + tok, gi, n, v);
         }
         if (!MOE || m0 + 8 * NT >= mend) break;
         __syncthreads(); /* red is reused by the next pass */
@@ -593,8 +610,7 @@ template <int FMT, bool XF32> struct launcher {
     {
         if constexpr (!XF32 && MT == 1)
             if (mo) {
-                moe_tab t = {};
-                for (int i = 0; i < mo->n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
+                const moe_tab t = moe_table(mo);
                 linear_kernel<FMT, XF32, MT, true, moe_tab>
                     <<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, mo->offsets, mo->e0);
                 return;
@@ -624,8 +640,9 @@ static bool mma_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
 {
     if (a->fmt > FMT_FP4 || !a->xcodes || !a->xscales || (!mo && a->m > 16)) return false;
     if (a->k % (a->fmt == FMT_FP4 ? 64 : 32) || !a8(a->w) || a->ws_r_bytes % 8) return false;
-    for (int i = 0; mo && i < mo->n; i++)
-        if (!a8(mo->w[i])) return false;
+    for (int j = 0; mo && j < mo->sets; j++)
+        for (int i = 0; i < mo->n; i++)
+            if (!a8(mo->w[j][i])) return false;
     return true;
 }
 
@@ -633,9 +650,7 @@ template <int FMT> static cudaError_t mma_run(const dsv4_cu_linear *a, dim3 grid
                                               cudaStream_t s)
 {
     if (mo) {
-        moe_tab t = {};
-        for (int i = 0; i < mo->n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
-        t.n = mo->n;
+        const moe_tab t = moe_table(mo);
         mma_kernel<FMT, 1, true, moe_tab><<<grid, THREADS, 0, s>>>(*a, kw, t, mo->offsets, mo->e0);
     } else if (a->m <= 8) {
         mma_kernel<FMT, 1, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, no_tab{}, nullptr, 0);
@@ -665,7 +680,7 @@ static int mma_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cuda
     const int kw = k_split(a->n, mo ? 1 : groups, a->k / vpp, 16);
     const long long gx = (a->n + (WARPS / kw) * 16 - 1) / ((WARPS / kw) * 16);
     if (gx > 0x7FFFFFFFll || groups > 65535) return (int)cudaErrorInvalidConfiguration;
-    const dim3 grid((unsigned)gx, (unsigned)groups, 1);
+    const dim3 grid((unsigned)gx, (unsigned)groups, mo ? (unsigned)mo->sets : 1);
     switch (a->fmt) {
     case FMT_B128: return (int)mma_run<FMT_B128>(a, grid, kw, mo, s);
     case FMT_MX: return (int)mma_run<FMT_MX>(a, grid, kw, mo, s);
@@ -684,13 +699,14 @@ static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, v
     const int kw = k_split(a->n, groups, nchunks, 4);
     const int mt = mo ? 1 : a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
     const long long rows_per_cta = (WARPS / kw) * rows_of(mt);
-    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = mo ? 1 : (a->m + mt - 1) / mt;
+    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = mo ? mo->sets : (a->m + mt - 1) / mt;
     if (gx > 0x7FFFFFFFll || groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
     const dim3 grid((unsigned)gx, (unsigned)groups, (unsigned)gz);
     const int xb = a->fmt <= FMT_FP4 || a->x_bf16 ? 2 : 4;
     int aligned = a16(a->w) && a->ws_r_bytes % 16 == 0 && a16(a->x) && ((a->m == 1 && !mo) || (a->xs_m * xb) % 16 == 0) &&
                   (a->groups == 1 || (a->xs_g * xb) % 16 == 0);
-    for (int i = 0; mo && i < mo->n; i++) aligned = aligned && a16(mo->w[i]);
+    for (int j = 0; mo && j < mo->sets; j++)
+        for (int i = 0; i < mo->n; i++) aligned = aligned && a16(mo->w[j][i]);
     if (mo && a->fmt > FMT_FP4 && !a->x_bf16) return (int)cudaErrorInvalidValue; /* no F32-activation instance */
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
@@ -714,5 +730,6 @@ extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream) { re
 
 extern "C" int dsv4_cu_moe_linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
 {
-    return mo->n > DSV4_CU_MOE_CHUNK ? (int)cudaErrorInvalidValue : linear_launch(a, mo, stream);
+    return mo->n > DSV4_CU_MOE_CHUNK || mo->sets < 1 || mo->sets > 2 ? (int)cudaErrorInvalidValue
+                                                                      : linear_launch(a, mo, stream);
 }
