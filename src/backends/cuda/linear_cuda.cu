@@ -390,9 +390,10 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
  * Numerics: the products are exact in the tensor core's fp32 sums (E4M3 x E4M3: 8-bit
  * significands; FP4: 2 x 4 bits), a piece's sum (two mmas) is scaled by activation scale x
  * weight scale (powers of two: exact) and added to the lane's accumulator in piece order, the
- * K-splitting warps then in warp order: the order depends on K and the format only, never on M,
- * the other rows or the launch. The tensor core adds with its own alignment and rounding, within
- * the bound of tests/c/test_linear_cases.h (tests/c/test_backend_ops.c checks it). */
+ * K-splitting warps then in warp order: the order depends on K and the format only, never on the
+ * other rows or the launch (mma_fits picks the path by M: 1-2 rows and 3-16 rows differ by
+ * summation order, both within the bound). The tensor core adds with its own alignment and
+ * rounding, within the bound of tests/c/test_linear_cases.h (tests/c/test_backend_ops.c). */
 
 /* 8 bytes of weights: no L1 allocation, the L2 fetches 256-byte lines. */
 DSV4_CU_INLINE uint2 ldg8_weights(const void *p)
@@ -634,11 +635,15 @@ template <int FMT, bool XF32> struct launcher {
 static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int a8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
-/* The tensor-core product takes a quantized format with the staging's codes, at most 16 rows (an
- * MoE: any), K in whole pieces, 8-byte aligned weight rows; the rest is the fp32 path's. */
+/* The tensor-core product takes a quantized format with the staging's codes, 3 to 16 rows (an
+ * MoE: at least 3 rows per expert of the chunk on average), K in whole pieces, 8-byte aligned
+ * weight rows; the rest is the fp32 path's. One and two rows stay on the fp32 path: measured
+ * (BENCHMARKS.md), its 16-byte loads along one row stream faster than this kernel's 32-byte
+ * pieces of 8 rows a load, while from 3 rows on the fp32 path's multiply-adds cost more. */
 static bool mma_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
 {
-    if (a->fmt > FMT_FP4 || !a->xcodes || !a->xscales || (!mo && a->m > 16)) return false;
+    if (a->fmt > FMT_FP4 || !a->xcodes || !a->xscales) return false;
+    if (mo ? a->m < 3ll * mo->n : a->m < 3 || a->m > 16) return false;
     if (a->k % (a->fmt == FMT_FP4 ? 64 : 32) || !a8(a->w) || a->ws_r_bytes % 8) return false;
     for (int j = 0; mo && j < mo->sets; j++)
         for (int i = 0; i < mo->n; i++)
