@@ -636,14 +636,14 @@ static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int a8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
 /* The tensor-core product takes a quantized format with the staging's codes, 3 to 16 rows (an
- * MoE: at least 3 rows per expert of the chunk on average), K in whole pieces, 8-byte aligned
- * weight rows; the rest is the fp32 path's. One and two rows stay on the fp32 path: measured
- * (BENCHMARKS.md), its 16-byte loads along one row stream faster than this kernel's 32-byte
- * pieces of 8 rows a load, while from 3 rows on the fp32 path's multiply-adds cost more. */
+ * MoE: any, its slots beat the fp32 kernel's grid of every expert even at one row each), K in
+ * whole pieces, 8-byte aligned weight rows; the rest is the fp32 path's. One and two rows stay on
+ * the fp32 path: measured (BENCHMARKS.md), its 16-byte loads along one row stream faster than
+ * this kernel's 32-byte pieces of 8 rows a load, while from 3 rows on its multiply-adds cost more. */
 static bool mma_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
 {
     if (a->fmt > FMT_FP4 || !a->xcodes || !a->xscales) return false;
-    if (mo ? a->m < 3ll * mo->n : a->m < 3 || a->m > 16) return false;
+    if (!mo && (a->m < 3 || a->m > 16)) return false;
     if (a->k % (a->fmt == FMT_FP4 ? 64 : 32) || !a8(a->w) || a->ws_r_bytes % 8) return false;
     for (int j = 0; mo && j < mo->sets; j++)
         for (int i = 0; i < mo->n; i++)
