@@ -5,7 +5,8 @@
  * bytes counted). Every call of a timing reads another copy of the weights, and the copies
  * together are >= 512 MB (ten times the L2), so the weights come from HBM as in a decode step; a
  * timing is one CUDA graph of one call per copy, replayed 5 times, the median per call.
- * Options: --quick (M = 1 and 16 only). */
+ * The MoE block for 1 and 8 tokens follows (moe_rows). Options: --quick (M = 1 and 16 only),
+ * --only WORD (the cases whose name or format holds WORD; "moe": the MoE rows alone). */
 #include "bench.h"
 #include "dsv4.h"
 
@@ -84,6 +85,25 @@ static void wset_make(dsv4_ctx *c, const lcase *lc, wset *ws)
     free(hs);
 }
 
+/* Seconds per call of graph g of `calls` calls: one warm-up replay, the median of REPS; g destroyed. */
+static double graph_seconds(dsv4_ctx *c, dsv4_device_graph *g, int calls)
+{
+    dsv4_device_timer *tm = NULL;
+    if (dsv4_device_timer_create(c, &tm)) die("timer");
+    if (dsv4_device_graph_launch(g)) die("graph_launch");
+    double v[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double ms = 0;
+        if (dsv4_device_timer_start(tm) || dsv4_device_graph_launch(g) || dsv4_device_timer_stop(tm) ||
+            dsv4_device_timer_elapsed_ms(tm, &ms))
+            die("timing");
+        v[r] = ms * 1e-3 / calls;
+    }
+    dsv4_device_timer_destroy(tm);
+    dsv4_device_graph_destroy(g);
+    return bench_median(v, REPS);
+}
+
 /* Seconds per call at M = m: a graph of one call per copy, median of REPS replays. */
 static double time_case(dsv4_ctx *c, const lcase *lc, const wset *ws, int64_t m, void *x, void *y, void *work,
                         size_t wsb)
@@ -107,25 +127,123 @@ static double time_case(dsv4_ctx *c, const lcase *lc, const wset *ws, int64_t m,
         }
         if (pass && dsv4_device_graph_end(c, &g)) die("graph_end");
     }
-    dsv4_device_timer *tm = NULL;
-    if (dsv4_device_timer_create(c, &tm)) die("timer");
-    if (dsv4_device_graph_launch(g)) die("graph_launch");
-    double v[REPS];
-    for (int r = 0; r < REPS; r++) {
-        double ms = 0;
-        if (dsv4_device_timer_start(tm) || dsv4_device_graph_launch(g) || dsv4_device_timer_stop(tm) ||
-            dsv4_device_timer_elapsed_ms(tm, &ms))
-            die("timing");
-        v[r] = ms * 1e-3 / ws->copies;
+    return graph_seconds(c, g, ws->copies);
+}
+
+/* ---- the MoE block at V4-Flash sizes (dsv4_moe): 256 FP4 experts of w1, w3 [2048, 4096] and w2
+ * [4096, 2048] over a pool of distinct copies, top 6, an FP8 shared expert of the same sizes. A
+ * timing of T = 1 is a graph of MOE_CALLS calls, each routed to 6 experts no other call reads and
+ * its own shared expert; T = 8 routes to 48 distinct experts (the whole pool, 612 MB: from HBM). */
+enum { MOE_E = 256, MOE_TOPK = 6, MOE_D = 4096, MOE_I = 2048, MOE_POOL = 48, MOE_CALLS = 8 };
+
+typedef struct moe_set {
+    uint8_t *w, *s;                      /* [MOE_POOL routed + MOE_CALLS shared] x (w1, w3, w2) */
+    dsv4_tensor tw[MOE_POOL + MOE_CALLS][3], ts[MOE_POOL + MOE_CALLS][3];
+    dsv4_ffn_weights ex[MOE_E], sh[MOE_CALLS];
+    size_t routed_bytes, shared_bytes; /* checkpoint bytes of one expert, weights + scales */
+} moe_set;
+
+static void moe_make(dsv4_ctx *c, moe_set *m)
+{
+    /* per matrix: rows, weight bytes per row, scale rows, scale columns (w1 = w3, then w2) */
+    const int64_t fp4[2][4] = {{MOE_I, MOE_D / 2, MOE_I, MOE_D / 32}, {MOE_D, MOE_I / 2, MOE_D, MOE_I / 32}},
+                  fp8[2][4] = {{MOE_I, MOE_D, MOE_I / 128, MOE_D / 128}, {MOE_D, MOE_I, MOE_D / 128, MOE_I / 128}};
+    size_t wb[2][2], sbb[2][2], wexp[2] = {0, 0}, sexp[2] = {0, 0}; /* [routed/shared][w1/w2] */
+    for (int kind = 0; kind < 2; kind++)
+        for (int j = 0; j < 2; j++) {
+            const int64_t *d = kind ? fp8[j] : fp4[j];
+            wb[kind][j] = (size_t)(d[0] * d[1]), sbb[kind][j] = (size_t)(d[2] * d[3]);
+            wexp[kind] += wb[kind][j] * (j ? 1 : 2), sexp[kind] += sbb[kind][j] * (j ? 1 : 2);
+        }
+    m->routed_bytes = wexp[0] + sexp[0], m->shared_bytes = wexp[1] + sexp[1];
+    const size_t wall = MOE_POOL * wexp[0] + MOE_CALLS * wexp[1], sall = MOE_POOL * sexp[0] + MOE_CALLS * sexp[1];
+    uint8_t *h = bench_alloc(wexp[1]), *hs = bench_alloc(sexp[1]);
+    bench_fill_random_u8(h, wexp[1], 11);
+    for (size_t i = 0; i < wexp[1]; i++)
+        if ((h[i] & 0x7F) == 0x7F) h[i] ^= 1; /* no E4M3 NaN */
+    for (size_t i = 0; i < sexp[1]; i++) hs[i] = (uint8_t)(118 + i % 7);
+    m->w = bench_device_alloc(c, wall), m->s = bench_device_alloc(c, sall);
+    size_t wo = 0, so = 0;
+    for (int e = 0; e < MOE_POOL + MOE_CALLS; e++) {
+        const int kind = e >= MOE_POOL;
+        for (int j = 0; j < 3; j++) {
+            const int64_t *d = kind ? fp8[j == 2] : fp4[j == 2];
+            const int64_t ws[2] = {d[0], d[1]}, ss[2] = {d[2], d[3]};
+            if (dsv4_device_upload(c, m->w + wo, h, wb[kind][j == 2]) ||
+                dsv4_device_upload(c, m->s + so, hs, sbb[kind][j == 2]))
+                die("upload");
+            m->tw[e][j] = bench_device_view(m->w + wo, kind ? DSV4_F8_E4M3 : DSV4_FP4X2, 2, ws);
+            m->ts[e][j] = bench_device_view(m->s + so, DSV4_E8M0, 2, ss);
+            wo += wb[kind][j == 2], so += sbb[kind][j == 2];
+        }
+        const dsv4_ffn_weights f = {kind ? DSV4_LINEAR_FP8_B128 : DSV4_LINEAR_FP4,
+                                    &m->tw[e][0], &m->ts[e][0], &m->tw[e][1], &m->ts[e][1], &m->tw[e][2], &m->ts[e][2]};
+        if (kind) m->sh[e - MOE_POOL] = f;
+        else
+            for (int l = e; l < MOE_E; l += MOE_POOL) m->ex[l] = f; /* expert l reads pool copy l % MOE_POOL */
     }
-    dsv4_device_timer_destroy(tm);
-    dsv4_device_graph_destroy(g);
-    return bench_median(v, REPS);
+    free(h), free(hs);
+}
+
+/* Seconds per call of T tokens (T * MOE_TOPK distinct experts per call, see above). */
+static double moe_time(dsv4_ctx *c, moe_set *m, int T)
+{
+    const int calls = T == 1 ? MOE_CALLS : 2;
+    int32_t ids[MOE_CALLS * 8 * MOE_TOPK];
+    float wts[MOE_CALLS * 8 * MOE_TOPK];
+    /* T = 1: call k routes to experts 6k .. 6k+5; T = 8: every call to experts 0 .. 47 */
+    for (int i = 0; i < calls * T * MOE_TOPK; i++) ids[i] = i % MOE_POOL, wts[i] = 1.0f / MOE_TOPK;
+    uint16_t *hx = bench_alloc((size_t)T * MOE_D * 2);
+    float *fx = bench_alloc((size_t)T * MOE_D * 4);
+    bench_fill_random_f32(fx, (size_t)T * MOE_D, 5, 1.0f);
+    if (dsv4_encode_array(NULL, DSV4_FMT_BF16, fx, (int64_t)T * MOE_D, hx)) die("x");
+    void *x = bench_device_alloc(c, (size_t)T * MOE_D * 2), *y = bench_device_alloc(c, (size_t)T * MOE_D * 2);
+    void *di = bench_device_alloc(c, sizeof ids), *dw = bench_device_alloc(c, sizeof wts);
+    if (dsv4_device_upload(c, x, hx, (size_t)T * MOE_D * 2) || dsv4_device_upload(c, di, ids, sizeof ids) ||
+        dsv4_device_upload(c, dw, wts, sizeof wts))
+        die("upload");
+    size_t wsb = 0;
+    if (dsv4_moe_workspace_size(c, T, MOE_TOPK, MOE_E, &m->ex[0], &m->sh[0], &wsb)) die("moe workspace");
+    void *work = bench_device_alloc(c, wsb + 1);
+    const int64_t xs[2] = {T, MOE_D}, ks[2] = {T, MOE_TOPK};
+    dsv4_tensor tx = bench_device_view(x, DSV4_BF16, 2, xs), ty = bench_device_view(y, DSV4_BF16, 2, xs);
+    dsv4_device_graph *g = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass && dsv4_device_graph_begin(c)) die("graph_begin");
+        for (int k = 0; k < (pass ? calls : 1); k++) {
+            const size_t o = (size_t)k * T * MOE_TOPK;
+            dsv4_tensor ti = bench_device_view((int32_t *)di + o, DSV4_I32, 2, ks),
+                        tw = bench_device_view((float *)dw + o, DSV4_F32, 2, ks);
+            if (dsv4_moe(c, &tx, &ti, &tw, m->ex, MOE_E, &m->sh[k], 10.0f, &ty, work, wsb)) die("moe");
+        }
+        if (pass && dsv4_device_graph_end(c, &g)) die("graph_end");
+    }
+    const double t = graph_seconds(c, g, calls);
+    dsv4_device_free(c, x), dsv4_device_free(c, y), dsv4_device_free(c, di), dsv4_device_free(c, dw);
+    dsv4_device_free(c, work);
+    free(hx), free(fx);
+    return t;
+}
+
+static void moe_rows(dsv4_ctx *c, double copy)
+{
+    moe_set *m = bench_alloc(sizeof *m);
+    moe_make(c, m);
+    static const int toks[2] = {1, 8};
+    for (int i = 0; i < 2; i++) {
+        const int T = toks[i];
+        const double t = moe_time(c, m, T), bytes = (double)(T * MOE_TOPK * m->routed_bytes + m->shared_bytes);
+        printf("%-26s %-8s %4d %10.2f %9.0f %7.1f%% %9s\n", T == 1 ? "moe 6 of 256 + shared" : "moe 48 of 256 + shared",
+               "fp4+fp8", T, t * 1e6, bytes / t * 1e-9, 100.0 * bytes / t * 1e-9 / copy, "-");
+    }
+    dsv4_device_free(c, m->w), dsv4_device_free(c, m->s);
+    free(m);
 }
 
 int dsv4_bench_linear_cuda(int argc, char **argv)
 {
     const int quick = bench_opt_flag(argc, argv, "--quick");
+    const char *only = bench_opt_str(argc, argv, "--only", NULL); /* cases whose name or format holds it */
     if (dsv4_backend_available("cuda") != DSV4_OK) {
         printf("bench linear-cuda: skipped: %s\n", dsv4_last_error());
         return 0;
@@ -145,6 +263,7 @@ int dsv4_bench_linear_cuda(int argc, char **argv)
     const int nm = quick ? 2 : 6;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const lcase *lc = &cases[ci];
+        if (only && !strstr(lc->name, only) && !strstr(dsv4_linear_format_name(lc->fmt), only)) continue;
         wset ws;
         wset_make(c, lc, &ws);
         const size_t nx = (size_t)(MMAX * lc->groups * lc->k), ny = (size_t)(MMAX * lc->groups * lc->n);
@@ -168,9 +287,12 @@ int dsv4_bench_linear_cuda(int argc, char **argv)
         dsv4_device_free(c, ws.w), dsv4_device_free(c, ws.s);
         free(hx), free(fx);
     }
+    if (!only || !strcmp(only, "moe")) moe_rows(c, copy);
     printf("\nGB/s: weight + scale bytes of the checkpoint format per call (activation staging included, x and y\n"
            "BF16); %% copy: that rate over the device copy rate above. Weights from HBM: each call of a timing reads\n"
-           "another copy (>= 512 MB in all); one CUDA graph per timing, median of %d replays.\n", REPS);
+           "another copy (>= 512 MB in all); one CUDA graph per timing, median of %d replays. moe: one dsv4_moe of M\n"
+           "tokens (grouping, stagings, SwiGLU, combine included), the bytes of the experts it reads (6 distinct per\n"
+           "token) and of the shared expert.\n", REPS);
     dsv4_ctx_destroy(c);
     return 0;
 }

@@ -306,7 +306,11 @@ static void formats_weights(void)
 /* Each backend is within TOL·Σ_k|xq_k w_k| of the float64 evaluation (test_linear.c: only the
  * fp32 summation order differs), so two backends are within 2·TOL of each other; the bound here
  * uses the unquantized |x_k|, and the act rules round |x| up by at most 2^-4 (E4M3 RNE), hence
- * the factor 1.0625. A BF16 x is exact. */
+ * the factor 1.0625. A BF16 x is exact. The cuda backend's tensor-core product (3 <= M <= 16, see
+ * src/backends/cuda/linear_cuda.cu) sums the exact products of a piece of 32 or 64 values in two
+ * mmas, each adding 16 products and the running sum with the tensor core's own alignment: an
+ * error of a few fp32 ulps of the piece's sum of |terms|, then one fp32 add per piece, so its
+ * error is of the same few ulps of Σ|terms| as the fp32 orders' and the bound stands. */
 #define LIN_TOL (2.0 * 1.0625 * TOL)
 
 static dsv4_status linear_on(dsv4_ctx *c, const wcase *w, const dsv4_tensor *hx, const dsv4_tensor *hb, float *y,
@@ -371,6 +375,32 @@ static void linear_formats(void)
             free(xf), free(xb), free(bias), free(yr), free(yt), free(ys);
             wcase_free(&w);
         }
+}
+
+/* On a device backend a row's result does not depend on the other rows of the call: 3, 5 and 13
+ * rows (the cuda backend's tensor-core product, one or two n8 tiles) with the same first row give
+ * its bytes. */
+static void linear_rows_independent(void)
+{
+    if (tb->device == DSV4_DEVICE_CPU || missing("linear.linear", HAS(linear, linear))) return;
+    enum { N = 40, K = 256 };
+    static const int64_t ms[3] = {3, 5, 13};
+    for (int f = DSV4_LINEAR_FP8_B128; f <= DSV4_LINEAR_FP4; f++) {
+        wcase w;
+        wcase_make(&w, (dsv4_linear_format)f, N, K, 0, 0);
+        float *xf = f32_rand(13 * K, 2.0f, 0.0f), *bias = f32_rand(N, 1.0f, 0.0f), *y[3];
+        const dsv4_tensor hb = view(bias, DSV4_F32, 1, N, 0, 0);
+        for (int i = 0; i < 3; i++) {
+            const dsv4_tensor hx = view(xf, DSV4_F32, 2, ms[i], K, 0);
+            y[i] = poisoned(4 * (size_t)(ms[i] * N));
+            CHECK_STATUS(linear_on(tc, &w, &hx, &hb, y[i], 0), DSV4_OK);
+            release();
+        }
+        same("linear (5 rows vs 3)", dsv4_linear_format_name(w.fmt), y[1], y[0], 4 * N);
+        same("linear (13 rows vs 3)", dsv4_linear_format_name(w.fmt), y[2], y[0], 4 * N);
+        free(xf), free(bias), free(y[0]), free(y[1]), free(y[2]);
+        wcase_free(&w);
+    }
 }
 
 /* The grouped product (wo_a): G groups of R rows of one weight, the same tolerance per output. */
@@ -635,7 +665,7 @@ static void near_moe(const char *what, const uint16_t *a, const uint16_t *b, int
     CHECK(se <= 4e-6 * sr, "moe %s on %s: relative L2 error %g from cpu-ref (bound 2e-3)", what, target, sqrt(se / sr));
 }
 
-/* The cases: 4 experts, and on a device backend 70 experts (more than one launch chunk) with a
+/* The cases: 4 experts, and on a device backend 70 experts with a
  * shared expert of another width, an expert routed to by several tokens and some never, then ids
  * outside [0, E). */
 enum { MT_ = 5, MD = 128, MI = 64, MIS = 96, MEMAX = 70, MK = 2 };
@@ -700,6 +730,83 @@ static void layer_moe(void)
         for (int e = 0; e < E + big; e++) free(w13[e][0]), free(w13[e][1]), free(w2[e]);
         free(x), free(yr), free(yt);
     }
+}
+
+/* MoE of FP4 experts and an FP8 shared expert (the checkpoint's formats): both sides stage x and h
+ * by the act128 rule, so only the fp32 summation orders differ, as for BF16 experts (near_moe),
+ * save an E4M3 code of h that a one-ulp BF16 flip of h would move (the CPU backends passed the
+ * device case below over 150 seeds). On a
+ * device backend 260 experts (the cuda backend's table holds 256 a launch) and 11 tokens, 9 of
+ * them routed to expert 7 (more rows than one pass of the cuda kernel's tile of 8). */
+enum { MQMAX = 260 };
+
+static dsv4_status moe_q_on(dsv4_ctx *c, const uint16_t *x, const int32_t *ids, const float *wts, int T, int E,
+                            wcase (*w)[3], uint16_t *y)
+{
+    dsv4_tensor hx = view((void *)x, DSV4_BF16, 2, T, MD, 0), hi = view((void *)ids, DSV4_I32, 2, T, MK, 0),
+                hw = view((void *)wts, DSV4_F32, 2, T, MK, 0), hy = view(y, DSV4_BF16, 2, T, MD, 0);
+    memset(y, 0xA5, 2 * (size_t)T * MD);
+    dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
+    /* every expert's codes in one buffer and its scales in another (few device buffers) */
+    size_t wb = 0, sb = 0;
+    for (int e = 0; e <= E; e++)
+        for (int j = 0; j < 3; j++)
+            wb += (size_t)(w[e][j].n * w[e][j].wld), sb += (size_t)(w[e][j].srows * w[e][j].scols);
+    uint8_t *hwb = malloc(wb), *hsb = malloc(sb);
+    static dsv4_tensor tws[MQMAX + 1][3], tss[MQMAX + 1][3];
+    static dsv4_ffn_weights ex[MQMAX + 1];
+    size_t wo = 0, so = 0;
+    for (int e = 0; e <= E; e++)
+        for (int j = 0; j < 3; j++) {
+            const wcase *q = &w[e][j];
+            wcase_views(q, &tws[e][j], &tss[e][j]);
+            const size_t n1 = (size_t)(q->n * q->wld), n2 = (size_t)(q->srows * q->scols);
+            memcpy(hwb + wo, q->w, n1), memcpy(hsb + so, q->s, n2);
+            tws[e][j].data = (void *)wo, tss[e][j].data = (void *)so; /* offsets until the upload */
+            wo += n1, so += n2;
+        }
+    uint8_t *dw = put(c, hwb, wb), *ds = put(c, hsb, sb);
+    for (int e = 0; e <= E; e++) {
+        for (int j = 0; j < 3; j++) {
+            tws[e][j].data = dw + (size_t)tws[e][j].data, tss[e][j].data = ds + (size_t)tss[e][j].data;
+            tws[e][j].device = tss[e][j].device = dsv4_ctx_device_kind(c);
+            tws[e][j].device_index = tss[e][j].device_index = 0;
+        }
+        ex[e] = (dsv4_ffn_weights){w[e][0].fmt, &tws[e][0], &tss[e][0], &tws[e][1], &tss[e][1], &tws[e][2], &tss[e][2]};
+    }
+    size_t wsb = 0;
+    dsv4_status st = dsv4_moe_workspace_size(c, T, MK, E, &ex[0], &ex[E], &wsb);
+    if (st == DSV4_OK) st = dsv4_moe(c, &tx, &ti, &tw, ex, E, &ex[E], 10.0f, &ty, scratch(c, wsb), wsb);
+    back(c, &ty, y);
+    release();
+    free(hwb), free(hsb);
+    return st;
+}
+
+static void layer_moe_quantized(void)
+{
+    if (missing("layer.moe (+ linear)", HAS(layer, moe) && HAS(linear, linear))) return;
+    const int dev = tb->device != DSV4_DEVICE_CPU, E = dev ? MQMAX : 4, T = dev ? 11 : MT_;
+    wcase(*w)[3] = malloc(sizeof(wcase[3]) * (size_t)(E + 1)); /* [E]: the shared expert */
+    for (int e = 0; e <= E; e++) {
+        const dsv4_linear_format f = e == E ? DSV4_LINEAR_FP8_B128 : DSV4_LINEAR_FP4;
+        const int64_t ie = e == E ? MIS : MI;
+        wcase_make(&w[e][0], f, ie, MD, 0, 0), wcase_make(&w[e][1], f, ie, MD, 0, 0);
+        wcase_make(&w[e][2], f, MD, ie, 0, 0);
+    }
+    uint16_t *x = bf16_rand((size_t)T * MD, 1.0f), *yr = poisoned(2 * (size_t)T * MD), *yt = poisoned(2 * (size_t)T * MD);
+    int32_t ids[16 * MK];
+    float wts[16 * MK];
+    for (int t = 0; t < T; t++) {
+        ids[t * MK] = dev ? (t < 9 ? 7 : 248 + t) : (int32_t)(test_rand_u64() % E);
+        ids[t * MK + 1] = (ids[t * MK] + 1 + (int32_t)(test_rand_u64() % (E - 1))) % E;
+        wts[t * MK] = 0.6f, wts[t * MK + 1] = 0.4f;
+    }
+    ran("moe", moe_q_on(tc, x, ids, wts, T, E, w, yt), moe_q_on(ref, x, ids, wts, T, E, w, yr));
+    near_moe(dev ? "y (260 FP4 experts, FP8 shared)" : "y (FP4 experts, FP8 shared)", yt, yr, T, MD);
+    for (int e = 0; e <= E; e++)
+        for (int j = 0; j < 3; j++) wcase_free(&w[e][j]);
+    free(w), free(x), free(yr), free(yt);
 }
 
 /* ---- tensor family ----------------------------------------------------------------------------- */
@@ -1496,9 +1603,10 @@ static const struct {
     void (*run)(void);
 } families[] = {
     {"formats_codecs", formats_codecs}, {"formats_rules", formats_rules},   {"formats_weights", formats_weights},
-    {"linear_formats", linear_formats}, {"linear_grouped", linear_grouped}, {"layer_rms", layer_rms},
+    {"linear_formats", linear_formats}, {"linear_grouped", linear_grouped}, {"linear_rows_independent", linear_rows_independent},
+    {"layer_rms", layer_rms},
     {"layer_mhc", layer_mhc},           {"layer_route", layer_route},       {"layer_swiglu", layer_swiglu},
-    {"layer_moe", layer_moe},           {"tensor_ops", tensor_ops},         {"tensor_paged_slots", tensor_paged_slots},
+    {"layer_moe", layer_moe},           {"layer_moe_quantized", layer_moe_quantized}, {"tensor_ops", tensor_ops},         {"tensor_paged_slots", tensor_paged_slots},
     {"tensor_sample", tensor_sample},
     {"attention", attn_all},            {"ix_compressor", ix_compressor},   {"ix_query_and_weights", ix_query_and_weights},
     {"ix_scores_topk", ix_scores_topk},

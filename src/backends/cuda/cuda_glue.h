@@ -38,11 +38,16 @@ int dsv4_cu_sm_count(const dsv4_exec *ex);
 
 /* The routed experts' product `which` (0: w1, 1: w3, 2: w2) of the MoE block on its sorted rows
  * (linear_cuda.c): y [R, n] (BF16) = x [R, k] (BF16, contiguous) times expert e's weight on e's
- * rows [offsets[e], offsets[e+1]) (device memory), for every e < E.
- * Quantized formats stage x into ws when `stage` (w3 reuses w1's staging). */
+ * rows [offsets[e], offsets[e+1]) (device memory), for every e < E; with y3 (which 0) also
+ * y3 = x times w3, in the same launch. Quantized formats stage x into ws when `stage`. */
 dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *experts, int E, int which,
                                 const int32_t *offsets, const uint16_t *x, int64_t R, int64_t k,
-                                uint16_t *y, int64_t n, void *ws, int stage);
+                                uint16_t *y, uint16_t *y3, int64_t n, void *ws, int stage);
+/* The plain product a (groups 1, no bias) and the same x times w3 (scale s3) into y3 (a's
+ * strides), on one staging of x (linear_cuda.c): the shared expert's w1 and w3. */
+struct dsv4_linear_args;
+dsv4_status dsv4_cu_linear_pair(const dsv4_exec *ex, const struct dsv4_linear_args *a, const dsv4_tensor *w3,
+                                const dsv4_tensor *s3, void *y3);
 /* The MoE block (moe_cuda.c). */
 struct dsv4_moe_args;
 dsv4_status dsv4_cu_moe(const dsv4_exec *ex, const struct dsv4_moe_args *a);

@@ -25,6 +25,30 @@ typedef struct dsv4_cu_stage_head {
     int pad[9];
 } dsv4_cu_stage_head;
 
+/* After the BF16 rows, for the tensor-core product of linear_cuda.cu (written when k % 32 == 0):
+ * at the next 16-byte boundary the codes e4m3(code) as FP16 [rows, k], each run of 8 stored in the
+ * order k0 k4 k1 k5 k2 k6 k3 k7 (the pairs an FP4 word decodes into), then at the next 16-byte
+ * boundary the scales 2^(byte−127) as f32 [rows, ceil(k / G)] (G = 32 for mx32, else 128): a
+ * staged value is code · scale. Byte offsets from the description: */
+#ifdef __CUDACC__
+#define DSV4_CU_HOST_DEVICE __host__ __device__
+#else
+#define DSV4_CU_HOST_DEVICE
+#endif
+DSV4_CU_HOST_DEVICE static inline long long dsv4_cu_stage_codes_offset(long long rows, long long k)
+{
+    return (long long)sizeof(dsv4_cu_stage_head) + (rows * k * 2 + 15) / 16 * 16;
+}
+DSV4_CU_HOST_DEVICE static inline long long dsv4_cu_stage_scales_offset(long long rows, long long k)
+{
+    return dsv4_cu_stage_codes_offset(rows, k) + (rows * k * 2 + 15) / 16 * 16;
+}
+/* The whole staging (the description included), for either rule. */
+DSV4_CU_HOST_DEVICE static inline long long dsv4_cu_stage_bytes(long long rows, long long k)
+{
+    return dsv4_cu_stage_scales_offset(rows, k) + rows * ((k + 31) / 32) * 4;
+}
+
 /* Quantize rows (m, g) of x (F32 or BF16; row (m, g) at x + m*xs_m + g*xs_g) into the staging
  * (staged row m*groups + g) and write its description. */
 int dsv4_cu_stage_launch(const void *x, int x_bf16, long long xs_m, long long xs_g, long long m, long long groups,
@@ -46,19 +70,25 @@ typedef struct dsv4_cu_linear {
     void *y;
     int y_bf16;
     long long ys_m, ys_g;
+    /* quantized formats: the staging's FP16 codes and scales (staged row r = m*groups + g at
+     * xcodes + r*k, xscales + r*ceil(k/G)); NULL: the fp32 path only */
+    const uint16_t *xcodes;
+    const float *xscales;
 } dsv4_cu_linear;
 
 int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream);
 
 /* Up to DSV4_CU_MOE_CHUNK experts e0 .. e0+n-1 of one MoE product: their weights and scales (the
  * layout, strides included, that of a->w / a->scale), and offsets [E + 1] in device memory, the
- * sorted rows of expert e being [offsets[e], offsets[e+1]) of x (row stride xs_m) and of y. */
-#define DSV4_CU_MOE_CHUNK 64
+ * sorted rows of expert e being [offsets[e], offsets[e+1]) of x (row stride xs_m) and of y. The
+ * tables travel as a kernel parameter (8 KB; parameters above 4 KB need CUDA 12.1). */
+#define DSV4_CU_MOE_CHUNK 256
 typedef struct dsv4_cu_moe_chunk {
-    const void *w[DSV4_CU_MOE_CHUNK];
-    const uint8_t *s[DSV4_CU_MOE_CHUNK];
+    const void *w[2][DSV4_CU_MOE_CHUNK]; /* `sets` weight sets on the same x (w1 and w3, or one) */
+    const uint8_t *s[2][DSV4_CU_MOE_CHUNK];
+    void *y[2]; /* set j's y (a->y unused) */
     const int32_t *offsets;
-    int e0, n;
+    int e0, n, sets;
 } dsv4_cu_moe_chunk;
 
 /* a->m: the R sorted rows in all (> 0); a->groups must be 1, a->x BF16. */
@@ -152,7 +182,9 @@ int dsv4_cu_route_launch(const dsv4_cu_route *a, void *stream);
 
 /* ---- MoE block (moe_cuda.cu): the device side of core/ops_layer.h's dsv4_moe_args ------------- */
 /* One CTA: the stable counting sort of the T*k pairs by expert (ids outside [0, E) dropped: pos
- * -1), offsets [E + 1], order / wsorted [R] (rows past the last kept pair: order -1, weight 0). */
+ * -1), offsets [E + 1], order / wsorted [R] (rows past the last kept pair: order -1, weight 0);
+ * E <= DSV4_CU_MOE_MAX_EXPERTS (an expert's count per thread of the CTA). */
+#define DSV4_CU_MOE_MAX_EXPERTS 1023
 int dsv4_cu_moe_group_launch(const int32_t *ids, long long ldids, const float *weights, long long ldweights,
                              long long T, int k, int E, int32_t *offsets, int32_t *order, int32_t *pos,
                              float *wsorted, void *stream);

@@ -15,13 +15,27 @@
 static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
 static int mx32(dsv4_linear_format fmt) { return fmt == DSV4_LINEAR_MXFP8; }
 
-/* 64 bytes to reach a 64-byte boundary, the description, the BF16 rows. */
+/* 64 bytes to reach a 64-byte boundary, then the staging (cuda_ops.h: the description, the BF16
+ * rows, the FP16 codes and the scales). */
 static size_t workspace_size(dsv4_linear_format fmt, int64_t rows, int64_t k)
 {
-    return quantized(fmt) ? 64 + sizeof(dsv4_cu_stage_head) + (size_t)(rows * k) * 2 : 0;
+    return quantized(fmt) ? 64 + (size_t)dsv4_cu_stage_bytes(rows, k) : 0;
 }
 
 static dsv4_cu_stage_head *head_of(void *ws) { return (dsv4_cu_stage_head *)(((uintptr_t)ws + 63) & ~(uintptr_t)63); }
+
+/* x of a quantized product: the staging of `rows` rows of K = l->k in the work space. */
+static void use_staging(dsv4_cu_linear *l, dsv4_cu_stage_head *h, int64_t rows)
+{
+    l->x = h + 1;
+    l->x_bf16 = 1;
+    l->xs_m = l->groups * l->k;
+    l->xs_g = l->k;
+    if (l->k % 32 == 0) {
+        l->xcodes = (const uint16_t *)((const uint8_t *)h + dsv4_cu_stage_codes_offset(rows, l->k));
+        l->xscales = (const float *)((const uint8_t *)h + dsv4_cu_stage_scales_offset(rows, l->k));
+    }
+}
 
 static size_t elem_bytes(dsv4_linear_format fmt)
 {
@@ -70,10 +84,7 @@ static dsv4_status cu_linear(const dsv4_exec *ex, const dsv4_linear_args *a)
             st = check_staging(ex, a);
         else if (a->m)
             e = dsv4_cu_stage_launch(a->x, a->x_bf16, a->xs_m, a->xs_g, a->m, a->groups, a->k, mx32(a->fmt), h, s);
-        l.x = h + 1;
-        l.x_bf16 = 1;
-        l.xs_m = a->groups * a->k;
-        l.xs_g = a->k;
+        use_staging(&l, h, a->m * a->groups);
     }
     if (st == DSV4_OK && e == 0) e = dsv4_cu_linear_launch(&l, s);
     dsv4_cu_leave(&g);
@@ -99,7 +110,7 @@ static const dsv4_tensor *expert_weight(const dsv4_ffn_weights *f, int which, co
 
 dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *experts, int E, int which,
                                 const int32_t *offsets, const uint16_t *x, int64_t R, int64_t k,
-                                uint16_t *y, int64_t n, void *ws, int stage)
+                                uint16_t *y, uint16_t *y3, int64_t n, void *ws, int stage)
 {
     const char *op = "moe";
     const dsv4_linear_format fmt = experts[0].fmt;
@@ -107,31 +118,62 @@ dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *exp
     dsv4_cu_linear l = {
         .fmt = (int)fmt, .groups = 1, .m = R, .n = n, .k = k, .x = x, .x_bf16 = 1, .xs_m = k,
         .ws_r_bytes = w0->stride[0] * (int64_t)elem_bytes(fmt), .ss0 = s0 ? s0->stride[0] : 0,
-        .ss1 = s0 ? s0->stride[1] : 0, .y = y, .y_bf16 = 1, .ys_m = n,
+        .ss1 = s0 ? s0->stride[1] : 0, .y_bf16 = 1, .ys_m = n,
     };
     void *st = dsv4_cu_stream(ex);
     int e = 0;
     if (quantized(fmt)) {
         dsv4_cu_stage_head *h = head_of(ws);
         if (stage) e = dsv4_cu_stage_launch(x, 1, k, 0, R, 1, k, mx32(fmt), h, st);
-        l.x = h + 1;
+        use_staging(&l, h, R);
     }
-    dsv4_cu_moe_chunk c;
+    dsv4_cu_moe_chunk c; /* 8 KB */
     c.offsets = offsets;
+    c.sets = y3 ? 2 : 1;
+    c.y[0] = y, c.y[1] = y3;
     for (int e0 = 0; e == 0 && e0 < E; e0 += DSV4_CU_MOE_CHUNK) {
         c.e0 = e0;
         c.n = E - e0 < DSV4_CU_MOE_CHUNK ? E - e0 : DSV4_CU_MOE_CHUNK;
-        for (int i = 0; i < c.n; i++) {
-            const dsv4_tensor *si, *wi = expert_weight(&experts[e0 + i], which, &si);
-            if (wi->stride[0] != w0->stride[0] || (si && si->stride[0] != s0->stride[0]))
-                return dsv4_fail(DSV4_ERR_UNSUPPORTED,
-                                 "%s: expert %d's weights have other row strides than expert 0's (the cuda kernel "
-                                 "takes one layout)", op, e0 + i);
-            c.w[i] = wi->data;
-            c.s[i] = si ? si->data : NULL;
-        }
+        for (int j = 0; j < c.sets; j++)
+            for (int i = 0; i < c.n; i++) {
+                const dsv4_tensor *si, *wi = expert_weight(&experts[e0 + i], which + j, &si);
+                if (wi->stride[0] != w0->stride[0] || (si && si->stride[0] != s0->stride[0]))
+                    return dsv4_fail(DSV4_ERR_UNSUPPORTED,
+                                     "%s: expert %d's weights have other row strides than expert 0's (the cuda kernel "
+                                     "takes one layout)", op, e0 + i);
+                c.w[j][i] = wi->data;
+                c.s[j][i] = si ? si->data : NULL;
+            }
         e = dsv4_cu_moe_linear_launch(&l, &c, st);
     }
+    return dsv4_cu_status(e, op);
+}
+
+dsv4_status dsv4_cu_linear_pair(const dsv4_exec *ex, const dsv4_linear_args *a, const dsv4_tensor *w3,
+                                const dsv4_tensor *s3, void *y3)
+{
+    const char *op = "linear";
+    if (!quantized(a->fmt)) {
+        dsv4_linear_args b = *a;
+        b.w = w3->data, b.scale = s3 ? s3->data : NULL, b.y = y3;
+        DSV4_TRY(cu_linear(ex, a));
+        return cu_linear(ex, &b);
+    }
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, op, &g));
+    void *s = dsv4_cu_stream(ex);
+    dsv4_cu_linear l = {
+        .fmt = (int)a->fmt, .groups = 1, .m = a->m, .n = a->n, .k = a->k,
+        .w = a->w, .ws_r_bytes = a->ws_r * (int64_t)elem_bytes(a->fmt),
+        .scale = a->scale, .ss0 = a->ss0, .ss1 = a->ss1, .y = a->y, .y_bf16 = a->y_bf16, .ys_m = a->ys_m,
+    };
+    dsv4_cu_stage_head *h = head_of(a->workspace);
+    int e = a->m ? dsv4_cu_stage_launch(a->x, a->x_bf16, a->xs_m, 0, a->m, 1, a->k, mx32(a->fmt), h, s) : 0;
+    use_staging(&l, h, a->m);
+    if (e == 0) e = dsv4_cu_linear_launch(&l, s);
+    l.w = w3->data, l.scale = s3 ? s3->data : NULL, l.y = y3;
+    if (e == 0) e = dsv4_cu_linear_launch(&l, s);
+    dsv4_cu_leave(&g);
     return dsv4_cu_status(e, op);
 }
 

@@ -1,8 +1,9 @@
 /* Linear layers on the GPU (include/dsv4/linear.h, docs/kernels.md §5 and §12): the activation
- * staging (act128 / mx32, bit for bit the rules of src/formats/codec.h) and one streaming product
- * kernel for every weight format.
+ * staging (act128 / mx32, bit for bit the rules of src/formats/codec.h), the tensor-core product
+ * of the quantized formats for few rows (mma_kernel below, which says when it runs) and one fp32
+ * streaming product kernel for every weight format (the rest).
  *
- * The product reads each weight byte once, in 16-byte loads that bypass L1 (the activations,
+ * The fp32 product reads each weight byte once, in 16-byte loads that bypass L1 (the activations,
  * re-read by every CTA, stay there), decodes in registers and multiply-adds in fp32:
  *   a CTA is 8 warps in 8/KW sets of KW: a set owns four weight rows (two for M > 2), its KW warps
  *   split K (chunks of 32 lanes x 16 bytes, warp w of the set taking chunks w, w + KW, ...), KW as
@@ -27,14 +28,6 @@ enum { THREADS = 256, WARPS = 8, TARGET_CTAS = 264 };
 __host__ __device__ constexpr int rows_of(int mt) { return mt <= 2 ? 4 : 2; }
 
 /* ---- staging ----------------------------------------------------------------------------------- */
-DSV4_CU_INLINE float cu_e4m3_f32(uint32_t code)
-{
-    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
-    __half hh;
-    memcpy(&hh, &h, 2);
-    return __half2float(hh);
-}
-
 /* One warp per (row, group): codec.h dsv4_quantize_group with the act128 or mx32 parameters, each
  * code then stored dequantized (e4m3(code)·scale, exact in BF16). */
 __global__ void __launch_bounds__(THREADS) stage_kernel(const void *x, int x_bf16, long long xs_m, long long xs_g,
@@ -79,15 +72,24 @@ __global__ void __launch_bounds__(THREADS) stage_kernel(const void *x, int x_bf1
     int e = cu_ceil_log2_bits(q);
     e = e < -127 ? -127 : (e > 128 ? 128 : e);
     const float inv = cu_pow2f(-e), sc = cu_e8m0_f32((uint32_t)(e + 127));
+    const long long rows = m * groups;
     uint16_t *dst = (uint16_t *)((uint8_t *)head + sizeof(dsv4_cu_stage_head)) + row * k;
+    const bool codes = k % 32 == 0; /* the tensor-core product's operands (cuda_ops.h) */
+    uint16_t *cdst = (uint16_t *)((uint8_t *)head + dsv4_cu_stage_codes_offset(rows, k)) + row * k;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const long long kk = k0 + lane * per + i;
         if (i < per && lane * per + i < len) {
-            const float d = __fmul_rn(cu_e4m3_f32(cu_f32_e4m3(__fmul_rn(v[i], inv))), sc);
-            dst[kk] = (uint16_t)cu_f32_bf16(d);
+            const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)cu_f32_e4m3(__fmul_rn(v[i], inv)), __NV_E4M3);
+            __half hh;
+            memcpy(&hh, &h, 2);
+            dst[kk] = (uint16_t)cu_f32_bf16(__fmul_rn(__half2float(hh), sc));
+            const int b = (int)(kk & 7); /* k0 k4 k1 k5 k2 k6 k3 k7 */
+            if (codes) cdst[(kk & ~7ll) + (b < 4 ? 2 * b : 2 * (b - 4) + 1)] = h.x;
         }
     }
+    if (codes && lane == 0)
+        ((float *)((uint8_t *)head + dsv4_cu_stage_scales_offset(rows, k)))[row * ngr + k0 / G] = sc;
 }
 
 extern "C" int dsv4_cu_stage_launch(const void *x, int x_bf16, long long xs_m, long long xs_g, long long m,
@@ -234,19 +236,44 @@ DSV4_CU_INLINE void chunk(const uint4 *w, const uint32_t *sb, const uint8_t *con
     }
 }
 
+/* y[m, g, n] = v + bias[n], one rounding (y: p.y, or an MoE set's). */
+DSV4_CU_INLINE void store_y(const dsv4_cu_linear &p, void *y, long long m, long long g, long long n, float v)
+{
+    if (p.bias) {
+        const long long bi = n * p.bias_s;
+        v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
+    }
+    const long long yi = m * p.ys_m + g * p.ys_g + n;
+    if (p.y_bf16) ((uint16_t *)y)[yi] = (uint16_t)cu_f32_bf16(v);
+    else ((float *)y)[yi] = v;
+}
+
 /* The experts of an MoE launch (dsv4_cu_moe_linear_launch): blockIdx.y picks one. A kernel
  * parameter read in place (__grid_constant__), so indexing it copies nothing. */
 struct moe_tab {
-    const void *w[DSV4_CU_MOE_CHUNK];
-    const uint8_t *s[DSV4_CU_MOE_CHUNK];
+    const void *w[2][DSV4_CU_MOE_CHUNK];
+    const uint8_t *s[2][DSV4_CU_MOE_CHUNK];
+    void *y[2];
+    int n;
 };
 struct no_tab {
     int unused;
 };
 
+static moe_tab moe_table(const dsv4_cu_moe_chunk *mo)
+{
+    moe_tab t = {};
+    for (int j = 0; j < mo->sets; j++) {
+        for (int i = 0; i < mo->n; i++) t.w[j][i] = mo->w[j][i], t.s[j][i] = mo->s[j][i];
+        t.y[j] = mo->y[j];
+    }
+    t.n = mo->n;
+    return t;
+}
+
 /* MOE false: group blockIdx.y, row tile blockIdx.z (one pass of the tile loop, which the compiler
- * sees). MOE: blockIdx.y is expert e0 + y of `tab`, its rows [off[e], off[e+1]) of x and y read
- * on the device and walked in tiles of MT. */
+ * sees). MOE: blockIdx.y is expert e0 + y of `tab`, weight set blockIdx.z, its rows
+ * [off[e], off[e+1]) of x and y read on the device and walked in tiles of MT. */
 template <int FMT, bool XF32, int MT, bool MOE, typename TAB>
 __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned,
                                                          const __grid_constant__ TAB tab, const int32_t *off, int e0)
@@ -260,10 +287,12 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
     const long long g = MOE ? 0 : blockIdx.y; /* the group of x, w and y (MoE: one weight per expert) */
     long long m0 = (long long)blockIdx.z * MT, mend = p.m < m0 + MT ? p.m : m0 + MT;
     const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
+    void *yout = p.y;
     if constexpr (MOE) {
         m0 = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
         if (m0 >= mend) return; /* an expert no pair chose */
-        wb = (const uint8_t *)tab.w[blockIdx.y], sb = tab.s[blockIdx.y];
+        wb = (const uint8_t *)tab.w[blockIdx.z][blockIdx.y], sb = tab.s[blockIdx.z][blockIdx.y];
+        yout = tab.y[blockIdx.z];
     }
     const long long nbase = ((long long)blockIdx.x * rsets + rs) * NR;
 
@@ -339,16 +368,236 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
             if (n >= p.n || i >= mv) continue;
             float v = red[set * kw][e];
             for (int j = 1; j < kw; j++) v += red[set * kw + j][e];
-            if (p.bias) {
-                const long long bi = n * p.bias_s;
-                v += p.bias_bf16 ? cu_bf16_f32(((const uint16_t *)p.bias)[bi]) : ((const float *)p.bias)[bi];
-            }
-            const long long yi = (m0 + i) * p.ys_m + g * p.ys_g + n;
-            if (p.y_bf16) ((uint16_t *)p.y)[yi] = (uint16_t)cu_f32_bf16(v);
-            else ((float *)p.y)[yi] = v;
+            store_y(p, yout, m0 + i, g, n, v);
         }
         if (MOE) __syncthreads(); /* red is reused by the next tile */
     } while (MOE && (m0 += MT) < mend);
+}
+
+/* ---- the tensor-core product ------------------------------------------------------------------ */
+/* FP8_B128, MXFP8 and FP4 weights against at most 16 activation rows (an MoE expert: any rows,
+ * in passes of 8), when K holds whole pieces: the weight codes decoded to FP16 (exact: E4M3 by
+ * cvt, E2M1 as its value times 2^-14) are the m16 operand of mma.sync m16n8k16, the staging's
+ * FP16 codes (cuda_ops.h) the n8 operand, the fp32 accumulation on the tensor core.
+ *   a warp owns 16 weight rows; lane (g, q) = (lane / 4, lane % 4) loads bytes 8q .. 8q+7 of each
+ *   32-byte piece of rows g and g+8 (a quad reads 32 contiguous bytes of a row), up to five pieces
+ *   in flight; the KW warps of a set take pieces w, w + KW, ... (KW chosen as for the fp32 path);
+ *   a piece is one scale block of both operands per mma: FP8 (32 values) lies in one 128-block or
+ *   is one 32-block; FP4 (64 values, two 32-blocks) is regrouped so that a lane holds one word of
+ *   each block (a swap of one word with lane q ^ 2), and each mma takes one block;
+ *   the k order inside a mma is the lanes' (a permutation of the piece the activation codes
+ *   follow, the staging stores each run of 8 as k0 k4 k1 k5 ...).
+ * Numerics: the products are exact in the tensor core's fp32 sums (E4M3 x E4M3: 8-bit
+ * significands; FP4: 2 x 4 bits), a piece's sum (two mmas) is scaled by activation scale x
+ * weight scale (powers of two: exact) and added to the lane's accumulator in piece order, the
+ * K-splitting warps then in warp order: the order depends on K and the format only, never on the
+ * other rows or the launch (mma_fits picks the path by M: 1-2 rows and 3-16 rows differ by
+ * summation order, both within the bound). The tensor core adds with its own alignment and
+ * rounding, within the bound of tests/c/test_linear_cases.h (tests/c/test_backend_ops.c). */
+
+/* 8 bytes of weights: no L1 allocation, the L2 fetches 256-byte lines. */
+DSV4_CU_INLINE uint2 ldg8_weights(const void *p)
+{
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+/* The two E4M3 codes of the low 16 bits of v as FP16x2 (exact). */
+DSV4_CU_INLINE uint32_t e4m3x2_f16x2(uint32_t v)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xFFFFu), __NV_E4M3);
+    uint32_t r;
+    memcpy(&r, &h, 4);
+    return r;
+}
+
+/* Nibbles i and i + 4 of an FP4 word as FP16x2, each its value times 2^-14 (decode_word's rule). */
+DSV4_CU_INLINE uint32_t e2m1x2_f16x2(uint32_t w, int i)
+{
+    const uint32_t mag = i == 0 ? w << 9 : i == 1 ? w << 5 : i == 2 ? w << 1 : w >> 3;
+    const uint32_t sgn = i == 0 ? w << 12 : i == 1 ? w << 8 : i == 2 ? w << 4 : w;
+    return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
+}
+
+/* c += A (16 x 16, FP16: rows g / g+8 x k 2q.. / 2q+8..) B (16 x 8, FP16: k x column g). */
+DSV4_CU_INLINE void mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int FMT> struct mma_fmt {
+    static constexpr int VPP = FMT == FMT_FP4 ? 64 : 32;  /* k values per 32-byte piece */
+    static constexpr int NS = FMT == FMT_FP4 ? 4 : 2;     /* weight scale bytes a lane needs per piece */
+    static constexpr int G = FMT == FMT_MX ? 32 : 128;    /* the activation rule's group */
+};
+
+template <int FMT, int NT, bool MOE, typename TAB>
+__global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3 : 2) mma_kernel(dsv4_cu_linear p, int kw, const __grid_constant__ TAB tab,
+                                                      const int32_t *off, int e0)
+{
+    typedef mma_fmt<FMT> F;
+    /* pieces in a lane's ring, all but one in flight (an MoE's loop over passes costs registers) */
+    constexpr int PIPE = MOE ? 4 : 6;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
+    const long long gi = MOE ? 0 : blockIdx.y;
+    long long m0 = 0, mend = p.m;
+    const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
+    void *yout = p.y;
+    if constexpr (MOE) { /* blockIdx.y: the y-th expert of the chunk that has rows (slots past the last:
+                          * none), blockIdx.z the weight set */
+        static_assert(DSV4_CU_MOE_CHUNK <= THREADS, "one expert of the chunk per thread");
+        __shared__ int warp_count[WARPS], slot_expert;
+        const int e = threadIdx.x;
+        const bool has_rows = e < tab.n && off[e0 + e + 1] > off[e0 + e];
+        const unsigned ballot = __ballot_sync(0xFFFFFFFFu, has_rows);
+        if (lane == 0) warp_count[warp] = __popc(ballot);
+        if (threadIdx.x == 0) slot_expert = -1;
+        __syncthreads();
+        int rank = __popc(ballot & ((1u << lane) - 1u));
+        for (int w = 0; w < warp; w++) rank += warp_count[w];
+        if (has_rows && rank == (int)blockIdx.y) slot_expert = e;
+        __syncthreads();
+        const int se = slot_expert;
+        if (se < 0) return;
+        m0 = off[e0 + se], mend = off[e0 + se + 1];
+        wb = (const uint8_t *)tab.w[blockIdx.z][se], sb = tab.s[blockIdx.z][se];
+        yout = tab.y[blockIdx.z];
+    }
+    const long long row0 = ((long long)blockIdx.x * rsets + rs) * 16;
+    const uint8_t *wr[2], *sr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long nr = row0 + g + 8 * r < p.n ? row0 + g + 8 * r : p.n - 1; /* rows past n repeat the last */
+        const long long grow = gi * p.n + nr;
+        wr[r] = wb + grow * p.ws_r_bytes + 8 * q;
+        sr[r] = sb + (FMT == FMT_B128 ? grow / 128 : grow) * p.ss0;
+    }
+    const long long npieces = p.k / F::VPP, ngr = (p.k + F::G - 1) / F::G;
+    const int lo = q < 2, j = (q & 1) * 2 + (q >> 1); /* FP4: the word of each block lane q holds */
+    __shared__ float red[WARPS][NT * 4][32];
+#pragma unroll 1
+    for (;; m0 += 8 * NT) {
+        const int mv = (int)(mend - m0 < 8 * NT ? mend - m0 : 8 * NT);
+        const uint16_t *xc[NT]; /* the n8 operand: activation row nt*8 + g */
+        const float *xs[NT][2]; /* the scales of the accumulator's columns nt*8 + 2q, +1 */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int t = nt * 8 + g;
+            xc[nt] = t < mv ? p.xcodes + ((m0 + t) * p.groups + gi) * p.k : nullptr;
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int tc = nt * 8 + 2 * q + c;
+                xs[nt][c] = tc < mv ? p.xscales + ((m0 + tc) * p.groups + gi) * ngr : nullptr;
+            }
+        }
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[nt][c] = 0.0f;
+
+        uint2 wv[PIPE][2];
+        uint32_t sv[PIPE][F::NS];
+        auto fetch = [&](long long pc, uint2 *w, uint32_t *s) {
+            if (pc >= npieces) return;
+#pragma unroll
+            for (int r = 0; r < 2; r++) w[r] = ldg8_weights(wr[r] + pc * 32);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (FMT == FMT_FP4) {
+                    s[2 * r] = __ldg(sr[r] + (2 * pc) * p.ss1);
+                    s[2 * r + 1] = __ldg(sr[r] + (2 * pc + 1) * p.ss1);
+                } else {
+                    s[r] = __ldg(sr[r] + (FMT == FMT_B128 ? pc / 4 : pc) * p.ss1);
+                }
+            }
+        };
+        /* One block's two mmas for every n8 tile, scaled into acc: A0/A1 the weight halves, xk
+         * the k offset of the lane's 8 activation codes, sw the weight scales of rows g, g+8. */
+        auto block = [&](const uint32_t *A0, const uint32_t *A1, long long xk, float sw0, float sw1) {
+            const long long grp = xk / F::G;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint4 X = make_uint4(0, 0, 0, 0);
+                if (xc[nt]) X = __ldg((const uint4 *)(xc[nt] + xk));
+                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (FMT == FMT_FP4) {
+                    mma_f16(part, A0, X.x, X.y);
+                    mma_f16(part, A1, X.z, X.w);
+                } else { /* FP8 words hold k0 k1 k2 k3 | k4 .. k7: the natural pairs of the codes */
+                    mma_f16(part, A0, __byte_perm(X.x, X.y, 0x5410), __byte_perm(X.z, X.w, 0x5410));
+                    mma_f16(part, A1, __byte_perm(X.x, X.y, 0x7632), __byte_perm(X.z, X.w, 0x7632));
+                }
+                float sx[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    sx[c] = xs[nt][c] ? xs[nt][c][grp] : 0.0f;
+                    if (FMT == FMT_FP4) sx[c] *= 16384.0f; /* the decode's 2^-14 (exact) */
+                }
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[nt][c] = fmaf(part[c] * sx[c & 1], c < 2 ? sw0 : sw1, acc[nt][c]);
+            }
+        };
+        auto piece = [&](long long pc, const uint2 *w, const uint32_t *s) {
+            if (FMT == FMT_FP4) {
+                uint32_t wq[2][2]; /* [row][block] */
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const uint32_t keep = lo ? w[r].x : w[r].y;
+                    const uint32_t got = __shfl_xor_sync(0xFFFFFFFFu, lo ? w[r].y : w[r].x, 2);
+                    wq[r][0] = lo ? keep : got;
+                    wq[r][1] = lo ? got : keep;
+                }
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const uint32_t A0[4] = {e2m1x2_f16x2(wq[0][b], 0), e2m1x2_f16x2(wq[1][b], 0),
+                                            e2m1x2_f16x2(wq[0][b], 1), e2m1x2_f16x2(wq[1][b], 1)};
+                    const uint32_t A1[4] = {e2m1x2_f16x2(wq[0][b], 2), e2m1x2_f16x2(wq[1][b], 2),
+                                            e2m1x2_f16x2(wq[0][b], 3), e2m1x2_f16x2(wq[1][b], 3)};
+                    block(A0, A1, pc * 64 + 32 * b + 8 * j, cu_e8m0_f32(s[b]), cu_e8m0_f32(s[2 + b]));
+                }
+            } else {
+                const uint32_t A0[4] = {e4m3x2_f16x2(w[0].x), e4m3x2_f16x2(w[1].x), e4m3x2_f16x2(w[0].x >> 16),
+                                        e4m3x2_f16x2(w[1].x >> 16)};
+                const uint32_t A1[4] = {e4m3x2_f16x2(w[0].y), e4m3x2_f16x2(w[1].y), e4m3x2_f16x2(w[0].y >> 16),
+                                        e4m3x2_f16x2(w[1].y >> 16)};
+                block(A0, A1, pc * 32 + 8 * q, cu_e8m0_f32(s[0]), cu_e8m0_f32(s[1]));
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < PIPE - 1; i++) fetch(kwi + i * kw, wv[i], sv[i]);
+        for (long long pc = kwi; pc < npieces; pc += PIPE * kw) {
+#pragma unroll
+            for (int st = 0; st < PIPE; st++) {
+                const long long cc = pc + st * kw;
+                if (cc >= npieces) break;
+                fetch(cc + (PIPE - 1) * kw, wv[(st + PIPE - 1) % PIPE], sv[(st + PIPE - 1) % PIPE]);
+                piece(cc, wv[st], sv[st]);
+            }
+        }
+
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) red[warp][nt * 4 + c][lane] = acc[nt][c];
+        __syncthreads();
+        for (int t = threadIdx.x; t < rsets * NT * 4 * 32; t += THREADS) {
+            const int set = t / (NT * 4 * 32), e = t / 32 % (NT * 4), ln = t % 32, c = e % 4;
+            const long long n = ((long long)blockIdx.x * rsets + set) * 16 + (ln >> 2) + (c >= 2 ? 8 : 0);
+            const int tok = e / 4 * 8 + 2 * (ln & 3) + (c & 1);
+            if (n >= p.n || tok >= mv) continue;
+            float v = red[set * kw][e][ln];
+            for (int i = 1; i < kw; i++) v += red[set * kw + i][e][ln];
+            store_y(p, yout, m0 + tok, gi, n, v);
+        }
+        if (!MOE || m0 + 8 * NT >= mend) break;
+        __syncthreads(); /* red is reused by the next pass */
+    }
 }
 
 /* The launch of one format and activation type: a plain (grouped) product, or with `mo` an MoE
@@ -362,8 +611,7 @@ template <int FMT, bool XF32> struct launcher {
     {
         if constexpr (!XF32 && MT == 1)
             if (mo) {
-                moe_tab t = {};
-                for (int i = 0; i < mo->n; i++) t.w[i] = mo->w[i], t.s[i] = mo->s[i];
+                const moe_tab t = moe_table(mo);
                 linear_kernel<FMT, XF32, MT, true, moe_tab>
                     <<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, mo->offsets, mo->e0);
                 return;
@@ -385,30 +633,85 @@ template <int FMT, bool XF32> struct launcher {
 };
 
 static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+static int a8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
+
+/* The tensor-core product takes a quantized format with the staging's codes, 3 to 16 rows (an
+ * MoE: any, its slots beat the fp32 kernel's grid of every expert even at one row each), K in
+ * whole pieces, 8-byte aligned weight rows; the rest is the fp32 path's. One and two rows stay on
+ * the fp32 path: measured (BENCHMARKS.md), its 16-byte loads along one row stream faster than
+ * this kernel's 32-byte pieces of 8 rows a load, while from 3 rows on its multiply-adds cost more. */
+static bool mma_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
+{
+    if (a->fmt > FMT_FP4 || !a->xcodes || !a->xscales) return false;
+    if (!mo && (a->m < 3 || a->m > 16)) return false;
+    if (a->k % (a->fmt == FMT_FP4 ? 64 : 32) || !a8(a->w) || a->ws_r_bytes % 8) return false;
+    for (int j = 0; mo && j < mo->sets; j++)
+        for (int i = 0; i < mo->n; i++)
+            if (!a8(mo->w[j][i])) return false;
+    return true;
+}
+
+template <int FMT> static cudaError_t mma_run(const dsv4_cu_linear *a, dim3 grid, int kw, const dsv4_cu_moe_chunk *mo,
+                                              cudaStream_t s)
+{
+    if (mo) {
+        const moe_tab t = moe_table(mo);
+        mma_kernel<FMT, 1, true, moe_tab><<<grid, THREADS, 0, s>>>(*a, kw, t, mo->offsets, mo->e0);
+    } else if (a->m <= 8) {
+        mma_kernel<FMT, 1, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, no_tab{}, nullptr, 0);
+    } else {
+        mma_kernel<FMT, 2, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, no_tab{}, nullptr, 0);
+    }
+    return cudaGetLastError();
+}
+
+/* K is split over more warps only while the grid would not give every SM of an H200 two CTAs of
+ * `set_rows`-row sets: long runs along K keep a lane's loads in flight, the split covers small N.
+ * The choice depends on the shape alone (a constant, not the device's SM count; an MoE counts one
+ * expert), and with it the summation order. */
+static int k_split(long long n, long long groups, long long steps, int set_rows)
+{
+    int kw = 1;
+    while (kw < WARPS && 2 * kw <= steps &&
+           (n + (WARPS / kw) * set_rows - 1) / ((WARPS / kw) * set_rows) * groups < TARGET_CTAS)
+        kw <<= 1;
+    return kw;
+}
+
+static int mma_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+{
+    /* an MoE: one slot per expert that can have rows (at most one per row), found on the device */
+    const long long groups = mo ? (a->m < mo->n ? a->m : mo->n) : a->groups, vpp = a->fmt == FMT_FP4 ? 64 : 32;
+    const int kw = k_split(a->n, mo ? 1 : groups, a->k / vpp, 16);
+    const long long gx = (a->n + (WARPS / kw) * 16 - 1) / ((WARPS / kw) * 16);
+    if (gx > 0x7FFFFFFFll || groups > 65535) return (int)cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)gx, (unsigned)groups, mo ? (unsigned)mo->sets : 1);
+    switch (a->fmt) {
+    case FMT_B128: return (int)mma_run<FMT_B128>(a, grid, kw, mo, s);
+    case FMT_MX: return (int)mma_run<FMT_MX>(a, grid, kw, mo, s);
+    default: return (int)mma_run<FMT_FP4>(a, grid, kw, mo, s);
+    }
+}
 
 /* A plain product (mo NULL) or one chunk of an MoE product (cuda_ops.h). */
 static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
 {
     if (a->m == 0 || (mo && mo->n == 0)) return 0;
+    if (mma_fits(a, mo)) return mma_launch(a, mo, (cudaStream_t)stream);
     const long long groups = mo ? mo->n : a->groups;
     const int vec = a->fmt == FMT_FP4 ? 32 : a->fmt == FMT_BF16 ? 8 : a->fmt == FMT_F32 ? 4 : 16;
     const long long nchunks = (a->k + 32 * vec - 1) / (32 * vec);
-    /* K is split over more warps only while the grid would not give every SM of an H200 two CTAs:
-     * long runs along K keep a lane's loads in flight, the split covers small N. The choice depends
-     * on the shape alone (a constant, not the device's SM count), and with it the summation order. */
-    int kw = 1;
-    while (kw < WARPS && 2 * kw <= nchunks &&
-           (a->n + (WARPS / kw) * 4 - 1) / ((WARPS / kw) * 4) * groups < TARGET_CTAS)
-        kw <<= 1;
+    const int kw = k_split(a->n, groups, nchunks, 4);
     const int mt = mo ? 1 : a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
     const long long rows_per_cta = (WARPS / kw) * rows_of(mt);
-    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = mo ? 1 : (a->m + mt - 1) / mt;
+    const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = mo ? mo->sets : (a->m + mt - 1) / mt;
     if (gx > 0x7FFFFFFFll || groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
     const dim3 grid((unsigned)gx, (unsigned)groups, (unsigned)gz);
     const int xb = a->fmt <= FMT_FP4 || a->x_bf16 ? 2 : 4;
     int aligned = a16(a->w) && a->ws_r_bytes % 16 == 0 && a16(a->x) && ((a->m == 1 && !mo) || (a->xs_m * xb) % 16 == 0) &&
                   (a->groups == 1 || (a->xs_g * xb) % 16 == 0);
-    for (int i = 0; mo && i < mo->n; i++) aligned = aligned && a16(mo->w[i]);
+    for (int j = 0; mo && j < mo->sets; j++)
+        for (int i = 0; i < mo->n; i++) aligned = aligned && a16(mo->w[j][i]);
     if (mo && a->fmt > FMT_FP4 && !a->x_bf16) return (int)cudaErrorInvalidValue; /* no F32-activation instance */
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
@@ -432,5 +735,6 @@ extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream) { re
 
 extern "C" int dsv4_cu_moe_linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
 {
-    return mo->n > DSV4_CU_MOE_CHUNK ? (int)cudaErrorInvalidValue : linear_launch(a, mo, stream);
+    return mo->n > DSV4_CU_MOE_CHUNK || mo->sets < 1 || mo->sets > 2 ? (int)cudaErrorInvalidValue
+                                                                      : linear_launch(a, mo, stream);
 }

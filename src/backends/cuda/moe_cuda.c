@@ -11,10 +11,11 @@
 #include "core/ops_layer.h"
 #include "core/ops_linear.h"
 
-/* y [m, n] (BF16) = x [m, k] (BF16, row stride ldx) times w (scale s) in fmt. */
+/* y [m, n] (BF16) = x [m, k] (BF16, row stride ldx) times w (scale s) in fmt; with gate_up (the
+ * shared expert, w = its w1) also su = x times its w3, on the same staging. */
 static dsv4_status shared_product(const dsv4_exec *ex, const dsv4_moe_args *a, dsv4_linear_format fmt,
                                   const dsv4_tensor *w, const dsv4_tensor *s, const uint16_t *x, int64_t ldx,
-                                  int64_t k, uint16_t *y, int64_t n)
+                                  int64_t k, uint16_t *y, int64_t n, const dsv4_ffn_weights *gate_up)
 {
     const dsv4_linear_args la = {
         .fmt = fmt, .groups = 1, .m = a->T, .n = n, .k = k, .x = x, .x_bf16 = 1, .xs_m = ldx,
@@ -22,7 +23,8 @@ static dsv4_status shared_product(const dsv4_exec *ex, const dsv4_moe_args *a, d
         .ss1 = s ? s->stride[1] : 0, .y = y, .y_bf16 = 1, .ys_m = n,
         .workspace = a->lin, .workspace_bytes = a->lin_bytes,
     };
-    return dsv4_cuda_linear_ops.linear(ex, &la);
+    return gate_up ? dsv4_cu_linear_pair(ex, &la, gate_up->w3, gate_up->w3_scale, a->su)
+                   : dsv4_cuda_linear_ops.linear(ex, &la);
 }
 
 static dsv4_status moe_run(const dsv4_exec *ex, const dsv4_moe_args *a)
@@ -30,23 +32,24 @@ static dsv4_status moe_run(const dsv4_exec *ex, const dsv4_moe_args *a)
     const char *op = "moe";
     void *s = dsv4_cu_stream(ex);
     const int64_t R = a->T * a->k;
+    if (a->E > DSV4_CU_MOE_MAX_EXPERTS)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: the cuda backend groups at most %d experts (got %d)", op,
+                         DSV4_CU_MOE_MAX_EXPERTS, a->E);
     DSV4_TRY(dsv4_cu_status(dsv4_cu_moe_group_launch(a->ids, a->ldids, a->weights, a->ldweights, a->T, a->k, a->E,
                                                      a->offsets, a->order, a->pos, a->wsorted, s),
                             op));
     DSV4_TRY(dsv4_cu_status(dsv4_cu_moe_gather_launch(a->x, a->ldx, a->order, a->k, R, a->D, a->xg, s), op));
-    /* every expert's rows at once: g = w1·xg and u = w3·xg on one staging, h = swiglu(g, u)·w, out = w2·h */
-    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 0, a->offsets, a->xg, R, a->D, a->g, a->I, a->lin, 1));
-    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 1, a->offsets, a->xg, R, a->D, a->u, a->I, a->lin, 0));
+    /* every expert's rows at once: g = w1·xg and u = w3·xg in one launch, h = swiglu(g, u)·w, out = w2·h */
+    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 0, a->offsets, a->xg, R, a->D, a->g, a->u, a->I, a->lin, 1));
     DSV4_TRY(dsv4_cu_status(
         dsv4_cu_swiglu_launch(a->g, a->I, a->u, a->I, a->wsorted, a->g, a->I, R, a->I, a->limit, s), op));
-    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 2, a->offsets, a->g, R, a->I, a->out, a->D, a->lin, 1));
+    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 2, a->offsets, a->g, R, a->I, a->out, NULL, a->D, a->lin, 1));
     if (a->shared) {
         const dsv4_ffn_weights *f = a->shared;
-        DSV4_TRY(shared_product(ex, a, f->fmt, f->w1, f->w1_scale, a->x, a->ldx, a->D, a->sg, a->Is));
-        DSV4_TRY(shared_product(ex, a, f->fmt, f->w3, f->w3_scale, a->x, a->ldx, a->D, a->su, a->Is));
+        DSV4_TRY(shared_product(ex, a, f->fmt, f->w1, f->w1_scale, a->x, a->ldx, a->D, a->sg, a->Is, f));
         DSV4_TRY(dsv4_cu_status(
             dsv4_cu_swiglu_launch(a->sg, a->Is, a->su, a->Is, NULL, a->sg, a->Is, a->T, a->Is, a->limit, s), op));
-        DSV4_TRY(shared_product(ex, a, f->fmt, f->w2, f->w2_scale, a->sg, a->Is, a->Is, a->sout, a->D));
+        DSV4_TRY(shared_product(ex, a, f->fmt, f->w2, f->w2_scale, a->sg, a->Is, a->Is, a->sout, a->D, NULL));
     }
     return dsv4_cu_status(dsv4_cu_moe_combine_launch(a->ids, a->ldids, a->pos, a->k, a->E, a->out,
                                                      a->shared ? a->sout : NULL, a->T, a->D, a->y, a->ldy, s),

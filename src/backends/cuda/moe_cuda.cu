@@ -14,27 +14,47 @@ DSV4_CU_INLINE int pair_expert(const int32_t *ids, long long ldids, int k, int E
     return e >= 0 && e < E ? e : -1;
 }
 
-/* One CTA. off[e + 1] counts expert e, the prefix sum turns off[e] into e's first row and then
+/* One CTA, E < GROUP_THREADS. In shared memory cur[e + 1] counts expert e, a block-wide scan (one
+ * element per thread: warp scans, then the warps' totals) turns cur[e] into e's first row and then
  * its cursor; the pairs are placed a chunk of GROUP_THREADS at a time, warp after warp, a warp's
- * lanes of one expert by their rank among themselves, so every pair keeps its pair order. */
+ * lanes of one expert by their rank among themselves, so every pair keeps its pair order; the
+ * offsets are written once at the end (the cursors stand at each expert's end). */
 __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int32_t *ids, long long ldids,
                                                                   const float *weights, long long ldweights,
                                                                   long long T, int k, int E, int32_t *off,
                                                                   int32_t *order, int32_t *pos, float *wsorted)
 {
+    __shared__ int cur[GROUP_THREADS], warp_sum[GROUP_WARPS];
     const long long R = T * k;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int e = threadIdx.x; e <= E; e += GROUP_THREADS) off[e] = 0;
+    cur[threadIdx.x] = 0;
     __syncthreads();
     for (long long p = threadIdx.x; p < R; p += GROUP_THREADS) {
         const int e = pair_expert(ids, ldids, k, E, p);
-        if (e >= 0) atomicAdd(&off[e + 1], 1);
+        if (e >= 0) atomicAdd(&cur[e + 1], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0)
-        for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    int v = cur[threadIdx.x]; /* inclusive scan of cur[0 .. GROUP_THREADS) */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xFFFFFFFFu, v, o);
+        if (lane >= o) v += u;
+    }
+    if (lane == 31) warp_sum[warp] = v;
     __syncthreads();
-    const int kept = off[E];
+    if (warp == 0) {
+        int w = warp_sum[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xFFFFFFFFu, w, o);
+            if (lane >= o) w += u;
+        }
+        warp_sum[lane] = w;
+    }
+    __syncthreads();
+    cur[threadIdx.x] = v + (warp ? warp_sum[warp - 1] : 0);
+    __syncthreads();
+    const int kept = cur[E];
     for (long long c = 0; c < R; c += GROUP_THREADS) {
         const long long p = c + threadIdx.x;
         const int e = p < R ? pair_expert(ids, ldids, k, E, p) : -1;
@@ -43,7 +63,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int32_t 
         for (int w = 0; w < GROUP_WARPS; w++) {
             if (w == warp && p < R) {
                 if (e >= 0) {
-                    const int i = off[e] + rank;
+                    const int i = cur[e] + rank;
                     order[i] = (int32_t)p;
                     pos[p] = i;
                     wsorted[i] = weights[(p / k) * ldweights + p % k];
@@ -52,22 +72,20 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int32_t 
                 }
             }
             __syncwarp();
-            if (w == warp && e >= 0 && rank == 0) off[e] += __popc(same);
+            if (w == warp && e >= 0 && rank == 0) cur[e] += __popc(same);
             __syncthreads();
         }
     }
     for (long long i = kept + threadIdx.x; i < R; i += GROUP_THREADS) order[i] = -1, wsorted[i] = 0.0f;
-    __syncthreads();
-    if (threadIdx.x == 0) { /* the cursors stand at each expert's end: shift back to the starts */
-        for (int e = E; e > 0; e--) off[e] = off[e - 1];
-        off[0] = 0;
-    }
+    for (int e = threadIdx.x; e <= E; e += GROUP_THREADS) off[e] = e ? cur[e - 1] : 0;
 }
 
 extern "C" int dsv4_cu_moe_group_launch(const int32_t *ids, long long ldids, const float *weights,
                                         long long ldweights, long long T, int k, int E, int32_t *offsets,
                                         int32_t *order, int32_t *pos, float *wsorted, void *stream)
 {
+    static_assert(DSV4_CU_MOE_MAX_EXPERTS < GROUP_THREADS, "cur[E] is a thread's element");
+    if (E < 1 || E > DSV4_CU_MOE_MAX_EXPERTS) return (int)cudaErrorInvalidValue;
     moe_group_kernel<<<1, GROUP_THREADS, 0, (cudaStream_t)stream>>>(ids, ldids, weights, ldweights, T, k, E, offsets,
                                                                    order, pos, wsorted);
     return (int)cudaGetLastError();
