@@ -436,8 +436,9 @@ static void linear_grouped(void)
 }
 
 /* The shapes of a device's tiled path for many rows (the cuda backend: M >= DSV4_CU_MMA_MIN_M = 16,
- * src/backends/cuda/linear_mma_cuda.cu): M 16 .. 512, N and K off its 64 x 128 tiles, K long enough
- * to be split over 2 and 8 CTAs, the grouped wo_a, and rows computed alone giving the same bytes.
+ * src/backends/cuda/linear_mma_cuda.cu): M 16 .. 512, N and K off its 64 x 64|128 x 128 tiles, K long
+ * enough to be split over 2 and 8 CTAs, the grouped wo_a, and rows computed alone giving the same
+ * bytes (160 rows run 128-wide tiles, 60 of them alone 64-wide ones).
  * The tolerance is LIN_TOL's: the tensor core sums the 16 exact products of a step after aligning
  * them to the largest exponent, truncating below fp32's 24 bits (plus its guard bits), an error of
  * a few ulps of that step's largest term at most, and random in sign like the fp32 rounding errors

@@ -38,16 +38,21 @@ namespace {
 
 enum { FMT_B128 = 0, FMT_MX = 1, FMT_FP4 = 2, FMT_BF16 = 3 };
 enum {
-    BM = 64, BN = 64, BK = 128, STAGES = 3, THREADS = 128, MAX_SPLIT = 8,
+    BM = 64, BK = 128, THREADS = 128, MAX_SPLIT = 8,
+    SPLIT_TILE = 64,             /* the N tile split_of counts in (whatever the launch's tile) */
     A_ROW = BK * 2,              /* bytes of an activation row in a stage */
     TARGET_CTAS = 264,           /* the split's aim: two CTAs per SM of an H200 (a constant: see split_of) */
 };
 
-template <int FMT> struct tile_fmt {
+/* NI: n8 pieces of a warp's columns (4: a 64-wide tile of the CTA, 8: 128-wide). */
+template <int FMT, int NI> struct tile_fmt {
+    static constexpr int BN = 16 * NI, WN = 8 * NI;
+    static constexpr int STAGES = NI == 8 && FMT == FMT_BF16 ? 2 : 3;
     static constexpr int W_ROW = FMT == FMT_FP4 ? BK / 2 : FMT == FMT_BF16 ? BK * 2 : BK; /* weight bytes per row */
     static constexpr int BLOCKS = FMT == FMT_B128 ? 1 : FMT == FMT_BF16 ? 0 : BK / 32;   /* scale blocks per tile */
     static constexpr int STAGE = BM * A_ROW + BN * W_ROW;
     static constexpr int SMEM = STAGES * STAGE + 2 * BN * 4 * 4; /* + two tiles of scales (float) */
+    static_assert(BM * BN * 4 <= STAGES * STAGE, "the split's tile fits the stages");
 };
 
 /* 16 bytes global -> shared, zeros when !valid (src is then not read). */
@@ -130,10 +135,11 @@ template <int FMT> DSV4_CU_INLINE void weight_frag(uint32_t wst, int n, int span
 }
 
 /* grid: x = N tiles x split (a cluster of `split` along x shares a tile), y = M tiles, z = groups. */
-template <int FMT>
+template <int FMT, int NI>
 __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linear p, int split)
 {
-    typedef tile_fmt<FMT> T;
+    typedef tile_fmt<FMT, NI> T;
+    constexpr int BN = T::BN, WN = T::WN, STAGES = T::STAGES;
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, c4 = lane & 3;
     const int wm = warp >> 1, wn = warp & 1;
@@ -194,11 +200,11 @@ __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linea
         }
     };
 
-    float acc[2][4][4];
+    float acc[2][NI][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NI; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
@@ -222,7 +228,7 @@ __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linea
         const uint32_t ast = s_base + (int)(it % STAGES) * T::STAGE, wst = ast + BM * A_ROW;
         const float *sc = scales + (kt & 1) * BN * 4;
         if (warp_live) {
-            float part[2][4][4];
+            float part[2][NI][4];
 #pragma unroll
             for (int span = 0; span < 4; span++) {
                 uint4 av[2][2];
@@ -230,9 +236,9 @@ __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linea
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) av[mi][h] = lds16(ast + off_row256(wm * 32 + mi * 16 + h * 8 + g8, 4 * span + c4));
-                uint32_t bv[4][4];
+                uint32_t bv[NI][4];
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) weight_frag<FMT>(wst, wn * 32 + ni * 8 + g8, span, c4, bv[ni]);
+                for (int ni = 0; ni < NI; ni++) weight_frag<FMT>(wst, wn * WN + ni * 8 + g8, span, c4, bv[ni]);
 #pragma unroll
                 for (int st = 0; st < 2; st++)
 #pragma unroll
@@ -240,7 +246,7 @@ __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linea
                         const uint32_t a[4] = {st ? av[mi][0].z : av[mi][0].x, st ? av[mi][1].z : av[mi][1].x,
                                                st ? av[mi][0].w : av[mi][0].y, st ? av[mi][1].w : av[mi][1].y};
 #pragma unroll
-                        for (int ni = 0; ni < 4; ni++) {
+                        for (int ni = 0; ni < NI; ni++) {
                             if (FMT == FMT_BF16) cu_mma_bf16(acc[mi][ni], a, bv[ni][2 * st], bv[ni][2 * st + 1]);
                             else if ((FMT == FMT_B128 ? span : 0) == 0 && st == 0)
                                 mma_bf16_zero(part[mi][ni], a, bv[ni][0], bv[ni][1]);
@@ -253,8 +259,8 @@ __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linea
                 if (block_end && (FMT == FMT_B128 || in_k)) {
                     const int b = FMT == FMT_B128 ? 0 : span, bl = T::BLOCKS ? T::BLOCKS : 1;
 #pragma unroll
-                    for (int ni = 0; ni < 4; ni++) {
-                        const int col = wn * 32 + ni * 8 + 2 * c4;
+                    for (int ni = 0; ni < NI; ni++) {
+                        const int col = wn * WN + ni * 8 + 2 * c4;
                         const float s0 = sc[col * bl + b], s1 = sc[(col + 1) * bl + b];
 #pragma unroll
                         for (int mi = 0; mi < 2; mi++) {
@@ -285,10 +291,10 @@ __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linea
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const long long m = m0 + wm * 32 + mi * 16 + g8 + (e >> 1) * 8, n = n0 + wn * 32 + ni * 8 + 2 * c4 + (e & 1);
+                    const long long m = m0 + wm * 32 + mi * 16 + g8 + (e >> 1) * 8, n = n0 + wn * WN + ni * 8 + 2 * c4 + (e & 1);
                     if (m < p.m && n < p.n) store(m, n, acc[mi][ni][e]);
                 }
         return;
@@ -299,10 +305,10 @@ __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linea
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                red[(wm * 32 + mi * 16 + g8 + (e >> 1) * 8) * BN + wn * 32 + ni * 8 + 2 * c4 + (e & 1)] = acc[mi][ni][e];
+                red[(wm * 32 + mi * 16 + g8 + (e >> 1) * 8) * BN + wn * WN + ni * 8 + 2 * c4 + (e & 1)] = acc[mi][ni][e];
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();
     const int rows = BM / split, r0 = rank * rows;
@@ -325,23 +331,24 @@ __global__ void __launch_bounds__(THREADS) mma_linear_kernel(const dsv4_cu_linea
  * summation order is fixed by the shape. */
 int split_of(long long n, long long k, long long groups)
 {
-    const long long tiles = (n + BN - 1) / BN * groups, ktiles = (k + BK - 1) / BK;
+    const long long tiles = (n + SPLIT_TILE - 1) / SPLIT_TILE * groups, ktiles = (k + BK - 1) / BK;
     int s = 1;
     while (s < MAX_SPLIT && tiles * s < TARGET_CTAS && ktiles >= 8 * s) s <<= 1;
     return s;
 }
 
-template <int FMT> int launch_fmt(const dsv4_cu_linear *a, int split, cudaStream_t stream)
+template <int FMT, int NI> int launch_fmt(const dsv4_cu_linear *a, int split, cudaStream_t stream)
 {
+    typedef tile_fmt<FMT, NI> T;
     static unsigned char opted[DSV4_CU_MAX_DEVICES];
     int dev = -1;
     if (cudaGetDevice(&dev) != cudaSuccess) return (int)cudaErrorInvalidDevice;
-    const int e = cu_smem_opt_in(opted, dev, mma_linear_kernel<FMT>, tile_fmt<FMT>::SMEM);
+    const int e = cu_smem_opt_in(opted, dev, mma_linear_kernel<FMT, NI>, T::SMEM);
     if (e) return e;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(((a->n + BN - 1) / BN) * split), (unsigned)((a->m + BM - 1) / BM), (unsigned)a->groups);
+    cfg.gridDim = dim3((unsigned)(((a->n + T::BN - 1) / T::BN) * split), (unsigned)((a->m + BM - 1) / BM), (unsigned)a->groups);
     cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = tile_fmt<FMT>::SMEM;
+    cfg.dynamicSmemBytes = T::SMEM;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -350,22 +357,40 @@ template <int FMT> int launch_fmt(const dsv4_cu_linear *a, int split, cudaStream
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return (int)cudaLaunchKernelEx(&cfg, mma_linear_kernel<FMT>, *a, split);
+    return (int)cudaLaunchKernelEx(&cfg, mma_linear_kernel<FMT, NI>, *a, split);
+}
+
+template <int FMT> int launch_fmt(const dsv4_cu_linear *a, int split, int wide, cudaStream_t stream)
+{
+    return wide ? launch_fmt<FMT, 8>(a, split, stream) : launch_fmt<FMT, 4>(a, split, stream);
 }
 
 int a16(const void *q) { return ((uintptr_t)q & 15u) == 0; }
 
-/* The threshold: DSV4_CU_MMA_MIN_M, or the environment's DSV4_CUDA_MMA_MIN_M (read once; the
- * benchmarks compare the two paths with it). */
+/* A positive integer from the environment (read once by the caller), else dflt. */
+long long env_rows(const char *name, long long dflt)
+{
+    const char *s = getenv(name);
+    char *end = NULL;
+    const long long e = s && *s ? strtoll(s, &end, 10) : 0;
+    return s && *s && end && !*end && e > 0 ? e : dflt;
+}
+
+/* The thresholds: DSV4_CU_MMA_MIN_M rows for this path, WIDE_MIN_M for the 128-wide tiles (fewer
+ * shared-memory reads per product; the 64-wide ones give small M more CTAs). The environment's
+ * DSV4_CUDA_MMA_MIN_M / DSV4_CUDA_MMA_WIDE_M move them (read once; the benchmarks compare the
+ * paths with them). Neither changes a result: the tile width is not part of the order. */
+enum { WIDE_MIN_M = 128 };
 long long min_m(void)
 {
     static long long v = -1;
-    if (v < 0) {
-        const char *s = getenv("DSV4_CUDA_MMA_MIN_M");
-        char *end = NULL;
-        const long long e = s && *s ? strtoll(s, &end, 10) : 0;
-        v = s && *s && end && !*end && e > 0 ? e : DSV4_CU_MMA_MIN_M;
-    }
+    if (v < 0) v = env_rows("DSV4_CUDA_MMA_MIN_M", DSV4_CU_MMA_MIN_M);
+    return v;
+}
+long long wide_m(void)
+{
+    static long long v = -1;
+    if (v < 0) v = env_rows("DSV4_CUDA_MMA_WIDE_M", WIDE_MIN_M);
     return v;
 }
 
@@ -377,14 +402,14 @@ extern "C" int dsv4_cu_linear_mma_launch(const dsv4_cu_linear *a, void *stream, 
     if (a->m < min_m() || a->fmt > FMT_BF16 || (a->fmt == FMT_BF16 && !a->x_bf16)) return 0;
     if (!a16(a->x) || !a16(a->w) || a->ws_r_bytes % 16 || (a->xs_m * 2) % 16 || (a->groups > 1 && (a->xs_g * 2) % 16))
         return 0;
-    if ((a->m + BM - 1) / BM > 65535 || a->groups > 65535 || (a->n + BN - 1) / BN * MAX_SPLIT > 0x7FFFFFFFll) return 0;
+    if ((a->m + BM - 1) / BM > 65535 || a->groups > 65535 || (a->n + 63) / 64 * MAX_SPLIT > 0x7FFFFFFFll) return 0;
     *handled = 1;
-    const int split = split_of(a->n, a->k, a->groups);
+    const int split = split_of(a->n, a->k, a->groups), wide = a->m >= wide_m();
     cudaStream_t s = (cudaStream_t)stream;
     switch (a->fmt) {
-    case FMT_B128: return launch_fmt<FMT_B128>(a, split, s);
-    case FMT_MX: return launch_fmt<FMT_MX>(a, split, s);
-    case FMT_FP4: return launch_fmt<FMT_FP4>(a, split, s);
-    default: return launch_fmt<FMT_BF16>(a, split, s);
+    case FMT_B128: return launch_fmt<FMT_B128>(a, split, wide, s);
+    case FMT_MX: return launch_fmt<FMT_MX>(a, split, wide, s);
+    case FMT_FP4: return launch_fmt<FMT_FP4>(a, split, wide, s);
+    default: return launch_fmt<FMT_BF16>(a, split, wide, s);
     }
 }
