@@ -64,13 +64,13 @@ DSV4_CU_INLINE void cp16_zfill(uint32_t dst, const void *src, bool valid)
 DSV4_CU_INLINE uint4 lds16(uint32_t a)
 {
     uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
     return v;
 }
 DSV4_CU_INLINE uint2 lds8(uint32_t a)
 {
     uint2 v;
-    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
     return v;
 }
 /* d = a * b (+ 0): the first k16 step of a scale block. */
