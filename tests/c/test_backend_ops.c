@@ -435,7 +435,7 @@ static void linear_grouped(void)
     for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) grouped_case(f, 3, 4, 24, 256);
 }
 
-/* The shapes of a device's tiled path for many rows (the cuda backend: M >= DSV4_CU_MMA_MIN_M = 16,
+/* The shapes of a device's tiled path for many rows (the cuda backend: M >= 16, set in main,
  * src/backends/cuda/linear_mma_cuda.cu): M 16 .. 512, N and K off its 64 x 64|128 x 128 tiles, K long
  * enough to be split over 2 and 8 CTAs, the grouped wo_a, and rows computed alone giving the same
  * bytes (160 rows run 128-wide tiles, 60 of them alone 64-wide ones).
@@ -1476,6 +1476,9 @@ static void run_families(void)
 
 int main(void)
 {
+    /* the cuda backend's tensor-core linear path is opt-in (src/backends/cuda/cuda_ops.h): run it
+     * from 16 rows on, as linear_mma's shapes assume, unless the caller chose a threshold */
+    setenv("DSV4_CUDA_MMA_MIN_M", "16", 0);
     test_seed();
     ref = test_ctx("cpu-ref", 2, NULL);
     int tested = 0;

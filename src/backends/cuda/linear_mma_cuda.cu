@@ -1,5 +1,5 @@
 /* Linear layers on the tensor cores (docs/kernels.md §5): the product of linear_cuda.cu for M at or
- * above DSV4_CU_MMA_MIN_M rows (prefill, batched decode, MTP verification), for the FP8_B128, MXFP8
+ * above DSV4_CUDA_MMA_MIN_M rows (prefill, batched decode, MTP verification; opt-in, cuda_ops.h), for the FP8_B128, MXFP8
  * and FP4 weights on their BF16 staging and for BF16 weights on BF16 activations. F32 weights, F32
  * activations and layouts it cannot copy in 16-byte pieces stay on the streaming kernel.
  *
@@ -30,6 +30,7 @@
 #include "backends/cuda/cuda_ops.h"
 
 #include <cooperative_groups.h>
+#include <limits.h>
 #include <stdlib.h>
 
 namespace cg = cooperative_groups;
@@ -376,15 +377,15 @@ long long env_rows(const char *name, long long dflt)
     return s && *s && end && !*end && e > 0 ? e : dflt;
 }
 
-/* The thresholds: DSV4_CU_MMA_MIN_M rows for this path, WIDE_MIN_M for the 128-wide tiles (fewer
- * shared-memory reads per product; the 64-wide ones give small M more CTAs). The environment's
- * DSV4_CUDA_MMA_MIN_M / DSV4_CUDA_MMA_WIDE_M move them (read once; the benchmarks compare the
- * paths with them). Neither changes a result: the tile width is not part of the order. */
+/* The thresholds: the environment's DSV4_CUDA_MMA_MIN_M rows for this path (read once; unset: the
+ * path is off, see cuda_ops.h), WIDE_MIN_M (or DSV4_CUDA_MMA_WIDE_M) for the 128-wide tiles (fewer
+ * shared-memory reads per product; the 64-wide ones give small M more CTAs). The tile width does
+ * not change a result: it is not part of the order. */
 enum { WIDE_MIN_M = 128 };
 long long min_m(void)
 {
     static long long v = -1;
-    if (v < 0) v = env_rows("DSV4_CUDA_MMA_MIN_M", DSV4_CU_MMA_MIN_M);
+    if (v < 0) v = env_rows("DSV4_CUDA_MMA_MIN_M", LLONG_MAX);
     return v;
 }
 long long wide_m(void)
