@@ -335,62 +335,46 @@ static dsv4_status linear_on(dsv4_ctx *c, const wcase *w, const dsv4_tensor *hx,
     return s;
 }
 
-/* One product of format f, M x N x K, on the backend under test and on cpu-ref: within LIN_TOL of
- * each other per output, stage + staged == linear bit for bit. With `sub` the rows
- * sub .. sub + m_sub - 1 of x are multiplied again alone (another M, another place in the device
- * tiles, no other rows) and must give the same bytes (include/dsv4/linear.h: a row's result does not
- * depend on the other rows of the call). Returns the largest error in units of 2^-24 sum|x w|. */
-static double linear_case(int f, int64_t m, int64_t n, int64_t k, int x_bf16, int s_t, int64_t sub, int64_t m_sub)
-{
-    wcase w;
-    wcase_make(&w, (dsv4_linear_format)f, n, k, f % 2, s_t);
-    float *xf = f32_rand((size_t)(m * k), 2.0f, 0.0f), *bias = f32_rand((size_t)n, 1.0f, 0.0f);
-    uint16_t *xb = malloc(2 * (size_t)(m * k));
-    for (int64_t i = 0; i < m * k; i++) {
-        xb[i] = dsv4_bf16_encode(xf[i]);
-        if (x_bf16) xf[i] = dsv4_bf16_decode(xb[i]);
-    }
-    dsv4_tensor hx = view(x_bf16 ? (void *)xb : (void *)xf, x_bf16 ? DSV4_BF16 : DSV4_F32, 2, m, k, 0),
-                hb = view(bias, DSV4_F32, 1, n, 0, 0);
-    float *yr = poisoned(4 * (size_t)(m * n)), *yt = poisoned(4 * (size_t)(m * n)),
-          *ys = poisoned(4 * (size_t)(m * n));
-    ran("linear", linear_on(tc, &w, &hx, &hb, yt, 0), linear_on(ref, &w, &hx, &hb, yr, 0));
-    int bad = 0;
-    double worst = 0;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double mag = fabs(bias[j]);
-            for (int64_t q = 0; q < k; q++) mag += fabs(xf[i * k + q] * w.wq[j * k + q]);
-            const double err = fabs((double)yt[i * n + j] - yr[i * n + j]);
-            bad += !(err <= LIN_TOL * mag);
-            if (mag > 0 && err / mag > worst) worst = err / mag;
-        }
-    n_compared++;
-    CHECK(bad == 0, "linear %s m=%lld n=%lld k=%lld on %s: %d outputs beyond %g of sum|x w| from cpu-ref",
-          dsv4_linear_format_name(w.fmt), (long long)m, (long long)n, (long long)k, target, bad, LIN_TOL);
-    if (HAS(linear, stage)) { /* the contract: stage + staged == linear, bit for bit, on one backend */
-        CHECK_STATUS(linear_on(tc, &w, &hx, &hb, ys, 1), DSV4_OK);
-        same("linear_staged", dsv4_linear_format_name(w.fmt), ys, yt, 4 * (size_t)(m * n));
-    }
-    if (m_sub) {
-        const size_t xe = x_bf16 ? 2 : 4;
-        dsv4_tensor hxs = view((uint8_t *)hx.data + (size_t)(sub * k) * xe, hx.dtype, 2, m_sub, k, 0);
-        CHECK_STATUS(linear_on(tc, &w, &hxs, &hb, ys, 0), DSV4_OK);
-        same("linear rows alone", dsv4_linear_format_name(w.fmt), ys, yt + sub * n, 4 * (size_t)(m_sub * n));
-    }
-    release();
-    free(xf), free(xb), free(bias), free(yr), free(yt), free(ys);
-    wcase_free(&w);
-    return worst * 0x1p24;
-}
-
 static void linear_formats(void)
 {
     if (missing("linear.linear", HAS(linear, linear) && HAS(linear, workspace_size))) return;
-    if (!HAS(linear, stage)) missing("linear.stage", 0);
+    const int staging = HAS(linear, stage);
+    if (!staging) missing("linear.stage", 0);
     for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++)
-        for (int mi = 0; mi < 3; mi++) /* M = 37: more rows than one device tile of 16 */
-            linear_case(f, mi == 2 ? 37 : mi ? 6 : 1, 70, f == DSV4_LINEAR_MXFP8 ? 288 : 384, (f + mi) % 2, mi & 1, 0, 0);
+        for (int mi = 0; mi < 3; mi++) { /* M = 37: more rows than one device tile of 16 */
+            const int64_t m = mi == 2 ? 37 : mi ? 6 : 1, n = 70, k = f == DSV4_LINEAR_MXFP8 ? 288 : 384;
+            const int x_bf16 = (f + mi) % 2;
+            wcase w;
+            wcase_make(&w, (dsv4_linear_format)f, n, k, f % 2, mi & 1);
+            float *xf = f32_rand((size_t)(m * k), 2.0f, 0.0f), *bias = f32_rand((size_t)n, 1.0f, 0.0f);
+            uint16_t *xb = malloc(2 * (size_t)(m * k));
+            for (int64_t i = 0; i < m * k; i++) {
+                xb[i] = dsv4_bf16_encode(xf[i]);
+                if (x_bf16) xf[i] = dsv4_bf16_decode(xb[i]);
+            }
+            dsv4_tensor hx = view(x_bf16 ? (void *)xb : (void *)xf, x_bf16 ? DSV4_BF16 : DSV4_F32, 2, m, k, 0),
+                        hb = view(bias, DSV4_F32, 1, n, 0, 0);
+            float *yr = poisoned(4 * (size_t)(m * n)), *yt = poisoned(4 * (size_t)(m * n)),
+                  *ys = poisoned(4 * (size_t)(m * n));
+            ran("linear", linear_on(tc, &w, &hx, &hb, yt, 0), linear_on(ref, &w, &hx, &hb, yr, 0));
+            int bad = 0;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) {
+                    double mag = fabs(bias[j]);
+                    for (int64_t q = 0; q < k; q++) mag += fabs(xf[i * k + q] * w.wq[j * k + q]);
+                    bad += !(fabs((double)yt[i * n + j] - yr[i * n + j]) <= LIN_TOL * mag);
+                }
+            n_compared++;
+            CHECK(bad == 0, "linear %s m=%lld on %s: %d outputs beyond %g of sum|x w| from cpu-ref",
+                  dsv4_linear_format_name(w.fmt), (long long)m, target, bad, LIN_TOL);
+            if (staging) { /* the contract: stage + staged == linear, bit for bit, on one backend */
+                CHECK_STATUS(linear_on(tc, &w, &hx, &hb, ys, 1), DSV4_OK);
+                same("linear_staged", dsv4_linear_format_name(w.fmt), ys, yt, 4 * (size_t)(m * n));
+            }
+            release();
+            free(xf), free(xb), free(bias), free(yr), free(yt), free(ys);
+            wcase_free(&w);
+        }
 }
 
 /* On a device backend a row's result does not depend on the other rows of the call: 3, 5 and 13
@@ -420,81 +404,47 @@ static void linear_rows_independent(void)
 }
 
 /* The grouped product (wo_a): G groups of R rows of one weight, the same tolerance per output. */
-static void grouped_case(int f, int64_t T, int64_t G, int64_t R, int64_t K)
-{
-    wcase w;
-    wcase_make(&w, (dsv4_linear_format)f, G * R, K, 0, f % 2);
-    uint16_t *x = bf16_rand((size_t)(T * G * K), 2.0f);
-    float *y[2] = {poisoned(4 * (size_t)(T * G * R)), poisoned(4 * (size_t)(T * G * R))};
-    dsv4_status st[2];
-    dsv4_ctx *cs[2] = {ref, tc};
-    for (int side = 0; side < 2; side++) {
-        dsv4_ctx *c = cs[side];
-        dsv4_tensor hw, hs, hx = view(x, DSV4_BF16, 3, T, G, K), hy = view(y[side], DSV4_F32, 3, T, G, R);
-        wcase_views(&w, &hw, &hs);
-        dsv4_tensor tx = on(c, &hx), tw = on(c, &hw), ts = on(c, &hs), ty = on(c, &hy);
-        size_t wsb = 0;
-        st[side] = dsv4_linear_workspace_size(c, w.fmt, T * G, K, &wsb);
-        if (!st[side])
-            st[side] = dsv4_grouped_linear(c, w.fmt, &tx, &tw, w.fmt <= DSV4_LINEAR_FP4 ? &ts : NULL, &ty,
-                                           scratch(c, wsb), wsb);
-        back(c, &ty, y[side]);
-        release();
-    }
-    ran("grouped_linear", st[1], st[0]);
-    int bad = 0;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t g = 0; g < G; g++)
-            for (int64_t r = 0; r < R; r++) {
-                double mag = 0;
-                for (int64_t k = 0; k < K; k++)
-                    mag += fabs(dsv4_bf16_decode(x[(t * G + g) * K + k]) * w.wq[(g * R + r) * K + k]);
-                const int64_t i = (t * G + g) * R + r;
-                bad += !(fabs((double)y[1][i] - y[0][i]) <= LIN_TOL * mag);
-            }
-    n_compared++;
-    CHECK(bad == 0, "grouped_linear %s T=%lld on %s: %d outputs beyond %g of sum|x w| from cpu-ref",
-          dsv4_linear_format_name(w.fmt), (long long)T, target, bad, LIN_TOL);
-    free(x), free(y[0]), free(y[1]);
-    wcase_free(&w);
-}
-
 static void linear_grouped(void)
 {
     if (missing("linear.linear (grouped)", HAS(linear, linear) && HAS(linear, workspace_size))) return;
-    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) grouped_case(f, 3, 4, 24, 256);
-}
-
-/* The shapes of a device's tiled path for many rows (the cuda backend: M >= 16, set in main,
- * src/backends/cuda/linear_mma_cuda.cu): M 16 .. 512, N and K off its 64 x 64|128 x 128 tiles, K long
- * enough to be split over 2 and 8 CTAs, the grouped wo_a, and rows computed alone giving the same
- * bytes (160 rows run 128-wide tiles, 60 of them alone 64-wide ones).
- * The tolerance is LIN_TOL's: the tensor core sums the 16 exact products of a step after aligning
- * them to the largest exponent, truncating below fp32's 24 bits (plus its guard bits), an error of
- * a few ulps of that step's largest term at most, and random in sign like the fp32 rounding errors
- * LIN_TOL budgets; the largest error measured is printed. CPU backends run the case list at M <= 37
- * only (the full list costs seconds per ISA under the sanitizers and tests the same loops). */
-static void linear_mma(void)
-{
-    if (missing("linear.linear (mma shapes)", HAS(linear, linear) && HAS(linear, workspace_size))) return;
-    const int cpu = !strncmp(target, "cpu", 3);
-    static const struct {
-        int64_t m, n, k, sub, m_sub;
-    } shapes[] = {
-        {16, 200, 416, 0, 0},  {37, 70, 352, 5, 21}, {33, 100, 1056, 9, 16}, {16, 64, 8224, 0, 0},
-        {160, 136, 480, 100, 60}, {512, 136, 288, 37, 300},
-    };
-    double worst = 0;
-    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++)
-        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-            if (cpu && shapes[i].m > 37) continue;
-            const double e = linear_case(f, shapes[i].m, shapes[i].n, shapes[i].k, (f + (int)i) % 2, (int)(i & 1),
-                                         shapes[i].sub, shapes[i].m_sub);
-            if (e > worst) worst = e;
+    enum { T = 3, G = 4, R = 24, K = 256 };
+    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
+        wcase w;
+        wcase_make(&w, (dsv4_linear_format)f, G * R, K, 0, f % 2);
+        uint16_t *x = bf16_rand(T * G * K, 2.0f);
+        float *y[2] = {poisoned(4 * T * G * R), poisoned(4 * T * G * R)};
+        dsv4_status st[2];
+        dsv4_ctx *cs[2] = {ref, tc};
+        for (int side = 0; side < 2; side++) {
+            dsv4_ctx *c = cs[side];
+            dsv4_tensor hw, hs, hx = view(x, DSV4_BF16, 3, T, G, K), hy = view(y[side], DSV4_F32, 3, T, G, R);
+            wcase_views(&w, &hw, &hs);
+            dsv4_tensor tx = on(c, &hx), tw = on(c, &hw), ts = on(c, &hs), ty = on(c, &hy);
+            size_t wsb = 0;
+            st[side] = dsv4_linear_workspace_size(c, w.fmt, T * G, K, &wsb);
+            if (!st[side])
+                st[side] = dsv4_grouped_linear(c, w.fmt, &tx, &tw, w.fmt <= DSV4_LINEAR_FP4 ? &ts : NULL, &ty,
+                                               scratch(c, wsb), wsb);
+            back(c, &ty, y[side]);
+            release();
         }
-    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) grouped_case(f, 20, 4, 72, 288);
-    printf("  %-10s linear (mma shapes): largest error %.1f x 2^-24 sum|x w| (bound %.0f)\n", target, worst,
-           LIN_TOL * 0x1p24);
+        ran("grouped_linear", st[1], st[0]);
+        int bad = 0;
+        for (int t = 0; t < T; t++)
+            for (int g = 0; g < G; g++)
+                for (int r = 0; r < R; r++) {
+                    double mag = 0;
+                    for (int k = 0; k < K; k++)
+                        mag += fabs(dsv4_bf16_decode(x[(t * G + g) * K + k]) * w.wq[(int64_t)(g * R + r) * K + k]);
+                    const int i = (t * G + g) * R + r;
+                    bad += !(fabs((double)y[1][i] - y[0][i]) <= LIN_TOL * mag);
+                }
+        n_compared++;
+        CHECK(bad == 0, "grouped_linear %s on %s: %d outputs beyond %g of sum|x w| from cpu-ref",
+              dsv4_linear_format_name(w.fmt), target, bad, LIN_TOL);
+        free(x), free(y[0]), free(y[1]);
+        wcase_free(&w);
+    }
 }
 
 /* ---- layer --------------------------------------------------------------------------------- */
@@ -1654,7 +1604,6 @@ static const struct {
 } families[] = {
     {"formats_codecs", formats_codecs}, {"formats_rules", formats_rules},   {"formats_weights", formats_weights},
     {"linear_formats", linear_formats}, {"linear_grouped", linear_grouped}, {"linear_rows_independent", linear_rows_independent},
-    {"linear_mma", linear_mma},
     {"layer_rms", layer_rms},
     {"layer_mhc", layer_mhc},           {"layer_route", layer_route},       {"layer_swiglu", layer_swiglu},
     {"layer_moe", layer_moe},           {"layer_moe_quantized", layer_moe_quantized}, {"tensor_ops", tensor_ops},         {"tensor_paged_slots", tensor_paged_slots},
@@ -1675,9 +1624,6 @@ static void run_families(void)
 
 int main(void)
 {
-    /* the cuda backend's tensor-core linear path is opt-in (src/backends/cuda/cuda_ops.h): run it
-     * from 16 rows on, as linear_mma's shapes assume, unless the caller chose a threshold */
-    setenv("DSV4_CUDA_MMA_MIN_M", "16", 0);
     test_seed();
     ref = test_ctx("cpu-ref", 2, NULL);
     int tested = 0;

@@ -78,14 +78,6 @@ typedef struct dsv4_cu_linear {
 
 int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream);
 
-/* The tensor-core product (linear_mma_cuda.cu) for a->m at or above the environment's
- * DSV4_CUDA_MMA_MIN_M (read once; unset: off): sets *handled and launches when it takes the call
- * (FP8_B128, MXFP8, FP4, BF16 weights on BF16 x; 16-byte aligned rows), leaves *handled 0 otherwise
- * (the streaming kernel's case). Opt-in until it has been measured and validated on a device
- * (BENCHMARKS.md "Linear layers on the GPU"); tests/c/test_backend_ops.c sets DSV4_CU_MMA_MIN_M. */
-#define DSV4_CU_MMA_MIN_M 16 /* the threshold the tests run it at */
-int dsv4_cu_linear_mma_launch(const dsv4_cu_linear *a, void *stream, int *handled);
-
 /* Up to DSV4_CU_MOE_CHUNK experts e0 .. e0+n-1 of one MoE product: their weights and scales (the
  * layout, strides included, that of a->w / a->scale), and offsets [E + 1] in device memory, the
  * sorted rows of expert e being [offsets[e], offsets[e+1]) of x (row stride xs_m) and of y. The

@@ -731,12 +731,7 @@ static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, v
     return (int)e;
 }
 
-extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream)
-{
-    int handled = 0; /* M at or above the tensor-core threshold: linear_mma_cuda.cu */
-    const int e = dsv4_cu_linear_mma_launch(a, stream, &handled);
-    return handled ? e : linear_launch(a, nullptr, stream);
-}
+extern "C" int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream) { return linear_launch(a, nullptr, stream); }
 
 extern "C" int dsv4_cu_moe_linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
 {
