@@ -131,6 +131,23 @@ static void sampled_steps(dsv4_engine *e, const int32_t *ids, int32_t toks[2][6]
     for (int j = 0; j < 2; j++) dsv4_engine_seq_free(e, seq[j]);
 }
 
+/* The same generation on the device-path engine ed and the plain one ep: tokens equal. */
+static void generate_both(dsv4_engine *ed, dsv4_engine *ep, const int32_t *ids, const dsv4_generate_options *o,
+                          const char *what)
+{
+    int32_t out[2][32];
+    for (int k = 0; k < 2; k++) {
+        dsv4_engine *e = k ? ep : ed;
+        int seq = -1;
+        int64_t n = 0;
+        CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
+        CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, o, out[k], o->max_tokens, &n, NULL), DSV4_OK);
+        CHECK(n == o->max_tokens, "device path: %lld tokens", (long long)n);
+        dsv4_engine_seq_free(e, seq);
+    }
+    CHECK(!memcmp(out[0], out[1], sizeof(int32_t) * (size_t)o->max_tokens), "device path: %s differ from the plain path", what);
+}
+
 /* A device engine samples a plain step on the device (engine_generate.c sample_on_device): the
  * same tokens and generator states as the host's sampling, in steps and in generation. */
 static void device_path_sampling(dsv4_engine *ed, dsv4_engine *ep, const int32_t *ids)
@@ -141,18 +158,8 @@ static void device_path_sampling(dsv4_engine *ed, dsv4_engine *ep, const int32_t
     sampled_steps(ep, ids, toks[1], rng[1]);
     CHECK(!memcmp(toks[0], toks[1], sizeof toks[0]) && !memcmp(rng[0], rng[1], sizeof rng[0]),
           "device path: sampled step tokens or generator states differ from the plain path");
-    int32_t out[2][16];
-    for (int k = 0; k < 2; k++) {
-        dsv4_engine *e = k ? ep : ed;
-        int seq = -1;
-        int64_t n = 0;
-        dsv4_generate_options o = {16, 0, {0.7f, 0.95f, 5}, 0, 0, NULL, NULL, 0};
-        CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
-        CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &o, out[k], 16, &n, NULL), DSV4_OK);
-        CHECK(n == 16, "device path: %lld tokens", (long long)n);
-        dsv4_engine_seq_free(e, seq);
-    }
-    CHECK(!memcmp(out[0], out[1], sizeof out[0]), "device path: sampled tokens differ from the plain path");
+    const dsv4_generate_options o = {16, 0, {0.7f, 0.95f, 5}, 0, 0, NULL, NULL, 0};
+    generate_both(ed, ep, ids, &o, "sampled tokens");
 }
 
 static void test_device_path(dsv4_ctx *c, const int32_t *ids, int64_t vocab)
@@ -175,18 +182,8 @@ static void test_device_path(dsv4_ctx *c, const int32_t *ids, int64_t vocab)
     CHECK(same_run(&a, &b, N_PROMPT, vocab), "device path: logits, MTP logits or state differ from the plain path");
     run_free(&a);
     run_free(&b);
-    int32_t out[2][24];
-    for (int k = 0; k < 2; k++) {
-        dsv4_engine *e = k ? ep : ed;
-        int seq = -1;
-        int64_t n = 0;
-        dsv4_generate_options o = {24, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
-        CHECK(dsv4_engine_seq_create(e, &seq) == DSV4_OK, "seq: %s", dsv4_last_error());
-        CHECK_STATUS(dsv4_engine_generate(e, seq, ids, 6, &o, out[k], 24, &n, NULL), DSV4_OK);
-        CHECK(n == 24, "device path: %lld tokens", (long long)n);
-        dsv4_engine_seq_free(e, seq);
-    }
-    CHECK(!memcmp(out[0], out[1], sizeof out[0]), "device path: speculative greedy tokens differ from the plain path");
+    const dsv4_generate_options o = {24, 2, {0.0f, 1.0f, 0}, 0, 0, NULL, NULL, 0};
+    generate_both(ed, ep, ids, &o, "speculative greedy tokens");
     device_path_sampling(ed, ep, ids);
     dsv4_engine_destroy(ed);
     dsv4_engine_destroy(ep);
