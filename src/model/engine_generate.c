@@ -100,15 +100,22 @@ static dsv4_status prefill(gen *g, const int32_t *prompt, int64_t n)
 }
 
 /* ---- one step of many sequences ------------------------------------------------------------ */
-/* The logits rows a step samples, checked first (eng_check_logits): n rows from `pos` of the
+/* The logits rows a step samples, checked first (dsv4_sample_check_row): n rows from `pos` of the
  * request's sequence, of the main model or of the MTP block. */
+/* The error of a row that cannot be sampled (its result code), naming the sequence and position. */
+static dsv4_status row_failed(int32_t code, const dsv4_step_request *r, int64_t pos, const char *model)
+{
+    char what[128];
+    snprintf(what, sizeof what, "engine_step: sequence %d, %slogits at position %lld", r->seq, model, (long long)pos);
+    return dsv4_sample_result(code, what);
+}
+
 static dsv4_status check_rows(const dsv4_engine *e, const float *lg, int64_t n, const dsv4_step_request *r, int64_t pos,
                               const char *model)
 {
     for (int64_t t = 0; t < n; t++) {
-        char what[128];
-        snprintf(what, sizeof what, "engine_step: sequence %d, %slogits at position %lld", r->seq, model, (long long)(pos + t));
-        DSV4_TRY(eng_check_logits(e, lg + t * e->V, what));
+        const int32_t code = dsv4_sample_check_row(lg + t * e->V, e->V);
+        if (code) return row_failed(code, r, pos + t, model);
     }
     return DSV4_OK;
 }
@@ -227,12 +234,7 @@ static dsv4_status sample_on_device(dsv4_engine *e, dsv4_step_request *rq, int n
         dsv4_step_request *r = &rq[i];
         if (!r->sample) continue;
         const int32_t t = ht[s->lrow[i]];
-        if (t < 0) { /* the message the host's check of the row gives (check_rows) */
-            char what[128];
-            snprintf(what, sizeof what, "engine_step: sequence %d, logits at position %lld", r->seq,
-                     (long long)(s->segs[i].start + s->segs[i].T - 1));
-            return dsv4_sample_result(t, what);
-        }
+        if (t < 0) return row_failed(t, r, s->segs[i].start + s->segs[i].T - 1, ""); /* as check_rows */
         memcpy(r->rng, hr + 4 * s->lrow[i], 32);
         r->out[r->n_out++] = t;
     }

@@ -135,7 +135,7 @@ typedef struct eng_scratch {
     uint8_t *samp, *hsamp;      /* on a device: a plain step's sampling rows (engine.c), host twin */
     int64_t samp_rows;          /* rows of samp (max_segs on a device, else 0) */
     int logits_on_host;         /* the last step's logits rows are in s.logits (else on the device only) */
-    int keep_logits;            /* the generation asks for every step's logits (prompt_logits) */
+    int keep_logits;            /* the generation asks for every step's logits (prompt_ or step_logits) */
     float *probs, *probs2;      /* host [vocab] sampling; probs is the sample op's workspace, */
     int32_t *order;             /* [vocab] right after it (dsv4_sample_workspace_size of a row) */
     void *ws;                   /* one workspace for every op */
