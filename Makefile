@@ -16,6 +16,8 @@ CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=Release
 SAN_ENV =
 endif
 PYTEST_ARGS ?=
+# BUILD may be relative to this folder or absolute
+B = $(abspath $(BUILD))
 
 PREFIX ?= /usr/local
 
@@ -32,15 +34,15 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	./$(BUILD)/dsv4 info
-	./$(BUILD)/dsv4 bench formats --quick
-	@test -f $(BUILD)/tiny/tokenizer.json || ./$(BUILD)/dsv4 make-tiny --out $(BUILD)/tiny
+	$(B)/dsv4 info
+	$(B)/dsv4 bench formats --quick
+	@test -f $(B)/tiny/tokenizer.json || $(B)/dsv4 make-tiny --out $(B)/tiny
 	@echo 'chat prompt in: "Hello! Who are you?"  (the tiny model'"'"'s weights are random: the text out is noise, the speed is real)'
-	./$(BUILD)/dsv4 run --model $(BUILD)/tiny --chat "Hello! Who are you?" --max-tokens 32 --mtp 2
+	$(B)/dsv4 run --model $(B)/tiny --chat "Hello! Who are you?" --max-tokens 32 --mtp 2
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python $(SAN_ENV) \
+	DSV4_LIB=$(B)/libdsv4.so PYTHONPATH=$(CURDIR)/python $(SAN_ENV) \
 	  python3 -m pytest -q tests/python $(PYTEST_ARGS)
 
 # Headers, libdsv4.so/.a, the backend modules, dsv4, dsv4.pc and the CMake package under PREFIX.
@@ -52,18 +54,18 @@ test-gpu:
 	BUILD=$(CURDIR)/build-gpu bash tests/gpu/run_gpu_tests.sh
 
 bench: build
-	./$(BUILD)/dsv4 bench startup
-	./$(BUILD)/dsv4 bench bandwidth
-	./$(BUILD)/dsv4 bench formats
-	./$(BUILD)/dsv4 bench attention
-	./$(BUILD)/dsv4 bench linear
-	DSV4_BUILD=$(CURDIR)/$(BUILD) bash bench/ggml_peer.sh
-	./$(BUILD)/dsv4 bench layer
-	./$(BUILD)/dsv4 bench model
-	./$(BUILD)/dsv4 bench memory
-	./$(BUILD)/dsv4 bench run
-	./$(BUILD)/dsv4 bench serve
-	DSV4_LIB=$(CURDIR)/$(BUILD)/libdsv4.so PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests/python python3 bench/bench_tokenizer.py
+	$(B)/dsv4 bench startup
+	$(B)/dsv4 bench bandwidth
+	$(B)/dsv4 bench formats
+	$(B)/dsv4 bench attention
+	$(B)/dsv4 bench linear
+	DSV4_BUILD=$(B) bash bench/ggml_peer.sh
+	$(B)/dsv4 bench layer
+	$(B)/dsv4 bench model
+	$(B)/dsv4 bench memory
+	$(B)/dsv4 bench run
+	$(B)/dsv4 bench serve
+	DSV4_LIB=$(B)/libdsv4.so PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests/python python3 bench/bench_tokenizer.py
 
 clean:
 	rm -rf build build-san
