@@ -794,8 +794,8 @@ static void layer_moe_quantized(void)
         wcase_make(&w[e][0], f, ie, MD, 0, 0), wcase_make(&w[e][1], f, ie, MD, 0, 0);
         wcase_make(&w[e][2], f, MD, ie, 0, 0);
     }
-    /* on a device also 3 tokens (6 pairs, three on expert 7): the few rows that the cuda backend's
-     * fp32 kernel takes (linear_cuda.cu mma_fits) */
+    /* on a device also 3 tokens (6 pairs, three on expert 7): one decode step's few rows
+     * ($DSV4_CUDA_MOE_FP32_ROWS=8 puts them on the cuda backend's fp32 kernel: linear_cuda.cu) */
     for (int pass = 0; pass < (dev ? 2 : 1); pass++) {
         const int T = !dev ? MT_ : pass ? 3 : 11;
         uint16_t *x = bf16_rand((size_t)T * MD, 1.0f), *yr = poisoned(2 * (size_t)T * MD),

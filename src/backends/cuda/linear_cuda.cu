@@ -33,8 +33,7 @@ __host__ __device__ constexpr int rows_of(int mt) { return mt <= 2 ? 4 : 2; }
 /* Every kernel of this file and of moe_cuda.cu is launched as a programmatic dependent of the
  * kernel before it (cu_launch_dependent, cuda_device.cuh), unless $DSV4_CUDA_LINEAR_PDL is 0: the
  * staging waits for that kernel and then lets the product start, whose first weight loads (the
- * ring below, and with $DSV4_CUDA_LINEAR_PREFETCH = P the L2 prefetch of P chunks more) are issued
- * before it waits for the staging; a product lets the next kernel start at once. Weights are read
+ * rings below) are issued before it waits for the staging; a product lets the next kernel start at once. Weights are read
  * before the wait only behind a staging, which has waited for the kernel before it, so a kernel
  * that wrote them has completed. Read once. */
 static int env_int(const char *name, int dflt)
@@ -48,22 +47,15 @@ static bool linear_pdl()
     if (on < 0) on = env_int("DSV4_CUDA_LINEAR_PDL", 1) != 0;
     return on != 0;
 }
-static int linear_prefetch()
-{
-    static int pf = -1;
-    if (pf < 0) {
-        const int v = env_int("DSV4_CUDA_LINEAR_PREFETCH", 0);
-        pf = v < 0 ? 0 : v > 64 ? 64 : v;
-    }
-    return pf;
-}
-/* MoE products of at most this many rows in all take the fp32 kernel ($DSV4_CUDA_MOE_FP32_ROWS,
- * default 8: one token's top-k; see mma_fits). */
+/* Quantized MoE products of at most this many rows in all take the fp32 kernel's slots instead of
+ * the tensor-core kernel's ($DSV4_CUDA_MOE_FP32_ROWS, default 0: measured slower for one token,
+ * BENCHMARKS.md "Linear layers on the GPU"; its MoE instances hold ~180-240 registers, one CTA
+ * per SM). */
 static long long moe_fp32_rows()
 {
     static int r = -1;
     if (r < 0) {
-        const int v = env_int("DSV4_CUDA_MOE_FP32_ROWS", 8);
+        const int v = env_int("DSV4_CUDA_MOE_FP32_ROWS", 0);
         r = v < 0 ? 0 : v;
     }
     return r;
@@ -339,14 +331,12 @@ template <typename TAB> DSV4_CU_INLINE int moe_slot_expert(const TAB &tab, const
  * rows [off[e], off[e+1]) of x and y read on the device and walked in tiles of MT. */
 template <int FMT, bool XF32, int MT, bool MOE, typename TAB>
 __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned,
-                                                         const __grid_constant__ TAB tab, const int32_t *off, int e0,
-                                                         int pf)
+                                                         const __grid_constant__ TAB tab, const int32_t *off, int e0)
 {
     typedef fmt_traits<FMT> T;
     constexpr int VEC = T::VEC, CK = 32 * VEC, NR = rows_of(MT);
     constexpr int XB = XF32 ? 4 : 2;                          /* activation bytes per value */
     constexpr int WB16 = FMT == FMT_FP4 ? 1 : FMT == FMT_BF16 ? 4 : FMT == FMT_F32 ? 8 : 2; /* weight bytes per 2 values */
-    static_assert(CK * WB16 / 2 == 512, "a chunk is 512 bytes of a weight row");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
     const long long g = MOE ? 0 : blockIdx.y; /* the group of x, w and y (MoE: one weight per expert) */
@@ -408,15 +398,7 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
         };
         fetch(kwi, wv[0], sv[0]);
         fetch(kwi + kw, wv[1], sv[1]);
-        if (!MOE && T::Q) {
-            /* the L2 prefetch of the warp's next pf chunks: 4 lines of 128 bytes per row and chunk */
-            const long long rb = (p.k * WB16 + 1) / 2; /* bytes of a weight row */
-            for (int t = lane; t < pf * NR * 4; t += 32) {
-                const long long c = kwi + (2 + t / (NR * 4)) * (long long)kw, b = c * 512 + (t & 3) * 128;
-                if (c < nchunks && b < rb) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[(t / 4) % NR] + b));
-            }
-            cu_pdl_wait(); /* x: the staging just before */
-        }
+        if (!MOE && T::Q) cu_pdl_wait(); /* x: the staging just before */
         for (long long c = kwi; c < nchunks; c += 3 * kw) {
 #pragma unroll
             for (int st = 0; st < 3; st++) {
@@ -680,10 +662,10 @@ template <int FMT, bool XF32> struct launcher {
             if (mo) {
                 const moe_tab t = moe_table(mo);
                 return cu_launch_dependent(linear_kernel<FMT, XF32, MT, true, moe_tab>, grid, THREADS, s, linear_pdl(),
-                                           *a, kw, aligned, t, mo->offsets, mo->e0, 0);
+                                           *a, kw, aligned, t, mo->offsets, mo->e0);
             }
         return cu_launch_dependent(linear_kernel<FMT, XF32, MT, false, no_tab>, grid, THREADS, s, linear_pdl(), *a, kw,
-                                   aligned, no_tab{}, (const int32_t *)nullptr, 0, linear_prefetch());
+                                   aligned, no_tab{}, (const int32_t *)nullptr, 0);
     }
     static cudaError_t run(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned,
                            const dsv4_cu_moe_chunk *mo, cudaStream_t s)
@@ -702,7 +684,7 @@ static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int a8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
 /* The tensor-core product takes a quantized format with the staging's codes, 3 to 16 rows (an
- * MoE: any, its slots beat the fp32 kernel's grid of every expert even at one row each), K in
+ * MoE: any, unless moe_fp32_rows says otherwise), K in
  * whole pieces, 8-byte aligned weight rows; the rest is the fp32 path's. One and two rows stay on
  * the fp32 path: measured (BENCHMARKS.md), its 16-byte loads along one row stream faster than
  * this kernel's 32-byte pieces of 8 rows a load, while from 3 rows on its multiply-adds cost more. */
