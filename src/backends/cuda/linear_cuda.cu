@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(THREADS) stage_kernel(const void *x, int x_bf1
     const long long ngr = (k + G - 1) / G;
     const long long wid = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    cu_pdl_wait();    /* x is the kernel before's; the staging it reads may still be in use */
+    cu_pdl_wait();    /* x is the kernel before's, which may still read this work space */
     cu_pdl_release(); /* after the wait: the product's early weight loads follow a completed kernel */
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         head->magic = DSV4_CU_STAGE_MAGIC;
