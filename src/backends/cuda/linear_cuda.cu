@@ -33,9 +33,9 @@ __host__ __device__ constexpr int rows_of(int mt) { return mt <= 2 ? 4 : 2; }
 /* Every kernel of this file and of moe_cuda.cu is launched as a programmatic dependent of the
  * kernel before it (cu_launch_dependent, cuda_device.cuh), unless $DSV4_CUDA_LINEAR_PDL is 0: the
  * staging waits for that kernel and then lets the product start, whose first weight loads (the
- * rings below) are issued before it waits for the staging; a product lets the next kernel start at once. Weights are read
- * before the wait only behind a staging, which has waited for the kernel before it, so a kernel
- * that wrote them has completed. Read once. */
+ * rings below) are issued before it waits for the staging; a product lets the next kernel start
+ * at once. Weights are read before the wait only behind a staging, which has waited for the
+ * kernel before it, so a kernel that wrote them has completed. The settings are read once. */
 static int env_int(const char *name, int dflt)
 {
     const char *v = getenv(name);
