@@ -19,7 +19,7 @@ const dsv4_bench_entry dsv4_benches[] = {
     {"formats", "GB/s of the vectorized quantize/dequantize routines vs read bandwidth", "threads quick", dsv4_bench_formats},
     {"attention", "sparse MLA decode at V4-Flash decode shapes: GFLOP/s, GB/s vs FMA peak, read bandwidth, the two-pass design", "threads quick", dsv4_bench_attention},
     {"linear", "linear layers, every format at every V4-Flash shape, M 1..32: best-call and sustained weight GB/s vs read bandwidth and OpenBLAS", "threads quick only m rounds", dsv4_bench_linear},
-    {"linear-cuda", "linear layers on the GPU at V4-Flash shapes, every format, M 1..64: weight GB/s vs the device copy rate", "quick", dsv4_bench_linear_cuda},
+    {"linear-cuda", "linear layers on the GPU at V4-Flash shapes, every format, M 1..64: weight GB/s vs the device copy rate", "quick only", dsv4_bench_linear_cuda},
     {"attention-cuda", "sparse MLA decode on the GPU: TFLOP/s, GB/s vs device copy, vs the two-pass design", "quick peak-tflops compare", dsv4_bench_attention_cuda},
     {"indexer", "lightning-indexer scoring + top-k at 16k/64k/256k entries: GB/s vs read bandwidth and an sgemm+sort peer", "threads quick", dsv4_bench_indexer},
     {"layer", "mHC, router and MoE (6 FP4 experts + FP8 shared) per token at V4-Flash sizes: GB/s vs read bandwidth; then the indexer bench", "threads quick only no-indexer", dsv4_bench_layer},

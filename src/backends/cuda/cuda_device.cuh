@@ -384,4 +384,45 @@ template <typename F> static int cu_smem_opt_in(unsigned char *done, int device,
     return 0;
 }
 
+/* ---- programmatic dependent launch -------------------------------------------------------------- */
+/* A kernel launched by cu_launch_dependent(pdl = true) may start while the kernel before it on the
+ * stream still runs (under graph capture: a programmatic edge). Its rules (docs/kernels.md §12):
+ * before cu_pdl_wait it reads only what no kernel writes (weights, scales, its parameters) and
+ * writes nothing; cu_pdl_wait returns once the kernel before has completed and its writes are
+ * visible; every CTA calls it, so a kernel's completion implies its predecessors'.
+ * cu_pdl_release lets the next dependent launch start (its CTAs then wait on free slots). Both are
+ * no-ops for a kernel launched plainly. */
+DSV4_CU_INLINE void cu_pdl_release()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+DSV4_CU_INLINE void cu_pdl_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* kernel<<<grid, threads, 0, s>>>(args...), with pdl as a programmatic dependent of the kernel
+ * before it on s (see cu_pdl_wait). */
+template <typename... P, typename... A>
+static cudaError_t cu_launch_dependent(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, bool pdl,
+                                       A &&...args)
+{
+    cudaLaunchAttribute attr[1];
+    memset(attr, 0, sizeof attr);
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+
 #endif

@@ -78,6 +78,10 @@ typedef struct dsv4_cu_linear {
 
 int dsv4_cu_linear_launch(const dsv4_cu_linear *a, void *stream);
 
+/* 1: the linear family's and the MoE's kernels are launched as programmatic dependents of the
+ * kernel before them ($DSV4_CUDA_LINEAR_PDL, default 1; linear_cuda.cu "launches"). */
+int dsv4_cu_linear_pdl(void);
+
 /* Up to DSV4_CU_MOE_CHUNK experts e0 .. e0+n-1 of one MoE product: their weights and scales (the
  * layout, strides included, that of a->w / a->scale), and offsets [E + 1] in device memory, the
  * sorted rows of expert e being [offsets[e], offsets[e+1]) of x (row stride xs_m) and of y. The

@@ -21,11 +21,46 @@
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_ops.h"
 
+#include <stdlib.h>
+
 enum { FMT_B128 = 0, FMT_MX = 1, FMT_FP4 = 2, FMT_BF16 = 3, FMT_F32 = 4 };
 enum { THREADS = 256, WARPS = 8, TARGET_CTAS = 264 };
 /* Weight rows a warp set owns: four for one or two activation rows (the activation words each
  * lane loads and decodes serve four rows), two above (registers). */
 __host__ __device__ constexpr int rows_of(int mt) { return mt <= 2 ? 4 : 2; }
+
+/* ---- launches ------------------------------------------------------------------------------------ */
+/* Every kernel of this file and of moe_cuda.cu is launched as a programmatic dependent of the
+ * kernel before it (cu_launch_dependent, cuda_device.cuh), unless $DSV4_CUDA_LINEAR_PDL is 0: the
+ * staging waits for that kernel and then lets the product start, whose first weight loads (the
+ * rings below) are issued before it waits for the staging; a product lets the next kernel start
+ * at once. Weights are read before the wait only behind a staging, which has waited for the
+ * kernel before it, so a kernel that wrote them has completed. The settings are read once. */
+static int env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+static bool linear_pdl()
+{
+    static int on = -1;
+    if (on < 0) on = env_int("DSV4_CUDA_LINEAR_PDL", 1) != 0;
+    return on != 0;
+}
+/* Quantized MoE products of at most this many rows in all take the fp32 kernel's slots instead of
+ * the tensor-core kernel's ($DSV4_CUDA_MOE_FP32_ROWS, default 0: measured slower for one token,
+ * BENCHMARKS.md "Linear layers on the GPU"; its MoE instances hold ~180-240 registers, one CTA
+ * per SM). */
+static long long moe_fp32_rows()
+{
+    static int r = -1;
+    if (r < 0) {
+        const int v = env_int("DSV4_CUDA_MOE_FP32_ROWS", 0);
+        r = v < 0 ? 0 : v;
+    }
+    return r;
+}
+extern "C" int dsv4_cu_linear_pdl(void) { return linear_pdl() ? 1 : 0; }
 
 /* ---- staging ----------------------------------------------------------------------------------- */
 /* One warp per (row, group): codec.h dsv4_quantize_group with the act128 or mx32 parameters, each
@@ -38,6 +73,8 @@ __global__ void __launch_bounds__(THREADS) stage_kernel(const void *x, int x_bf1
     const long long ngr = (k + G - 1) / G;
     const long long wid = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
+    cu_pdl_wait();    /* x is the kernel before's, which may still read this work space */
+    cu_pdl_release(); /* after the wait: the product's early weight loads follow a completed kernel */
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         head->magic = DSV4_CU_STAGE_MAGIC;
         head->rows = m * groups;
@@ -99,9 +136,8 @@ extern "C" int dsv4_cu_stage_launch(const void *x, int x_bf16, long long xs_m, l
     const long long blocks = (warps + WARPS - 1) / WARPS;
     if (blocks == 0) return 0;
     if (blocks > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
-    stage_kernel<<<(unsigned)blocks, THREADS, 0, (cudaStream_t)stream>>>(x, x_bf16, xs_m, xs_g, m, groups, k, mx32,
-                                                                        (dsv4_cu_stage_head *)head);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent(stage_kernel, dim3((unsigned)blocks), THREADS, (cudaStream_t)stream, linear_pdl(), x,
+                                    x_bf16, xs_m, xs_g, m, groups, k, mx32, (dsv4_cu_stage_head *)head);
 }
 
 /* ---- the product --------------------------------------------------------------------------------- */
@@ -271,9 +307,28 @@ static moe_tab moe_table(const dsv4_cu_moe_chunk *mo)
     return t;
 }
 
+/* The expert (index into `tab`) of MoE slot blockIdx.y: the y-th of the chunk's experts that have
+ * rows, -1 past the last. Every thread of the CTA calls it (two barriers). */
+template <typename TAB> DSV4_CU_INLINE int moe_slot_expert(const TAB &tab, const int32_t *off, int e0)
+{
+    static_assert(DSV4_CU_MOE_CHUNK <= THREADS, "one expert of the chunk per thread");
+    __shared__ int warp_count[WARPS], slot_expert;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, e = threadIdx.x;
+    const bool has_rows = e < tab.n && off[e0 + e + 1] > off[e0 + e];
+    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, has_rows);
+    if (lane == 0) warp_count[warp] = __popc(ballot);
+    if (threadIdx.x == 0) slot_expert = -1;
+    __syncthreads();
+    int rank = __popc(ballot & ((1u << lane) - 1u));
+    for (int w = 0; w < warp; w++) rank += warp_count[w];
+    if (has_rows && rank == (int)blockIdx.y) slot_expert = e;
+    __syncthreads();
+    return slot_expert;
+}
+
 /* MOE false: group blockIdx.y, row tile blockIdx.z (one pass of the tile loop, which the compiler
- * sees). MOE: blockIdx.y is expert e0 + y of `tab`, weight set blockIdx.z, its rows
- * [off[e], off[e+1]) of x and y read on the device and walked in tiles of MT. */
+ * sees). MOE: blockIdx.y is a slot (moe_slot_expert), weight set blockIdx.z, the slot's expert's
+ * rows [off[e], off[e+1]) of x and y read on the device and walked in tiles of MT. */
 template <int FMT, bool XF32, int MT, bool MOE, typename TAB>
 __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int kw, int aligned,
                                                          const __grid_constant__ TAB tab, const int32_t *off, int e0)
@@ -288,10 +343,13 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
     long long m0 = (long long)blockIdx.z * MT, mend = p.m < m0 + MT ? p.m : m0 + MT;
     const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
     void *yout = p.y;
+    cu_pdl_release();
+    if (MOE || !T::Q) cu_pdl_wait(); /* off and unstaged weights may be the kernel before's */
     if constexpr (MOE) {
-        m0 = off[e0 + blockIdx.y], mend = off[e0 + blockIdx.y + 1];
-        if (m0 >= mend) return; /* an expert no pair chose */
-        wb = (const uint8_t *)tab.w[blockIdx.z][blockIdx.y], sb = tab.s[blockIdx.z][blockIdx.y];
+        const int se = moe_slot_expert(tab, off, e0);
+        if (se < 0) return;
+        m0 = off[e0 + se], mend = off[e0 + se + 1];
+        wb = (const uint8_t *)tab.w[blockIdx.z][se], sb = tab.s[blockIdx.z][se];
         yout = tab.y[blockIdx.z];
     }
     const long long nbase = ((long long)blockIdx.x * rsets + rs) * NR;
@@ -340,6 +398,7 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
         };
         fetch(kwi, wv[0], sv[0]);
         fetch(kwi + kw, wv[1], sv[1]);
+        if (!MOE && T::Q) cu_pdl_wait(); /* x: the staging just before */
         for (long long c = kwi; c < nchunks; c += 3 * kw) {
 #pragma unroll
             for (int st = 0; st < 3; st++) {
@@ -448,21 +507,10 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
     long long m0 = 0, mend = p.m;
     const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
     void *yout = p.y;
-    if constexpr (MOE) { /* blockIdx.y: the y-th expert of the chunk that has rows (slots past the last:
-                          * none), blockIdx.z the weight set */
-        static_assert(DSV4_CU_MOE_CHUNK <= THREADS, "one expert of the chunk per thread");
-        __shared__ int warp_count[WARPS], slot_expert;
-        const int e = threadIdx.x;
-        const bool has_rows = e < tab.n && off[e0 + e + 1] > off[e0 + e];
-        const unsigned ballot = __ballot_sync(0xFFFFFFFFu, has_rows);
-        if (lane == 0) warp_count[warp] = __popc(ballot);
-        if (threadIdx.x == 0) slot_expert = -1;
-        __syncthreads();
-        int rank = __popc(ballot & ((1u << lane) - 1u));
-        for (int w = 0; w < warp; w++) rank += warp_count[w];
-        if (has_rows && rank == (int)blockIdx.y) slot_expert = e;
-        __syncthreads();
-        const int se = slot_expert;
+    cu_pdl_release();
+    if (MOE) cu_pdl_wait(); /* off is the kernel before's (a plain product waits after its first loads) */
+    if constexpr (MOE) { /* blockIdx.y: a slot (moe_slot_expert), blockIdx.z the weight set */
+        const int se = moe_slot_expert(tab, off, e0);
         if (se < 0) return;
         m0 = off[e0 + se], mend = off[e0 + se + 1];
         wb = (const uint8_t *)tab.w[blockIdx.z][se], sb = tab.s[blockIdx.z][se];
@@ -571,6 +619,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
         };
 #pragma unroll
         for (int i = 0; i < PIPE - 1; i++) fetch(kwi + i * kw, wv[i], sv[i]);
+        if (!MOE) cu_pdl_wait(); /* the staging just before (a no-op after the first pass) */
         for (long long pc = kwi; pc < npieces; pc += PIPE * kw) {
 #pragma unroll
             for (int st = 0; st < PIPE; st++) {
@@ -606,29 +655,28 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
  * decode of one token; more rows re-read the expert's weights per row, from L2). */
 
 template <int FMT, bool XF32> struct launcher {
-    template <int MT> static void one(const dsv4_cu_linear *a, dim3 grid, int kw, int aligned,
-                                      const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+    template <int MT> static cudaError_t one(const dsv4_cu_linear *a, dim3 grid, int kw, int aligned,
+                                             const dsv4_cu_moe_chunk *mo, cudaStream_t s)
     {
         if constexpr (!XF32 && MT == 1)
             if (mo) {
                 const moe_tab t = moe_table(mo);
-                linear_kernel<FMT, XF32, MT, true, moe_tab>
-                    <<<grid, THREADS, 0, s>>>(*a, kw, aligned, t, mo->offsets, mo->e0);
-                return;
+                return cu_launch_dependent(linear_kernel<FMT, XF32, MT, true, moe_tab>, grid, THREADS, s, linear_pdl(),
+                                           *a, kw, aligned, t, mo->offsets, mo->e0);
             }
-        linear_kernel<FMT, XF32, MT, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, aligned, no_tab{}, nullptr, 0);
+        return cu_launch_dependent(linear_kernel<FMT, XF32, MT, false, no_tab>, grid, THREADS, s, linear_pdl(), *a, kw,
+                                   aligned, no_tab{}, (const int32_t *)nullptr, 0);
     }
     static cudaError_t run(const dsv4_cu_linear *a, dim3 grid, int mt, int kw, int aligned,
                            const dsv4_cu_moe_chunk *mo, cudaStream_t s)
     {
         switch (mt) {
-        case 1: one<1>(a, grid, kw, aligned, mo, s); break;
-        case 2: one<2>(a, grid, kw, aligned, mo, s); break;
-        case 4: one<4>(a, grid, kw, aligned, mo, s); break;
-        case 8: one<8>(a, grid, kw, aligned, mo, s); break;
-        default: one<16>(a, grid, kw, aligned, mo, s); break;
+        case 1: return one<1>(a, grid, kw, aligned, mo, s);
+        case 2: return one<2>(a, grid, kw, aligned, mo, s);
+        case 4: return one<4>(a, grid, kw, aligned, mo, s);
+        case 8: return one<8>(a, grid, kw, aligned, mo, s);
+        default: return one<16>(a, grid, kw, aligned, mo, s);
         }
-        return cudaGetLastError();
     }
 };
 
@@ -636,7 +684,7 @@ static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int a8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
 /* The tensor-core product takes a quantized format with the staging's codes, 3 to 16 rows (an
- * MoE: any, its slots beat the fp32 kernel's grid of every expert even at one row each), K in
+ * MoE: any, unless moe_fp32_rows says otherwise), K in
  * whole pieces, 8-byte aligned weight rows; the rest is the fp32 path's. One and two rows stay on
  * the fp32 path: measured (BENCHMARKS.md), its 16-byte loads along one row stream faster than
  * this kernel's 32-byte pieces of 8 rows a load, while from 3 rows on its multiply-adds cost more. */
@@ -644,6 +692,7 @@ static bool mma_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
 {
     if (a->fmt > FMT_FP4 || !a->xcodes || !a->xscales) return false;
     if (!mo && (a->m < 3 || a->m > 16)) return false;
+    if (mo && a->m <= moe_fp32_rows()) return false;
     if (a->k % (a->fmt == FMT_FP4 ? 64 : 32) || !a8(a->w) || a->ws_r_bytes % 8) return false;
     for (int j = 0; mo && j < mo->sets; j++)
         for (int i = 0; i < mo->n; i++)
@@ -654,15 +703,17 @@ static bool mma_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
 template <int FMT> static cudaError_t mma_run(const dsv4_cu_linear *a, dim3 grid, int kw, const dsv4_cu_moe_chunk *mo,
                                               cudaStream_t s)
 {
+    const bool pdl = linear_pdl();
     if (mo) {
         const moe_tab t = moe_table(mo);
-        mma_kernel<FMT, 1, true, moe_tab><<<grid, THREADS, 0, s>>>(*a, kw, t, mo->offsets, mo->e0);
-    } else if (a->m <= 8) {
-        mma_kernel<FMT, 1, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, no_tab{}, nullptr, 0);
-    } else {
-        mma_kernel<FMT, 2, false, no_tab><<<grid, THREADS, 0, s>>>(*a, kw, no_tab{}, nullptr, 0);
+        return cu_launch_dependent(mma_kernel<FMT, 1, true, moe_tab>, grid, THREADS, s, pdl, *a, kw, t, mo->offsets,
+                                   mo->e0);
     }
-    return cudaGetLastError();
+    if (a->m <= 8)
+        return cu_launch_dependent(mma_kernel<FMT, 1, false, no_tab>, grid, THREADS, s, pdl, *a, kw, no_tab{},
+                                   (const int32_t *)nullptr, 0);
+    return cu_launch_dependent(mma_kernel<FMT, 2, false, no_tab>, grid, THREADS, s, pdl, *a, kw, no_tab{},
+                               (const int32_t *)nullptr, 0);
 }
 
 /* K is split over more warps only while the grid would not give every SM of an H200 two CTAs of
@@ -698,10 +749,11 @@ static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, v
 {
     if (a->m == 0 || (mo && mo->n == 0)) return 0;
     if (mma_fits(a, mo)) return mma_launch(a, mo, (cudaStream_t)stream);
-    const long long groups = mo ? mo->n : a->groups;
+    /* an MoE: one slot per expert that can have rows, as in mma_launch */
+    const long long groups = mo ? (a->m < mo->n ? a->m : mo->n) : a->groups;
     const int vec = a->fmt == FMT_FP4 ? 32 : a->fmt == FMT_BF16 ? 8 : a->fmt == FMT_F32 ? 4 : 16;
     const long long nchunks = (a->k + 32 * vec - 1) / (32 * vec);
-    const int kw = k_split(a->n, groups, nchunks, 4);
+    const int kw = k_split(a->n, mo ? 1 : groups, nchunks, 4);
     const int mt = mo ? 1 : a->m >= 16 ? 16 : a->m > 4 ? 8 : a->m > 2 ? 4 : (int)a->m;
     const long long rows_per_cta = (WARPS / kw) * rows_of(mt);
     const long long gx = (a->n + rows_per_cta - 1) / rows_per_cta, gz = mo ? mo->sets : (a->m + mt - 1) / mt;

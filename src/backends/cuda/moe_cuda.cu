@@ -2,7 +2,9 @@
  * pairs by expert, the gather of their rows and the combine, all on the device so that the block
  * never waits on the host. The grouping is the counting sort of layer_cpu.c moe_group (stable:
  * the pairs of one expert in pair order), the combine the sums of layer_ref.c sum_rows in the same
- * order, so with the same expert outputs y is bit for bit cpu-ref's. */
+ * order, so with the same expert outputs y is bit for bit cpu-ref's. Each is launched as a
+ * programmatic dependent of the kernel before it (linear_cuda.cu, "launches"): it waits for that
+ * kernel before touching memory and then lets the next one start. */
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_ops.h"
 
@@ -27,6 +29,8 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int32_t 
     __shared__ int cur[GROUP_THREADS], warp_sum[GROUP_WARPS];
     const long long R = T * k;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    cu_pdl_wait();
+    cu_pdl_release();
     cur[threadIdx.x] = 0;
     __syncthreads();
     for (long long p = threadIdx.x; p < R; p += GROUP_THREADS) {
@@ -86,9 +90,8 @@ extern "C" int dsv4_cu_moe_group_launch(const int32_t *ids, long long ldids, con
 {
     static_assert(DSV4_CU_MOE_MAX_EXPERTS < GROUP_THREADS, "cur[E] is a thread's element");
     if (E < 1 || E > DSV4_CU_MOE_MAX_EXPERTS) return (int)cudaErrorInvalidValue;
-    moe_group_kernel<<<1, GROUP_THREADS, 0, (cudaStream_t)stream>>>(ids, ldids, weights, ldweights, T, k, E, offsets,
-                                                                   order, pos, wsorted);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent(moe_group_kernel, dim3(1), GROUP_THREADS, (cudaStream_t)stream, dsv4_cu_linear_pdl(),
+                                    ids, ldids, weights, ldweights, T, k, E, offsets, order, pos, wsorted);
 }
 
 __global__ void __launch_bounds__(ROW_THREADS) moe_gather_kernel(const uint16_t *x, long long ldx,
@@ -96,6 +99,8 @@ __global__ void __launch_bounds__(ROW_THREADS) moe_gather_kernel(const uint16_t 
                                                                  uint16_t *xg)
 {
     const long long i = blockIdx.x;
+    cu_pdl_wait();
+    cu_pdl_release();
     const int p = order[i];
     const uint16_t *src = p >= 0 ? x + (long long)(p / k) * ldx : nullptr;
     for (long long d = threadIdx.x; d < D; d += ROW_THREADS) xg[i * D + d] = src ? src[d] : (uint16_t)0;
@@ -106,8 +111,8 @@ extern "C" int dsv4_cu_moe_gather_launch(const uint16_t *x, long long ldx, const
 {
     if (R == 0) return 0;
     if (R > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
-    moe_gather_kernel<<<(unsigned)R, ROW_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, order, k, D, xg);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent(moe_gather_kernel, dim3((unsigned)R), ROW_THREADS, (cudaStream_t)stream,
+                                    dsv4_cu_linear_pdl(), x, ldx, order, k, D, xg);
 }
 
 /* One CTA per token: its kept slots sorted by (expert, slot), then per element the fp32 sum in
@@ -120,6 +125,8 @@ __global__ void __launch_bounds__(ROW_THREADS) moe_combine_kernel(const int32_t 
     __shared__ int rows[DSV4_CU_ROUTE_MAX_TOPK];
     __shared__ int nrows;
     const long long t = blockIdx.x;
+    cu_pdl_wait();
+    cu_pdl_release();
     if (threadIdx.x == 0) {
         int slot[DSV4_CU_ROUTE_MAX_TOPK], n = 0;
         for (int s = 0; s < k; s++) {
@@ -148,7 +155,6 @@ extern "C" int dsv4_cu_moe_combine_launch(const int32_t *ids, long long ldids, c
 {
     if (T == 0) return 0;
     if (T > 0x7FFFFFFFll || k > DSV4_CU_ROUTE_MAX_TOPK) return (int)cudaErrorInvalidConfiguration;
-    moe_combine_kernel<<<(unsigned)T, ROW_THREADS, 0, (cudaStream_t)stream>>>(ids, ldids, pos, k, E, out, shared, D,
-                                                                             y, ldy);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent(moe_combine_kernel, dim3((unsigned)T), ROW_THREADS, (cudaStream_t)stream,
+                                    dsv4_cu_linear_pdl(), ids, ldids, pos, k, E, out, shared, D, y, ldy);
 }
