@@ -522,6 +522,83 @@ static void test_nonfinite(void)
     }
 }
 
+/* Special weight codes and scale bytes, every ISA against the float64 evaluation: NaN codes
+ * (0x7F, 0xFF) and a NaN scale (255) make their rows NaN; scale byte 0 (the subnormal 2^-127), 1
+ * and 247 (2^120, where the AVX2 FP8 path keeps its partial sums unscaled: linear_avx2.c
+ * chunk_scales) give finite rows. x is large in its first 32 elements, so the block of scale
+ * byte 0 carries the row, and small in elements 128-255, so 2^120 does not overflow. */
+static void test_special_weights(void)
+{
+    const char *const *isas = test_isas;
+    enum { N = 45, K = 1152 };
+    const int64_t ms[] = {1, 2, 5};
+    for (int f = 0; f <= DSV4_LINEAR_FP4; f++) {
+        wcase c;
+        wcase_make(&c, (dsv4_linear_format)f, N, K, 0, 0);
+        if (f == DSV4_LINEAR_FP8_B128) {
+            c.s[0] = 0;
+            c.s[1] = 247;
+            c.s[4] = 1;
+        } else {
+            c.s[7 * c.scols + 0] = 0;
+            c.s[9 * c.scols + 4] = 247;
+            c.s[8 * c.scols + 20] = 1;
+            c.s[2 * c.scols + 9] = 255;
+            for (int j = 288; j < 320; j++) /* positive products: a NaN scale read as Inf gives Inf */
+                if (f == DSV4_LINEAR_FP4)
+                    c.w[2 * c.wld + j / 2] = 0x22; /* 1.0, 1.0 */
+                else
+                    c.w[2 * c.wld + j] = 0x38; /* 1.0 */
+        }
+        if (f != DSV4_LINEAR_FP4) {
+            c.w[5 * c.wld + K - 3] = 0x7F;
+            c.w[11 * c.wld + 40] = 0xFF;
+        }
+        for (int64_t r = 0; r < N; r++) /* the float64 weights again, after the changes */
+            for (int64_t j = 0; j < K; j++) {
+                const uint8_t b = f == DSV4_LINEAR_FP4 ? (uint8_t)((c.w[r * c.wld + j / 2] >> (4 * (j & 1))) & 0xF)
+                                                       : c.w[r * c.wld + j];
+                const double v = f == DSV4_LINEAR_FP4 ? dsv4_e2m1_decode(b) : dsv4_e4m3_decode(b);
+                const int64_t si = f == DSV4_LINEAR_FP8_B128 ? j / 128 : r * c.scols + j / 32;
+                c.wq[r * K + j] = v * e8m0(c.s[si]);
+            }
+        for (int mi = 0; mi < 3; mi++) {
+            const int64_t m = ms[mi];
+            float *x = malloc(sizeof(float) * (size_t)(m * K)), *y = malloc(sizeof(float) * (size_t)(m * N));
+            double *xq = malloc(sizeof(double) * (size_t)(m * K));
+            for (int64_t i = 0; i < m * K; i++) {
+                const int64_t q = i % K;
+                x[i] = test_randn() * (q < 32 ? 0x1p90f : q >= 128 && q < 256 ? 0x1p-20f : 0x1p-30f);
+                if (q >= 288 && q < 320) x[i] = fabsf(x[i]);
+            }
+            act_dequant(c.fmt, x, m, K, xq);
+            for (int is = 0; is < 4; is++) {
+                dsv4_ctx *ctx = is < 3 ? test_ctx("cpu", 2, isas[is]) : make_ctx("cpu-ref", 2);
+                for (int64_t i = 0; i < m * N; i++) y[i] = 0.0f;
+                CHECK_STATUS(run_linear(ctx, &c, x, m, y), DSV4_OK);
+                int bad = 0;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        double acc = 0, mag = 0;
+                        for (int64_t q = 0; q < K; q++) {
+                            acc += xq[i * K + q] * c.wq[j * K + q];
+                            mag += fabs(xq[i * K + q] * c.wq[j * K + q]);
+                        }
+                        const float v = y[i * N + j];
+                        bad += isnan(acc) ? !isnan(v) : !(fabs(v - acc) <= TOL * mag);
+                    }
+                CHECK(bad == 0, "%s m=%lld %s: %d outputs off the float64 evaluation (special codes and scales)",
+                      dsv4_linear_format_name(c.fmt), (long long)m, is < 3 ? isas[is] : "cpu-ref", bad);
+                dsv4_ctx_destroy(ctx);
+            }
+            free(x);
+            free(y);
+            free(xq);
+        }
+        wcase_free(&c);
+    }
+}
+
 int main(void)
 {
     test_seed();
@@ -533,5 +610,6 @@ int main(void)
     test_staged();
     test_staged_bad_input();
     test_nonfinite();
+    test_special_weights();
     TEST_DONE();
 }

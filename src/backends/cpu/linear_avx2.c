@@ -101,23 +101,49 @@ INLINE void prefetch_rows(const dsv4_lin_tile *t, const int NT, int64_t ob, int6
 #define KC 1024 /* K elements whose weight scales are decoded at once (multiple of 128) */
 
 /* Weight scales of blocks [b0, b0 + nb) of the NT rows as fp32, times `mul` (256 for FP8, whose
- * partial sums are taken at 2^-8 scale, when no scale byte of the chunk is above 246: then
- * (sum * 256) * s and sum * (256 * s) are the same product, 256 * s being exact). Returns 1 when
- * a byte above 246 (a scale of 2^120 or more, NaN excluded) kept the scales unmultiplied. */
+ * partial sums are taken at 2^-8 scale, when no scale of the chunk is 2^120 or more, i.e. no
+ * byte above 246, NaN excluded: then (sum * 256) * s and sum * (256 * s) are the same product,
+ * 256 * s being exact). Contiguous scale rows are decoded eight at a time (v256_e8m0_decode).
+ * Returns 1 when a byte above 246 kept the scales unmultiplied. */
 INLINE int chunk_scales(const dsv4_lin_tile *t, const int NT, int64_t b0, int nb, float mul,
                         float sw[DSV4_LIN_NT][KC / 32])
 {
+    const __m256 lim = _mm256_set1_ps(0x1p120f);
+    __m256 bigv = _mm256_setzero_ps();
     int big = 0;
     for (int j = 0; j < NT; j++) {
         const uint8_t *s = t->s[j] + b0 * t->ss1;
-        for (int b = 0; b < nb; b++) big |= s[b * t->ss1] > 246 && s[b * t->ss1] != 255;
+        int b = 0;
+        if (t->ss1 == 1)
+            for (; b + 8 <= nb; b += 8) {
+                const __m256 v = v256_e8m0_decode(s + b);
+                bigv = _mm256_or_ps(bigv, _mm256_cmp_ps(v, lim, _CMP_GE_OQ)); /* false for NaN */
+                _mm256_storeu_ps(sw[j] + b, v);
+            }
+        for (; b < nb; b++) {
+            big |= s[b * t->ss1] > 246 && s[b * t->ss1] != 255;
+            sw[j][b] = dsv4_e8m0_to_f32(s[b * t->ss1]);
+        }
     }
-    if (big) mul = 1.0f;
-    for (int j = 0; j < NT; j++) {
-        const uint8_t *s = t->s[j] + b0 * t->ss1;
-        for (int b = 0; b < nb; b++) sw[j][b] = dsv4_e8m0_to_f32(s[b * t->ss1]) * mul;
+    big |= !_mm256_testz_ps(bigv, bigv);
+    if (!big && mul != 1.0f) {
+        const __m256 vm = _mm256_set1_ps(mul);
+        for (int j = 0; j < NT; j++) {
+            int b = 0;
+            for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(sw[j] + b, _mm256_mul_ps(_mm256_loadu_ps(sw[j] + b), vm));
+            for (; b < nb; b++) sw[j][b] *= mul;
+        }
     }
     return big;
+}
+
+/* Whether a row of n E4M3 codes holds a NaN code (magnitude 0x7F): the rare path of a tile whose
+ * codes held one somewhere. */
+static int row_has_nan(const uint8_t *w, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if ((w[i] & 0x7F) == 0x7F) return 1;
+    return 0;
 }
 
 /* The block-scaled formats (FP8 128-blocks, MXFP8, FP4 32-blocks), MT activation rows x NT weight
@@ -125,7 +151,8 @@ INLINE int chunk_scales(const dsv4_lin_tile *t, const int NT, int64_t b0, int nb
  * sum per block over K in order (lane l: elements l, l + 8, ...), scaled by the block's scale into
  * an 8-lane total, whatever the tile shape (FP8 partial sums are taken at 2^-8 scale: see
  * chunk_scales). The totals live in memory (one load and store per block), the partial sums in
- * registers; a NaN code anywhere in a weight row makes its outputs NaN. */
+ * registers; a NaN code anywhere in a weight row makes its outputs NaN (one running maximum of
+ * the code magnitudes for the whole tile, the rows looked at again only when it finds one). */
 INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT, const int NT,
                         const dsv4_linear_format fmt)
 {
@@ -141,9 +168,7 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
 #pragma GCC unroll 8
         for (int j = 0; j < NT; j++) _mm256_store_ps(acc[i][j], _mm256_setzero_ps());
     float sw[DSV4_LIN_NT][KC / 32];
-    __m256i mag[DSV4_LIN_NT]; /* FP8: the largest code magnitudes of the row (0x7F: a NaN) */
-#pragma GCC unroll 8
-    for (int j = 0; j < NT; j++) mag[j] = _mm256_setzero_si256();
+    __m256i mag = _mm256_setzero_si256(); /* FP8: the largest code magnitudes of the tile (0x7F: a NaN) */
     for (int64_t c0 = 0; c0 < k; c0 += KC) {
         const int64_t ce = k - c0 < KC ? k : c0 + KC;
         const int big = chunk_scales(t, NT, c0 / wb, (int)((ce - c0 + wb - 1) / wb), fp4 ? 1.0f : 256.0f, sw);
@@ -163,7 +188,7 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
                     if (fp4)
                         fp4x32(&dc, w[j] + kk / 2, v);
                     else
-                        e4m3x32(&dc, w[j] + kk, v, &mag[j]);
+                        e4m3x32(&dc, w[j] + kk, v, &mag);
 #pragma GCC unroll 8
                     for (int q = 0; q < 4; q++)
 #pragma GCC unroll 8
@@ -182,10 +207,11 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
             }
         }
     }
+    const __m256i isnan = _mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F));
+    const int tile_nan = !fp4 && !_mm256_testz_si256(isnan, isnan);
 #pragma GCC unroll 8
     for (int j = 0; j < NT; j++) {
-        const __m256i isnan = _mm256_cmpeq_epi8(mag[j], _mm256_set1_epi8(0x7F));
-        const int has_nan = !fp4 && !_mm256_testz_si256(isnan, isnan);
+        const int has_nan = tile_nan && row_has_nan(w[j], k);
 #pragma GCC unroll 8
         for (int i = 0; i < MT; i++) /* a NaN weight makes the row's products, so the output, NaN */
             out[i][j] = has_nan ? NAN : hsum(_mm256_load_ps(acc[i][j]));
