@@ -171,10 +171,12 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
     __m256i mag = _mm256_setzero_si256(); /* FP8: the largest code magnitudes of the tile (0x7F: a NaN) */
     for (int64_t c0 = 0; c0 < k; c0 += KC) {
         const int64_t ce = k - c0 < KC ? k : c0 + KC;
-        const int big = chunk_scales(t, NT, c0 / wb, (int)((ce - c0 + wb - 1) / wb), fp4 ? 1.0f : 256.0f, sw);
+        const int nb = (int)((ce - c0 + wb - 1) / wb);
+        const int big = chunk_scales(t, NT, c0 / wb, nb, fp4 ? 1.0f : 256.0f, sw);
         const __m256 up = _mm256_set1_ps(big ? 256.0f : 1.0f);
-        for (int64_t b0 = c0; b0 < ce; b0 += wb) {
-            const int64_t end = ce - b0 < wb ? ce : b0 + wb;
+        for (int bi = 0; bi < nb; bi++) {
+            const int64_t b0 = c0 + (int64_t)bi * wb;
+            const int64_t end = wb == 32 || ce - b0 >= wb ? b0 + wb : ce; /* a 32-block: one step */
             __m256 p[DSV4_LIN_MT][DSV4_LIN_NT];
 #pragma GCC unroll 8
             for (int i = 0; i < MT; i++)
@@ -198,7 +200,7 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
             }
 #pragma GCC unroll 8
             for (int j = 0; j < NT; j++) {
-                const __m256 sc = _mm256_set1_ps(sw[j][(b0 - c0) / wb]);
+                const __m256 sc = _mm256_set1_ps(sw[j][bi]);
 #pragma GCC unroll 8
                 for (int i = 0; i < MT; i++) {
                     const __m256 v = fp4 || !big ? p[i][j] : _mm256_mul_ps(p[i][j], up);
