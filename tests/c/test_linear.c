@@ -229,7 +229,7 @@ static void test_bad_input(void)
     for (int i = 0; i < M * K; i++) x[i] = test_randn();
     memset(poison, 0xA5, sizeof poison);
     memcpy(y, poison, sizeof y);
-    static uint8_t ws[M * K * 4 + 128]; /* F32 staging (AVX2) is the widest */
+    static uint8_t ws[M * (K * 5 + K / 32 * 4 + 64) + 128]; /* the AVX2 staging (values, scales, codes) is the widest */
     size_t wsb = 0;
     CHECK_STATUS(dsv4_linear_workspace_size(NULL, DSV4_LINEAR_MXFP8, M, K, &wsb), DSV4_OK);
     CHECK(wsb <= sizeof ws, "workspace size %zu", wsb);
