@@ -85,18 +85,19 @@ INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i 
     }
 }
 
-/* 16 packed bytes (32 E2M1 values) -> four vectors of 8 values in K order: each nibble's FP16
- * high byte from a 16-entry table (vpshufb), low and high nibbles interleaved, widened to words. */
+/* 16 packed bytes (32 E2M1 values) -> four vectors of 8 values: each nibble's FP16 high byte from a
+ * 16-entry table (vpshufb), widened to words, the low nibbles (elements 0, 2, ..., 30) giving the
+ * first two vectors and the high ones (1, 3, ..., 31) the last two: the order the FP4 staging
+ * puts its activations in (fp4_pos), so no interleaving is needed. */
 INLINE void fp4x32(const dec_consts *d, const uint8_t *p, __m256 v[4])
 {
     const __m128i z = _mm_setzero_si128(), c = _mm_loadu_si128((const __m128i *)p);
     const __m128i lo = _mm_shuffle_epi8(d->lut, _mm_and_si128(c, d->nib));                     /* even elements */
     const __m128i hi = _mm_shuffle_epi8(d->lut, _mm_and_si128(_mm_srli_epi16(c, 4), d->nib)); /* odd elements */
-    const __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);           /* 0-15, 16-31 */
-    v[0] = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, e0));
-    v[1] = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, e0));
-    v[2] = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, e1));
-    v[3] = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, e1));
+    v[0] = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, lo));
+    v[1] = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, lo));
+    v[2] = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, hi));
+    v[3] = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, hi));
 }
 
 /* Prefetch of the weight line at byte ob of each row (see PREFETCH_FAR); prefetches never fault. */
@@ -182,7 +183,8 @@ static int row_has_nan(const uint8_t *w, int64_t n)
 
 /* The block-scaled formats (FP8 128-blocks, MXFP8, FP4 32-blocks), MT activation rows x NT weight
  * rows: each 32 weights of a row are decoded once for the MT rows; per output, one 8-lane partial
- * sum per block over K in order (lane l: elements l, l + 8, ...), scaled by the block's scale into
+ * sum per block over K in order (lane l: elements l, l + 8, l + 16, l + 24 of each 32; FP4: 2l,
+ * 16 + 2l, 2l + 1, 17 + 2l, see fp4x32), scaled by the block's scale into
  * an 8-lane total, whatever the tile shape (FP8 and MXFP8 partial sums are taken at 2^-1
  * scale: see pair_scales). The totals live in memory (one load and store per block), the partial sums in
  * registers; a NaN code anywhere in a weight row makes its outputs NaN (one running maximum of
@@ -322,17 +324,27 @@ static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
     }
 }
 
+/* Where element e of a 32-block sits in an FP4 staged row (fp4x32's order): the even elements,
+ * then the odd ones. */
+static inline int fp4_pos(int e) { return (e & 1) * 16 + e / 2; }
+
 /* The values of a staged row from its codes and scales, arranged for fmt: e4m3(code) * s_x for FP4
- * (the E2M1 products stay at their own scale), e4m3(code) * 2^119 for FP8 and MXFP8 (s_x goes
- * into the block scale, pair_scales); both exact. Zeros from K to the next multiple of 128. */
+ * (the E2M1 products stay at their own scale), each 32 in fp4_pos order; e4m3(code) * 2^119 for
+ * FP8 and MXFP8, in K order (s_x goes into the block scale, pair_scales); both exact. Zeros from
+ * K to the next multiple of 128. */
 static void stage_values(dsv4_linear_format fmt, float *row, int64_t k)
 {
     const int64_t kp = (k + 127) / 128 * 128, g = fmt == DSV4_LINEAR_MXFP8 ? 32 : 128;
     const float *sx = row_scales(row, k);
     const uint8_t *codes = row_codes(row, k);
-    for (int64_t i = 0; i < k; i += 8) {
+    for (int64_t i = 0; i < k; i += 32) {
         const __m256 s = _mm256_set1_ps(fmt == DSV4_LINEAR_FP4 ? sx[i / g] : ACT_UP);
-        _mm256_storeu_ps(row + i, _mm256_mul_ps(v256_e4m3_decode(codes + i), s));
+        float v[32];
+        for (int q = 0; q < 32; q += 8) _mm256_storeu_ps(v + q, _mm256_mul_ps(v256_e4m3_decode(codes + i + q), s));
+        if (fmt == DSV4_LINEAR_FP4)
+            for (int e = 0; e < 32; e++) row[i + fp4_pos(e)] = v[e];
+        else
+            memcpy(row + i, v, sizeof v);
     }
     for (int64_t i = k; i < kp; i += 8) _mm256_storeu_ps(row + i, _mm256_setzero_ps());
 }
