@@ -39,10 +39,10 @@ static float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Weight decoding into FP16 words, then F16C (vcvtph2ps, exact), with 128-bit byte unpacks: in a
- * 128-bit register they keep K order, so no lane-crossing move (vpmovzx/sx, vextracti128,
- * vpermps: 1-1.5 cycles each on the cores measured, where unpacks, vpshufb and shifts issue two a
- * cycle) is needed. */
+/* Weight decoding with in-lane moves only (vpshufb, 128-bit unpacks, shifts: two a cycle on the
+ * cores measured, where lane-crossing ones, vpmovzx/sx, vextracti128, vpermps, take 1-1.5 cycles):
+ * E4M3 codes straight into fp32 bit patterns (e4m3x32), E2M1 values into FP16 words, then F16C
+ * (vcvtph2ps, exact; fp4x32). */
 typedef struct dec_consts {
     __m128i nib, lut;
     __m256i place[2], keep;
@@ -203,7 +203,7 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
     for (int i = 0; i < MT; i++)
 #pragma GCC unroll 8
         for (int j = 0; j < NT; j++) _mm256_store_ps(acc[i][j], _mm256_setzero_ps());
-    float sw[DSV4_LIN_NT][KC / 32], sc[fp4 ? 1 : DSV4_LIN_MT][DSV4_LIN_NT][KC / 32];
+    float sw[DSV4_LIN_NT][KC / 32], sc[DSV4_LIN_MT][DSV4_LIN_NT][KC / 32]; /* sc: FP8 and MXFP8 */
     __m256i mag = _mm256_setzero_si256(); /* FP8: the largest code magnitudes of the tile (0x7F: a NaN) */
     for (int64_t c0 = 0; c0 < k; c0 += KC) {
         const int64_t ce = k - c0 < KC ? k : c0 + KC;
