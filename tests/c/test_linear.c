@@ -229,7 +229,7 @@ static void test_bad_input(void)
     for (int i = 0; i < M * K; i++) x[i] = test_randn();
     memset(poison, 0xA5, sizeof poison);
     memcpy(y, poison, sizeof y);
-    static uint8_t ws[M * K * 4 + 128]; /* F32 staging (AVX2) is the widest */
+    static uint8_t ws[M * (K * 5 + K / 32 * 4 + 64) + 128]; /* the AVX2 staging (values, scales, codes) is the widest */
     size_t wsb = 0;
     CHECK_STATUS(dsv4_linear_workspace_size(NULL, DSV4_LINEAR_MXFP8, M, K, &wsb), DSV4_OK);
     CHECK(wsb <= sizeof ws, "workspace size %zu", wsb);
@@ -522,6 +522,125 @@ static void test_nonfinite(void)
     }
 }
 
+/* The float64 weights of c again after its codes or scales were changed (canonical scale layout). */
+static void wq_again(wcase *c)
+{
+    for (int64_t r = 0; r < c->n; r++)
+        for (int64_t j = 0; j < c->k; j++) {
+            const int fp4 = c->fmt == DSV4_LINEAR_FP4;
+            const uint8_t b = fp4 ? (uint8_t)((c->w[r * c->wld + j / 2] >> (4 * (j & 1))) & 0xF) : c->w[r * c->wld + j];
+            const int64_t si = c->fmt == DSV4_LINEAR_FP8_B128 ? (r / 128) * c->scols + j / 128 : r * c->scols + j / 32;
+            c->wq[r * c->k + j] = (fp4 ? dsv4_e2m1_decode(b) : dsv4_e4m3_decode(b)) * e8m0(c->s[si]);
+        }
+}
+
+/* y within TOL * sum|x w| of the float64 evaluation (NaN where it is NaN) on every ISA and cpu-ref;
+ * x F32 [m, k]. Returns the number of outputs off. */
+static int off_float64(const wcase *c, const float *x, int64_t m, const char *what)
+{
+    const char *const *isas = test_isas;
+    float *y = malloc(sizeof(float) * (size_t)(m * c->n));
+    double *xq = malloc(sizeof(double) * (size_t)(m * c->k));
+    act_dequant(c->fmt, x, m, c->k, xq);
+    int all = 0;
+    for (int is = 0; is < 4; is++) {
+        dsv4_ctx *ctx = is < 3 ? test_ctx("cpu", 2, isas[is]) : make_ctx("cpu-ref", 2);
+        for (int64_t i = 0; i < m * c->n; i++) y[i] = 0.0f;
+        CHECK_STATUS(run_linear(ctx, c, x, m, y), DSV4_OK);
+        int bad = 0;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < c->n; j++) {
+                double acc = 0, mag = 0;
+                for (int64_t q = 0; q < c->k; q++) {
+                    acc += xq[i * c->k + q] * c->wq[j * c->k + q];
+                    mag += fabs(xq[i * c->k + q] * c->wq[j * c->k + q]);
+                }
+                const float v = y[i * c->n + j];
+                bad += isnan(acc) ? !isnan(v) : !(fabs(v - acc) <= TOL * mag);
+            }
+        CHECK(bad == 0, "%s m=%lld %s: %d outputs off the float64 evaluation (%s)", dsv4_linear_format_name(c->fmt),
+              (long long)m, is < 3 ? isas[is] : "cpu-ref", bad, what);
+        all += bad;
+        dsv4_ctx_destroy(ctx);
+    }
+    free(y);
+    free(xq);
+    return all;
+}
+
+/* s_x * s_w = 2^127 (x group 0 of scale 1, weight scale byte 254): twice the scale overflows, so
+ * the AVX2 FP8 / MXFP8 path doubles the block sum instead (linear_avx2.c pair_scales). One small
+ * product per row in that block keeps y finite (2^117 and less). */
+static void test_scale_overflow(void)
+{
+    enum { N = 9, K = 256, M = 2 };
+    for (int f = 0; f < DSV4_LINEAR_FP4; f++) {
+        wcase c;
+        wcase_make(&c, (dsv4_linear_format)f, N, K, 0, 0);
+        for (int64_t r = 0; r < N; r++) {
+            memset(c.w + r * c.wld, 0, 32);
+            c.w[r * c.wld + 5 + r % 3] = (uint8_t)(0x01 + 8 * (r % 4)); /* 2^-9 up to 1.125 * 2^-4 */
+        }
+        for (int64_t r = 0; r < c.srows; r++) c.s[r * c.scols] = 254;
+        wq_again(&c);
+        float x[M * K];
+        for (int i = 0; i < M * K; i++) x[i] = i % K < 128 ? 0.0f : test_randn();
+        for (int i = 0; i < M; i++) {
+            x[i * K] = 400.0f; /* the group's scale: 1 */
+            for (int q = 5; q < 8; q++) x[i * K + q] = 0.5f + (float)(q + i);
+        }
+        off_float64(&c, x, M, "s_x * s_w = 2^127");
+        wcase_free(&c);
+    }
+}
+
+/* Special weight codes and scale bytes, every ISA against the float64 evaluation: NaN codes
+ * (0x7F, 0xFF) and a NaN scale (255) make their rows NaN; scale byte 0 (the subnormal 2^-127), 1
+ * and 247 (2^120, where the AVX2 FP8 path keeps its partial sums unscaled: linear_avx2.c
+ * chunk_scales) give finite rows. x is large in its first 32 elements, so the block of scale
+ * byte 0 carries the row, and small in elements 128-255, so 2^120 does not overflow. */
+static void test_special_weights(void)
+{
+    enum { N = 45, K = 1152 };
+    const int64_t ms[] = {1, 2, 5};
+    for (int f = 0; f <= DSV4_LINEAR_FP4; f++) {
+        wcase c;
+        wcase_make(&c, (dsv4_linear_format)f, N, K, 0, 0);
+        if (f == DSV4_LINEAR_FP8_B128) {
+            c.s[0] = 0;
+            c.s[1] = 247;
+            c.s[4] = 1;
+        } else {
+            c.s[7 * c.scols + 0] = 0;
+            c.s[9 * c.scols + 4] = 247;
+            c.s[8 * c.scols + 20] = 1;
+            c.s[2 * c.scols + 9] = 255;
+            for (int j = 288; j < 320; j++) /* positive products: a NaN scale read as Inf gives Inf */
+                if (f == DSV4_LINEAR_FP4)
+                    c.w[2 * c.wld + j / 2] = 0x22; /* 1.0, 1.0 */
+                else
+                    c.w[2 * c.wld + j] = 0x38; /* 1.0 */
+        }
+        if (f != DSV4_LINEAR_FP4) {
+            c.w[5 * c.wld + K - 3] = 0x7F;
+            c.w[11 * c.wld + 40] = 0xFF;
+        }
+        wq_again(&c);
+        for (int mi = 0; mi < 3; mi++) {
+            const int64_t m = ms[mi];
+            float *x = malloc(sizeof(float) * (size_t)(m * K));
+            for (int64_t i = 0; i < m * K; i++) {
+                const int64_t q = i % K;
+                x[i] = test_randn() * (q < 32 ? 0x1p90f : q >= 128 && q < 256 ? 0x1p-20f : 0x1p-30f);
+                if (q >= 288 && q < 320) x[i] = fabsf(x[i]);
+            }
+            off_float64(&c, x, m, "special codes and scales");
+            free(x);
+        }
+        wcase_free(&c);
+    }
+}
+
 int main(void)
 {
     test_seed();
@@ -533,5 +652,7 @@ int main(void)
     test_staged();
     test_staged_bad_input();
     test_nonfinite();
+    test_special_weights();
+    test_scale_overflow();
     TEST_DONE();
 }

@@ -20,8 +20,9 @@ extern const struct dsv4_linear_ops dsv4_cpu_linear_ops;
  * linear_cpu.c checks it before a staged product), then the rows (stride dsv4_lin_row_bytes(k)).
  * Staged activation row:
  *   value staging (vector kernels): the dequantized activation x_q * s_x as BF16 (AVX-512) or
- *     F32 (AVX2), exact either way (a code times a power of two), k values then zeros up to a
- *     multiple of 128 (in the kernel's order of K, see stage_row).
+ *     F32 (AVX2; for FP8 and MXFP8 the code times 2^119, the scales and codes following the
+ *     values: linear_avx2.c), exact either way (a code times a power of two), k values then
+ *     zeros up to a multiple of 128 (in the kernel's order of K, see stage_row).
  *   code staging (scalar reference): k E4M3 codes, then one scale byte per activation group. */
 int64_t dsv4_lin_row_bytes(int64_t k);
 

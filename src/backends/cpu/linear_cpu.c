@@ -15,8 +15,14 @@
 
 static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
 
-/* The widest staging: F32 values (k + k / 32 bytes for codes, 2 k for BF16 values fit too). */
-int64_t dsv4_lin_row_bytes(int64_t k) { return (k + 127) / 128 * 128 * 4; }
+/* The widest staging: the AVX2 one (linear_avx2.c row_scales): F32 values up to a multiple of 128,
+ * a float per 32 for the group scales and a byte per value for the codes, to 64 bytes (k + k / 32
+ * bytes for codes, 2 k for BF16 values fit too). */
+int64_t dsv4_lin_row_bytes(int64_t k)
+{
+    const int64_t kp = (k + 127) / 128 * 128;
+    return (kp * 4 + (k + 31) / 32 * 4 + kp + 63) / 64 * 64;
+}
 
 /* The description of a staging, at the first 64-byte boundary of the work space; the rows
  * follow at HEAD_BYTES from it. */

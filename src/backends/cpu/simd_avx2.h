@@ -58,4 +58,15 @@ static inline __m256 v256_bf16_decode(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
+/* 8 E8M0 scale bytes -> fp32, as dsv4_e8m0_to_f32: byte << 23, byte 0 the subnormal 2^-127,
+ * byte 255 NaN. */
+static inline __m256 v256_e8m0_decode(const uint8_t *p)
+{
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i v = _mm256_slli_epi32(b, 23);
+    v = _mm256_blendv_epi8(v, V256_I(0x00400000), _mm256_cmpeq_epi32(b, _mm256_setzero_si256()));
+    v = _mm256_blendv_epi8(v, V256_I(0x7FC00000), _mm256_cmpeq_epi32(b, V256_I(255)));
+    return _mm256_castsi256_ps(v);
+}
+
 #endif
