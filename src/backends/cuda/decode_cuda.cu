@@ -319,6 +319,80 @@ static DSV4_CU_INLINE void dequant_block(const uint8_t *raw, uint8_t *tile, cons
     }
 }
 
+/* ---- the merge of a query's splits (docs/kernels.md §3.3) ------------------------------------
+ * Row (t, h), dims d0 .. d0 + 7: the splits' lse and normalized partial outputs, read through
+ * `src` (global memory for the combine kernel, the cluster's shared memory for the decode kernels
+ * that merge in a cluster: the same arithmetic either way), the maximum lse first, then the
+ * weighted sum in split order with the loads of four splits issued before their sums; the sink
+ * applied; BF16 out, and the lse when write_lse. */
+typedef struct {
+    const float *lse; /* split s at lse[s * ls] */
+    const float *o;   /* split s at o[s * os] */
+    long long ls, os;
+} merge_src;
+
+static DSV4_CU_INLINE void merge_splits(const dsv4_cu_decode &p, int splits, const merge_src &src, int t, int h, int d0,
+                                        bool write_lse)
+{
+    float L = -INFINITY;
+    for (int s = 0; s < splits; s++) L = fmaxf(L, src.lse[s * src.ls]);
+    float acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
+    float wsum = 0.0f;
+    if (L != -INFINITY) {
+        for (int s0 = 0; s0 < splits; s0 += 4) {
+            float wt[4];
+            bool used[4];
+            float4 v[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* every load of the four first */
+                const int s = s0 + i;
+                const float ls = s < splits ? src.lse[s * src.ls] : -INFINITY;
+                used[i] = ls != -INFINITY;
+                wt[i] = used[i] ? expf(ls - L) : 0.0f;
+                if (used[i]) {
+                    const float4 *o4 = (const float4 *)(src.o + s * src.os);
+                    v[i][0] = o4[0], v[i][1] = o4[1];
+                } else {
+                    v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* then the sums, in split order */
+                if (!used[i]) continue;
+                wsum += wt[i];
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    acc[4 * k] += wt[i] * v[i][k].x;
+                    acc[4 * k + 1] += wt[i] * v[i][k].y;
+                    acc[4 * k + 2] += wt[i] * v[i][k].z;
+                    acc[4 * k + 3] += wt[i] * v[i][k].w;
+                }
+            }
+        }
+    }
+    const bool empty = !(wsum > 0.0f);
+    const float lse = empty ? INFINITY : L + logf(wsum);
+    float f = 0.0f;
+    if (!empty) {
+        const float sink = p.sink ? p.sink[h] : -INFINITY;
+        f = (1.0f / wsum) / (1.0f + expf(sink - lse));
+    }
+    if (write_lse && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
+    uint32_t wv[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) wv[k] = cu_f32_bf16(acc[2 * k] * f) | (cu_f32_bf16(acc[2 * k + 1] * f) << 16);
+    cu_st16(p.out + t * p.o_st + h * p.o_sh + d0, make_uint4(wv[0], wv[1], wv[2], wv[3]));
+}
+
+/* A split's lse (natural log) from its row sum l and running maximum m (base 2); -inf for a row
+ * without a valid entry (the merge skips it). */
+static DSV4_CU_INLINE float split_lse(float l, float m)
+{
+    return l > 0.0f ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
+}
+
 template <int MT, bool FP8>
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
 {
@@ -684,7 +758,7 @@ static DSV4_CU_INLINE float row_factor(const dsv4_cu_decode &p, float l, float m
     const bool empty = !(l > 0.0f);
     const float lse = empty ? INFINITY : (m + log2f(l)) * 0.69314718055994531f;
     if (p.splits > 1) {
-        if (writer) p.part_lse[(long long)split * p.t * p.h + (long long)t * p.h + h] = empty ? -INFINITY : lse;
+        if (writer && !p.cluster) p.part_lse[(long long)split * p.t * p.h + (long long)t * p.h + h] = split_lse(l, m);
         return empty ? -1.0f : 1.0f / l;
     }
     if (writer && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
@@ -727,11 +801,80 @@ static DSV4_CU_INLINE void store_rows(const dsv4_cu_decode &p, const float *o, c
     }
 }
 
+/* ---- splits merged in a cluster (p.cluster) -----------------------------------------------
+ * The S = p.splits CTAs of a (token, head tile) run as one cluster (grid z = cluster z, so the
+ * cluster rank is the split). Each owns a contiguous range of the tile's 64 rows (cl_row0). Once
+ * every CTA of the cluster is done with its tiles (a cluster barrier), each stores its normalized
+ * partial output of every row and the row's lse straight into the owner's shared memory (rows of
+ * CL_LD floats, [S][ceil(64 / S)] of them from offset 0, over Q and the tiles; the lse [S][64] at
+ * CL_LSE_OFF); after a second barrier each owner merges its rows with merge_splits, the combine
+ * kernel's arithmetic (the same bits for the same split count), and no partial result goes
+ * through global memory. */
+#define CL_LD 516                   /* floats a row: 2064 bytes, the rows of a warp's stores 4 banks apart */
+#define CL_LSE_OFF (75 * CL_LD * 4) /* the most rows an owner holds, S x ceil(64 / S) for S <= 16 (S 15) */
+#define CL_BYTES (CL_LSE_OFF + 16 * 64 * 4)
+
+static DSV4_CU_INLINE int cl_row0(int rank, int S) { return rank * 64 / S; }
+static DSV4_CU_INLINE int cl_owner(int row, int S) { return ((row + 1) * S + 63) / 64 - 1; }
+
+static DSV4_CU_INLINE void cl_st2(uint32_t addr, float a, float b)
+{
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+static DSV4_CU_INLINE void cl_st1(uint32_t addr, float a)
+{
+    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(a) : "memory");
+}
+
+/* This thread's part (rows r0 and r0 + 8, dims dim0 + the m64n256 layout) times f (1/l; < 0: an
+ * empty row, nothing stored) into the rows' owners, and, by `writer`, the rows' split lse. */
+static DSV4_CU_INLINE void cl_push(const dsv4_cu_decode &p, uint32_t base, const float *o, const float *f,
+                                   const float *plse, bool writer, int split, int dim0, int r0, int lane)
+{
+    const int S = p.splits, rmax = (64 + S - 1) / S, qcol = 2 * (lane & 3);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int row = r0 + 8 * hf, own = cl_owner(row, S);
+        const uint32_t rb = cu_mapa(base, (uint32_t)own);
+        if (writer) cl_st1(rb + CL_LSE_OFF + (split * 64 + row) * 4, plse[hf]);
+        if (f[hf] < 0.0f) continue;
+        const uint32_t dst = rb + ((split * rmax + row - cl_row0(own, S)) * CL_LD + dim0 + qcol) * 4;
+#pragma unroll
+        for (int jn = 0; jn < 32; jn++) cl_st2(dst + jn * 32, o[4 * jn + 2 * hf] * f[hf], o[4 * jn + 2 * hf + 1] * f[hf]);
+    }
+}
+
+/* The owner's rows, merged by the 256 consumer threads (8 dims a task). */
+static DSV4_CU_INLINE void cl_merge(const dsv4_cu_decode &p, const uint8_t *smem, int t, int h0, int rank, int tid)
+{
+    const int S = p.splits, rmax = (64 + S - 1) / S, lr0 = cl_row0(rank, S), n = (cl_row0(rank + 1, S) - lr0) * 64;
+#pragma unroll 1
+    for (int it = tid; it < n; it += 256) {
+        const int lr = it >> 6, d0 = (it & 63) * 8, h = h0 + lr0 + lr;
+        if (h >= p.h) continue;
+        const merge_src src = {(const float *)(smem + CL_LSE_OFF) + lr0 + lr, (const float *)smem + lr * CL_LD + d0, 64,
+                               (long long)rmax * CL_LD};
+        merge_splits(p, S, src, t, h, d0, d0 == 0);
+    }
+}
+
+/* The cluster's part of an epilogue, by the 256 threads (tid) that hold the output; any other
+ * thread of the CTA (a producer) meets the two cluster barriers alone. */
+static DSV4_CU_INLINE void cl_epilogue(const dsv4_cu_decode &p, uint8_t *smem, const float *o, const float *f,
+                                       const float *plse, bool writer, int t, int h0, int split, int dim0, int r0,
+                                       int lane, int tid)
+{
+    cu_cluster_sync(); /* every CTA of the cluster is done with Q and its tiles */
+    cl_push(p, cu_smem(smem), o, f, plse, writer, split, dim0, r0, lane);
+    cu_cluster_sync(); /* every part is in its owner's shared memory */
+    cl_merge(p, smem, t, h0, split, tid);
+}
+
 /* Row sums of both warpgroups (fixed order), then out/lse or the split's partial results. */
 template <bool WS = false>
 static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, const float *m_run,
                                        const float *l_part, float *sL, int t, int h0, int split, int wg, int r0,
-                                       int lane)
+                                       int lane, uint8_t *smem, int tid)
 {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -748,6 +891,11 @@ static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, 
         f[hf] = h0 + row < p.h ? row_factor(p, sL[row] + sL[64 + row], m_run[hf], t, h0 + row, split,
                                             wg == 0 && (lane & 3) == 0)
                                : 0.0f;
+    }
+    if (p.cluster) {
+        const float plse[2] = {split_lse(sL[r0] + sL[64 + r0], m_run[0]), split_lse(sL[r0 + 8] + sL[64 + r0 + 8], m_run[1])};
+        cl_epilogue(p, smem, o, f, plse, wg == 0 && (lane & 3) == 0, t, h0, split, wg * 256, r0, lane, tid);
+        return;
     }
     store_rows(p, o, f, t, h0, split, wg * 256, r0, lane);
 }
@@ -809,7 +957,7 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
         wg_pv(o, alpha, pa, cu_smem(tile), wg);
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
-    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, smem, tid);
 #else
     __trap(); /* only the sm_90a build has warpgroup MMA; the host picks the mma.sync kernel elsewhere */
 #endif
@@ -849,7 +997,7 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
         wg_pv(o, alpha, pa, cu_smem(sK), wg);
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
-    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, smem, tid);
 #else
     __trap();
 #endif
@@ -886,6 +1034,10 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 #define WS_BAR_OFF (WS_IDX_OFF + WS_IDX_SLOTS * 128 * 4) /* uint64 full[2], empty[2], pfree[2], epi, pfull[2], cdone[2] */
 #define WS_CDONE(b) (WS_BAR_OFF + 72 + 8 * (b)) /* NCTA 2: this CTA's consumers are done with tile b */
 #define WS_SMEM (WS_BAR_OFF + 88 + 1024)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+static_assert(CL_BYTES <= WS_P_OFF && CL_BYTES <= wg_cfg<true>::P_OFF,
+              "decode_cuda.cu: the merge buffers of a cluster lie over Q and the tiles only");
+#endif
 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1197,7 +1349,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
     }
     WS_PROF_END(1);
 
-    float f[2];
+    float f[2], plse[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float l = l_part[hf];
@@ -1205,10 +1357,12 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
         l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
         const int row = r0 + 8 * hf;
         f[hf] = h0 + row < p.h ? row_factor(p, l, m_run[hf], t, h0 + row, split, (lane & 3) == 0) : 0.0f;
+        plse[hf] = split_lse(l, m_run[hf]);
         if ((lane & 3) == 0) sF[row] = f[hf];
     }
     cu_mbar_arrive(base + WS_EPI);
-    store_rows(p, o, f, t, h0, split, 0, r0, lane);
+    if (p.cluster) cl_epilogue(p, smem, o, f, plse, (lane & 3) == 0, t, h0, split, 0, r0, lane, 32 * warp + lane);
+    else store_rows(p, o, f, t, h0, split, 0, r0, lane);
 }
 
 template <int NCTA>
@@ -1238,7 +1392,8 @@ static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int
     WS_PROF_END(2);
     cu_mbar_wait<0>(base + WS_EPI, 0);
     const float f[2] = {sF[r0], sF[r0 + 8]};
-    store_rows(p, o, f, t, h0, split, 256, r0, lane);
+    if (p.cluster) cl_epilogue(p, smem, o, f, f, false, t, h0, split, 256, r0, lane, 32 * warp + lane);
+    else store_rows(p, o, f, t, h0, split, 256, r0, lane);
 }
 
 /* Q, loaded by the two consumer warpgroups alone (cp.async) while the producer already issues
@@ -1286,6 +1441,10 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         else cu_setmaxnreg_dec<120>();
         ws_producer<NCTA>(p, rg, t, smem, warp & 3, lane, rank);
         if (NCTA == 2) cu_cluster_sync(); /* no CTA leaves while its peer may still signal it */
+        if (NCTA == 1 && p.cluster) { /* the two barriers of the consumers' cl_epilogue */
+            cu_cluster_sync();
+            cu_cluster_sync();
+        }
     } else if (W2) {
         if (wg == 0) {
             cu_setmaxnreg_inc<216>();
@@ -1325,7 +1484,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
             ws_release<NCTA>(base, b);
         }
         WS_PROF_END(1 + wg);
-        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, smem, tid);
         if (NCTA == 2) cu_cluster_sync();
     }
 }
@@ -1364,56 +1523,8 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
     const int t = (int)(w / p.h), h = (int)(w % p.h);
     pdl_release_dependents(); /* the next decode may start and wait for this grid (see above) */
     pdl_wait_primary(); /* launched while the decode runs: its partial results are complete from here */
-    float L = -INFINITY;
-    for (int s = 0; s < p.splits; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
-    float acc[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
-    float wsum = 0.0f;
-    if (L != -INFINITY) {
-        for (int s0 = 0; s0 < p.splits; s0 += 4) {
-            float wt[4];
-            bool used[4];
-            float4 v[4][2];
-#pragma unroll
-            for (int i = 0; i < 4; i++) { /* every load of the four first */
-                const int s = s0 + i;
-                const float ls = s < p.splits ? p.part_lse[s * rows + w] : -INFINITY;
-                used[i] = ls != -INFINITY;
-                wt[i] = used[i] ? expf(ls - L) : 0.0f;
-                if (used[i]) {
-                    const float4 *src = (const float4 *)(p.part_o + (s * rows + w) * 512 + d0);
-                    v[i][0] = src[0], v[i][1] = src[1];
-                } else {
-                    v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) { /* then the sums, in split order */
-                if (!used[i]) continue;
-                wsum += wt[i];
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    acc[4 * k] += wt[i] * v[i][k].x;
-                    acc[4 * k + 1] += wt[i] * v[i][k].y;
-                    acc[4 * k + 2] += wt[i] * v[i][k].z;
-                    acc[4 * k + 3] += wt[i] * v[i][k].w;
-                }
-            }
-        }
-    }
-    const bool empty = !(wsum > 0.0f);
-    const float lse = empty ? INFINITY : L + logf(wsum);
-    float f = 0.0f;
-    if (!empty) {
-        const float sink = p.sink ? p.sink[h] : -INFINITY;
-        f = (1.0f / wsum) / (1.0f + expf(sink - lse));
-    }
-    if (threadIdx.x == 0 && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
-    uint32_t wv[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) wv[k] = cu_f32_bf16(acc[2 * k] * f) | (cu_f32_bf16(acc[2 * k + 1] * f) << 16);
-    cu_st16(p.out + t * p.o_st + h * p.o_sh + d0, make_uint4(wv[0], wv[1], wv[2], wv[3]));
+    const merge_src src = {p.part_lse + w, p.part_o + w * 512 + d0, rows, rows * 512};
+    merge_splits(p, p.splits, src, t, h, d0, threadIdx.x == 0);
 }
 
 extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
@@ -1423,10 +1534,13 @@ extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32
 static int launch_k(void (*kernel)(dsv4_cu_decode), const dsv4_cu_decode *d, dim3 grid, int threads, int smem,
                     cudaStream_t stream, int pdl)
 {
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     memset(attr, 0, sizeof attr);
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    int n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = grid;
@@ -1434,7 +1548,41 @@ static int launch_k(void (*kernel)(dsv4_cu_decode), const dsv4_cu_decode *d, dim
     cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = n;
+    return (int)cudaLaunchKernelEx(&cfg, kernel, *d);
+}
+
+/* A kernel that merges its splits in a cluster (d->cluster): one launch with the splits of a
+ * (token, head tile) as the cluster's z (sizes above 8, which are not portable, allowed once per
+ * device). */
+static int launch_cl(void (*kernel)(dsv4_cu_decode), unsigned char *nonportable, const dsv4_cu_decode *d, dim3 grid,
+                     int threads, int smem, cudaStream_t stream)
+{
+    const bool known = d->device >= 0 && d->device < DSV4_CU_MAX_DEVICES;
+    if (d->splits > 8 && (!known || !nonportable[d->device])) {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (e != cudaSuccess) return (int)e;
+        if (known) nonportable[d->device] = 1;
+    }
+    cudaLaunchAttribute attr[2];
+    memset(attr, 0, sizeof attr);
+    int n = 0;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = (unsigned)d->splits;
+    if (d->pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
     return (int)cudaLaunchKernelEx(&cfg, kernel, *d);
 }
 
@@ -1456,6 +1604,8 @@ template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_
     const int e = cu_smem_opt_in(configured, d->device, kernel, wg_cfg<FP8>::SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
+    static unsigned char nonportable[DSV4_CU_MAX_DEVICES];
+    if (FP8 && d->cluster && d->splits > 1) return launch_cl(kernel, nonportable, d, grid, NT, wg_cfg<FP8>::SMEM, stream);
     return launch_k(kernel, d, grid, NT, wg_cfg<FP8>::SMEM, stream, d->pdl);
 }
 
@@ -1470,6 +1620,8 @@ static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int p
     const int e = cu_smem_opt_in(configured[k], d->device, kernels[k], WS_SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
+    static unsigned char nonportable[4][DSV4_CU_MAX_DEVICES];
+    if (!pair && d->cluster && d->splits > 1) return launch_cl(kernels[k], nonportable[k], d, grid, WS_NT, WS_SMEM, stream);
     return launch_k(kernels[k], d, grid, WS_NT, WS_SMEM, stream, d->pdl);
 }
 
@@ -1513,11 +1665,14 @@ extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
     const long long tiles = (d->h + 63) / 64;
     const int choice = rows == 64 && d->wgmma && d->fp8 && d->aligned ? fp8_kernel_choice(d) : K_V1;
     int err;
+    /* attention_cuda.c asks for a cluster's merge only where one of these kernels runs */
+    if (d->cluster && d->splits > 1 && !(rows == 64 && d->wgmma && d->fp8 && d->aligned && (tiles % 2 == 1 || d->no_pair)))
+        return (int)cudaErrorInvalidValue;
     if (choice != K_V1)
         err = launch_ws(d, st, choice == K_WS2, tiles % 2 == 0 && !d->no_pair);
     else if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
     else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
     else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);
-    if (err || d->splits <= 1) return err;
+    if (err || d->splits <= 1 || d->cluster) return err;
     return launch_combine(d, st);
 }
