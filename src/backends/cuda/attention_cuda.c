@@ -76,15 +76,15 @@ static dsv4_status cu_inv_rope(const dsv4_exec *ex, uint16_t *o, int64_t st, int
 /* ---- split-KV plan --------------------------------------------------------------------------
  * CTAs without splitting: t x head tiles. When they fill the GPU, no split (and no workspace);
  * otherwise split each token's entries into up to sms / ctas parts of at least one 64-entry
- * block. most > 0: the splits of a (token, head tile) run as one cluster and merge through its
- * shared memory (decode_cuda.cu), at most `most` of them; their count is then the smallest that
+ * block. most > 0: the splits of a (token, head tile) run as one cluster and merge their partial
+ * results themselves (decode_cuda.cu), at most `most` of them; their count is then the smallest that
  * keeps the most blocks a CTA gets (10 blocks over at most 8: 5 splits of 2). most 0: the
  * combine kernel merges them, and two blocks with the unsplit grid at a quarter of the GPU or
  * more stay unsplit: one CTA pipelines both sooner than two CTAs and the combine (docs/kernels.md
  * §12.1, measured at T = 64 and T = 8; the context's ",split2" splits them anyway, to measure the
  * rule). The plan depends only on (device, t, h, width, variant) and never exceeds sms / tiles
  * splits in all, the bound the workspace query asks for; a smaller workspace than asked for
- * lowers the split count of the combine's plan instead of failing. */
+ * lowers the split count instead of failing. */
 static int64_t plan_splits(int sms, int64_t t, int64_t h, int64_t width, int split2, int64_t most)
 {
     int64_t rows = dsv4_cu_decode_rows(h);
@@ -185,10 +185,10 @@ static dsv4_status decode(const dsv4_exec *ex, const char *op, const dsv4_attn_a
                                                     : plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width,
                                                                   (ex->variant & DSV4_CU_SPLIT2) != 0, most);
     uintptr_t ws = ((uintptr_t)a->workspace + 255) & ~(uintptr_t)255;
-    while (!cluster && splits > 1 && (!a->workspace || split_bytes(splits, a->t, a->h) > a->workspace_bytes)) splits--;
+    while (splits > 1 && (!a->workspace || split_bytes(splits, a->t, a->h) > a->workspace_bytes)) splits--;
     d.splits = (int)splits;
     d.cluster = cluster && splits > 1;
-    if (splits > 1 && !d.cluster) {
+    if (splits > 1) {
         d.part_o = (float *)ws;
         d.part_lse = d.part_o + splits * a->t * a->h * 512;
     }

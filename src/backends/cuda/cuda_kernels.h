@@ -96,7 +96,7 @@ typedef struct dsv4_cu_decode {
     int device;             /* the current device's ordinal (function attributes are per device) */
     int splits;             /* > 1: partial results in part_o/part_lse, then a combine launch */
     int cluster;            /* with splits > 1: the splits of a (token, head tile) form one cluster and
-                               merge through its distributed shared memory (no part_o, no combine) */
+                               merge their partial results themselves (no combine launch) */
     float *part_o;          /* [splits, t, h, 512] */
     float *part_lse;        /* [splits, t, h] */
 } dsv4_cu_decode;

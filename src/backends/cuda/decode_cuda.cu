@@ -386,13 +386,6 @@ static DSV4_CU_INLINE void merge_splits(const dsv4_cu_decode &p, int splits, con
     cu_st16(p.out + t * p.o_st + h * p.o_sh + d0, make_uint4(wv[0], wv[1], wv[2], wv[3]));
 }
 
-/* A split's lse (natural log) from its row sum l and running maximum m (base 2); -inf for a row
- * without a valid entry (the merge skips it). */
-static DSV4_CU_INLINE float split_lse(float l, float m)
-{
-    return l > 0.0f ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
-}
-
 template <int MT, bool FP8>
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
 {
@@ -758,7 +751,7 @@ static DSV4_CU_INLINE float row_factor(const dsv4_cu_decode &p, float l, float m
     const bool empty = !(l > 0.0f);
     const float lse = empty ? INFINITY : (m + log2f(l)) * 0.69314718055994531f;
     if (p.splits > 1) {
-        if (writer && !p.cluster) p.part_lse[(long long)split * p.t * p.h + (long long)t * p.h + h] = split_lse(l, m);
+        if (writer) p.part_lse[(long long)split * p.t * p.h + (long long)t * p.h + h] = empty ? -INFINITY : lse;
         return empty ? -1.0f : 1.0f / l;
     }
     if (writer && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
@@ -803,78 +796,43 @@ static DSV4_CU_INLINE void store_rows(const dsv4_cu_decode &p, const float *o, c
 
 /* ---- splits merged in a cluster (p.cluster) -----------------------------------------------
  * The S = p.splits CTAs of a (token, head tile) run as one cluster (grid z = cluster z, so the
- * cluster rank is the split). Each owns a contiguous range of the tile's 64 rows (cl_row0). Once
- * every CTA of the cluster is done with its tiles (a cluster barrier), each stores its normalized
- * partial output of every row and the row's lse straight into the owner's shared memory (rows of
- * CL_LD floats, [S][ceil(64 / S)] of them from offset 0, over Q and the tiles; the lse [S][64] at
- * CL_LSE_OFF); after a second barrier each owner merges its rows with merge_splits, the combine
- * kernel's arithmetic (the same bits for the same split count), and no partial result goes
- * through global memory. */
-#define CL_LD 516                   /* floats a row: 2064 bytes, the rows of a warp's stores 4 banks apart */
-#define CL_LSE_OFF (75 * CL_LD * 4) /* the most rows an owner holds, S x ceil(64 / S) for S <= 16 (S 15) */
-#define CL_BYTES (CL_LSE_OFF + 16 * 64 * 4)
-
+ * cluster rank is the split). Each writes its partial results to the workspace as for the
+ * combine kernel, meets the others at a cluster barrier (release / acquire at cluster scope:
+ * their writes are visible from there), then merges its own range of the tile's rows (cl_row0)
+ * with merge_splits, the combine kernel's arithmetic (the same bits for the same split count):
+ * no combine launch, no wait for the whole grid. (Moving the partial results through the
+ * cluster's distributed shared memory instead, 128 KB a CTA, measured slower than the combine
+ * kernel: BENCHMARKS.md.) */
 static DSV4_CU_INLINE int cl_row0(int rank, int S) { return rank * 64 / S; }
-static DSV4_CU_INLINE int cl_owner(int row, int S) { return ((row + 1) * S + 63) / 64 - 1; }
 
-static DSV4_CU_INLINE void cl_st2(uint32_t addr, float a, float b)
+/* The rows of this rank merged by the 256 threads that held the output (8 dims a task). */
+static DSV4_CU_INLINE void cl_merge(const dsv4_cu_decode &p, int t, int h0, int rank, int tid)
 {
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-static DSV4_CU_INLINE void cl_st1(uint32_t addr, float a)
-{
-    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(a) : "memory");
-}
-
-/* This thread's part (rows r0 and r0 + 8, dims dim0 + the m64n256 layout) times f (1/l; < 0: an
- * empty row, nothing stored) into the rows' owners, and, by `writer`, the rows' split lse. */
-static DSV4_CU_INLINE void cl_push(const dsv4_cu_decode &p, uint32_t base, const float *o, const float *f,
-                                   const float *plse, bool writer, int split, int dim0, int r0, int lane)
-{
-    const int S = p.splits, rmax = (64 + S - 1) / S, qcol = 2 * (lane & 3);
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int row = r0 + 8 * hf, own = cl_owner(row, S);
-        const uint32_t rb = cu_mapa(base, (uint32_t)own);
-        if (writer) cl_st1(rb + CL_LSE_OFF + (split * 64 + row) * 4, plse[hf]);
-        if (f[hf] < 0.0f) continue;
-        const uint32_t dst = rb + ((split * rmax + row - cl_row0(own, S)) * CL_LD + dim0 + qcol) * 4;
-#pragma unroll
-        for (int jn = 0; jn < 32; jn++) cl_st2(dst + jn * 32, o[4 * jn + 2 * hf] * f[hf], o[4 * jn + 2 * hf + 1] * f[hf]);
-    }
-}
-
-/* The owner's rows, merged by the 256 consumer threads (8 dims a task). */
-static DSV4_CU_INLINE void cl_merge(const dsv4_cu_decode &p, const uint8_t *smem, int t, int h0, int rank, int tid)
-{
-    const int S = p.splits, rmax = (64 + S - 1) / S, lr0 = cl_row0(rank, S), n = (cl_row0(rank + 1, S) - lr0) * 64;
+    const int S = p.splits, r0 = cl_row0(rank, S), n = (cl_row0(rank + 1, S) - r0) * 64;
+    const long long rows = (long long)p.t * p.h;
 #pragma unroll 1
     for (int it = tid; it < n; it += 256) {
-        const int lr = it >> 6, d0 = (it & 63) * 8, h = h0 + lr0 + lr;
+        const int h = h0 + r0 + (it >> 6), d0 = (it & 63) * 8;
         if (h >= p.h) continue;
-        const merge_src src = {(const float *)(smem + CL_LSE_OFF) + lr0 + lr, (const float *)smem + lr * CL_LD + d0, 64,
-                               (long long)rmax * CL_LD};
+        const long long w = (long long)t * p.h + h;
+        const merge_src src = {p.part_lse + w, p.part_o + w * 512 + d0, rows, rows * 512};
         merge_splits(p, S, src, t, h, d0, d0 == 0);
     }
 }
 
-/* The cluster's part of an epilogue, by the 256 threads (tid) that hold the output; any other
- * thread of the CTA (a producer) meets the two cluster barriers alone. */
-static DSV4_CU_INLINE void cl_epilogue(const dsv4_cu_decode &p, uint8_t *smem, const float *o, const float *f,
-                                       const float *plse, bool writer, int t, int h0, int split, int dim0, int r0,
-                                       int lane, int tid)
+/* The cluster's part of an epilogue, by the 256 threads (tid) that hold the output, after their
+ * partial results are written; any other thread of the CTA (a producer) meets the barrier alone. */
+static DSV4_CU_INLINE void cl_epilogue(const dsv4_cu_decode &p, int t, int h0, int split, int tid)
 {
-    cu_cluster_sync(); /* every CTA of the cluster is done with Q and its tiles */
-    cl_push(p, cu_smem(smem), o, f, plse, writer, split, dim0, r0, lane);
-    cu_cluster_sync(); /* every part is in its owner's shared memory */
-    cl_merge(p, smem, t, h0, split, tid);
+    cu_cluster_sync(); /* every split's partial results are written */
+    cl_merge(p, t, h0, split, tid);
 }
 
 /* Row sums of both warpgroups (fixed order), then out/lse or the split's partial results. */
 template <bool WS = false>
 static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, const float *m_run,
                                        const float *l_part, float *sL, int t, int h0, int split, int wg, int r0,
-                                       int lane, uint8_t *smem, int tid)
+                                       int lane, int tid)
 {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -892,12 +850,8 @@ static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, 
                                             wg == 0 && (lane & 3) == 0)
                                : 0.0f;
     }
-    if (p.cluster) {
-        const float plse[2] = {split_lse(sL[r0] + sL[64 + r0], m_run[0]), split_lse(sL[r0 + 8] + sL[64 + r0 + 8], m_run[1])};
-        cl_epilogue(p, smem, o, f, plse, wg == 0 && (lane & 3) == 0, t, h0, split, wg * 256, r0, lane, tid);
-        return;
-    }
     store_rows(p, o, f, t, h0, split, wg * 256, r0, lane);
+    if (p.cluster) cl_epilogue(p, t, h0, split, tid);
 }
 #endif
 
@@ -957,7 +911,7 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
         wg_pv(o, alpha, pa, cu_smem(tile), wg);
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
-    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, smem, tid);
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, tid);
 #else
     __trap(); /* only the sm_90a build has warpgroup MMA; the host picks the mma.sync kernel elsewhere */
 #endif
@@ -997,7 +951,7 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
         wg_pv(o, alpha, pa, cu_smem(sK), wg);
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
-    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, smem, tid);
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, tid);
 #else
     __trap();
 #endif
@@ -1034,10 +988,6 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
 #define WS_BAR_OFF (WS_IDX_OFF + WS_IDX_SLOTS * 128 * 4) /* uint64 full[2], empty[2], pfree[2], epi, pfull[2], cdone[2] */
 #define WS_CDONE(b) (WS_BAR_OFF + 72 + 8 * (b)) /* NCTA 2: this CTA's consumers are done with tile b */
 #define WS_SMEM (WS_BAR_OFF + 88 + 1024)
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-static_assert(CL_BYTES <= WS_P_OFF && CL_BYTES <= wg_cfg<true>::P_OFF,
-              "decode_cuda.cu: the merge buffers of a cluster lie over Q and the tiles only");
-#endif
 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1349,7 +1299,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
     }
     WS_PROF_END(1);
 
-    float f[2], plse[2];
+    float f[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float l = l_part[hf];
@@ -1357,12 +1307,11 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
         l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
         const int row = r0 + 8 * hf;
         f[hf] = h0 + row < p.h ? row_factor(p, l, m_run[hf], t, h0 + row, split, (lane & 3) == 0) : 0.0f;
-        plse[hf] = split_lse(l, m_run[hf]);
         if ((lane & 3) == 0) sF[row] = f[hf];
     }
     cu_mbar_arrive(base + WS_EPI);
-    if (p.cluster) cl_epilogue(p, smem, o, f, plse, (lane & 3) == 0, t, h0, split, 0, r0, lane, 32 * warp + lane);
-    else store_rows(p, o, f, t, h0, split, 0, r0, lane);
+    store_rows(p, o, f, t, h0, split, 0, r0, lane);
+    if (p.cluster) cl_epilogue(p, t, h0, split, 32 * warp + lane);
 }
 
 template <int NCTA>
@@ -1392,8 +1341,8 @@ static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int
     WS_PROF_END(2);
     cu_mbar_wait<0>(base + WS_EPI, 0);
     const float f[2] = {sF[r0], sF[r0 + 8]};
-    if (p.cluster) cl_epilogue(p, smem, o, f, f, false, t, h0, split, 256, r0, lane, 32 * warp + lane);
-    else store_rows(p, o, f, t, h0, split, 256, r0, lane);
+    store_rows(p, o, f, t, h0, split, 256, r0, lane);
+    if (p.cluster) cl_epilogue(p, t, h0, split, 32 * warp + lane);
 }
 
 /* Q, loaded by the two consumer warpgroups alone (cp.async) while the producer already issues
@@ -1441,10 +1390,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         else cu_setmaxnreg_dec<120>();
         ws_producer<NCTA>(p, rg, t, smem, warp & 3, lane, rank);
         if (NCTA == 2) cu_cluster_sync(); /* no CTA leaves while its peer may still signal it */
-        if (NCTA == 1 && p.cluster) { /* the two barriers of the consumers' cl_epilogue */
-            cu_cluster_sync();
-            cu_cluster_sync();
-        }
+        if (NCTA == 1 && p.cluster) cu_cluster_sync(); /* the barrier of the consumers' cl_epilogue */
     } else if (W2) {
         if (wg == 0) {
             cu_setmaxnreg_inc<216>();
@@ -1484,7 +1430,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
             ws_release<NCTA>(base, b);
         }
         WS_PROF_END(1 + wg);
-        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, smem, tid);
+        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, tid);
         if (NCTA == 2) cu_cluster_sync();
     }
 }
