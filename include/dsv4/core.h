@@ -76,10 +76,8 @@ typedef struct dsv4_ctx_options {
      * instead of the warpgroup-MMA ones, BF16 rows too), optionally followed by ",no-pair" (the two
      * 64-head tiles of H 128 in separate CTAs), ",no-split" (one CTA per query and head tile:
      * no combine kernel, whatever the split plan), ",split2" (queries of two 64-entry blocks split
-     * in two wherever the grid allows), ",no-pdl" (the decode launched plainly instead of as
-     * a programmatic dependent of the kernel before it), ",no-cluster" (the splits of a query
-     * merged by the combine kernel instead of in a cluster of its CTAs) and/or ",cluster16"
-     * (clusters of up to 16 splits instead of 8). NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
+     * in two wherever the grid allows) and/or ",no-pdl" (the decode launched plainly instead of as
+     * a programmatic dependent of the kernel before it). NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
      * and $DSV4_CUDA_NO_PAIR=1, else "auto". Other backends ignore it. */
     const char *cuda_decode;
 } dsv4_ctx_options;

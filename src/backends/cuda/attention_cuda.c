@@ -76,29 +76,17 @@ static dsv4_status cu_inv_rope(const dsv4_exec *ex, uint16_t *o, int64_t st, int
 /* ---- split-KV plan --------------------------------------------------------------------------
  * CTAs without splitting: t x head tiles. When they fill the GPU, no split (and no workspace);
  * otherwise split each token's entries into up to sms / ctas parts of at least one 64-entry
- * block. most > 0: the splits of a (token, head tile) run as one cluster and merge their partial
- * results themselves (decode_cuda.cu), at most `most` of them; their count is then the smallest that
- * keeps the most blocks a CTA gets (10 blocks over at most 8: 5 splits of 2). most 0: the
- * combine kernel merges them, and two blocks with the unsplit grid at a quarter of the GPU or
- * more stay unsplit: one CTA pipelines both sooner than two CTAs and the combine (docs/kernels.md
- * §12.1, measured at T = 64 and T = 8; the context's ",split2" splits them anyway, to measure the
- * rule). The plan depends only on (device, t, h, width, variant) and never exceeds sms / tiles
- * splits in all, the bound the workspace query asks for; a smaller workspace than asked for
- * lowers the split count instead of failing. */
-static int64_t plan_splits(int sms, int64_t t, int64_t h, int64_t width, int split2, int64_t most)
+ * block. Two blocks with the unsplit grid at a quarter of the GPU or more stay unsplit: one CTA
+ * pipelines both sooner than two CTAs and the combine (docs/kernels.md §12.1, measured at
+ * T = 64 and T = 8; the context's ",split2" splits them anyway, to measure the rule). The plan
+ * depends only on (device, t, h, width, variant) and never exceeds sms / tiles splits in all,
+ * the bound the workspace query asks for; a smaller workspace than asked for lowers the split
+ * count instead of failing. */
+static int64_t plan_splits(int sms, int64_t t, int64_t h, int64_t width, int split2)
 {
     int64_t rows = dsv4_cu_decode_rows(h);
     int64_t ctas = t * ((h + rows - 1) / rows), blocks = (width + 63) / 64;
-    if (ctas <= 0 || blocks <= 1 || ctas >= sms) return 1;
-    if (most > 0) {
-        int64_t s = sms / ctas;
-        s = s > blocks ? blocks : s;
-        s = s > most ? most : s;
-        if (s < 2) return 1;
-        const int64_t per = (blocks + s - 1) / s;
-        return (blocks + per - 1) / per;
-    }
-    if (blocks == 2 && !split2 && 4 * ctas >= sms) return 1;
+    if (ctas <= 0 || blocks <= 1 || ctas >= sms || (blocks == 2 && !split2 && 4 * ctas >= sms)) return 1;
     int64_t s = sms / ctas;
     return s > blocks ? blocks : s;
 }
@@ -174,20 +162,12 @@ static dsv4_status decode(const dsv4_exec *ex, const char *op, const dsv4_attn_a
     d.no_pair = (ex->variant & DSV4_CU_NO_PAIR) != 0;
     d.device = ex->device;
     d.pdl = (ex->variant & DSV4_CU_NO_PDL) == 0;
-    /* The launcher runs 64-head tiles of aligned FP8 pages on sm_90a on v1, ws1 or ws2, one CTA per
-     * tile unless two tiles of a token pair up (an even tile count): those kernels can merge the
-     * splits of a token in a cluster (decode_cuda.cu); ",no-cluster" leaves it to the combine. */
-    const int64_t tiles = (a->h + 63) / 64;
-    const int cluster = !(ex->variant & DSV4_CU_NO_CLUSTER) && d.wgmma && fp8 && d.aligned &&
-                        dsv4_cu_decode_rows(a->h) == 64 && (tiles % 2 == 1 || d.no_pair);
-    const int64_t most = cluster ? (ex->variant & DSV4_CU_CLUSTER16 ? 16 : 8) : 0;
-    int64_t splits = ex->variant & DSV4_CU_NO_SPLIT ? 1
-                                                    : plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width,
-                                                                  (ex->variant & DSV4_CU_SPLIT2) != 0, most);
+    int64_t splits = ex->variant & DSV4_CU_NO_SPLIT
+                         ? 1
+                         : plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width, (ex->variant & DSV4_CU_SPLIT2) != 0);
     uintptr_t ws = ((uintptr_t)a->workspace + 255) & ~(uintptr_t)255;
     while (splits > 1 && (!a->workspace || split_bytes(splits, a->t, a->h) > a->workspace_bytes)) splits--;
     d.splits = (int)splits;
-    d.cluster = cluster && splits > 1;
     if (splits > 1) {
         d.part_o = (float *)ws;
         d.part_lse = d.part_o + splits * a->t * a->h * 512;

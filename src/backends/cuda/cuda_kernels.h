@@ -62,9 +62,7 @@ enum {
     DSV4_CU_NO_SPLIT = 16, /* one split per query whatever the plan: no combine kernel */
     DSV4_CU_SPLIT2 = 32,   /* two-block queries split even where the plan keeps them whole */
     DSV4_CU_NO_PDL = 64,   /* the decode launched plainly, not as a dependent of the kernel before it */
-    DSV4_CU_NO_CLUSTER = 128, /* splits merged by the combine kernel, never in a cluster */
-    DSV4_CU_CLUSTER16 = 256,  /* clusters of up to 16 splits (non-portable size), not 8 */
-    DSV4_CU_FLAGS = DSV4_CU_NO_SPLIT | DSV4_CU_SPLIT2 | DSV4_CU_NO_PDL | DSV4_CU_NO_CLUSTER | DSV4_CU_CLUSTER16
+    DSV4_CU_FLAGS = DSV4_CU_NO_SPLIT | DSV4_CU_SPLIT2 | DSV4_CU_NO_PDL
 };
 
 /* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass design, docs/kernels.md §3.4). */
@@ -95,8 +93,6 @@ typedef struct dsv4_cu_decode {
     int pdl;                /* 1: the decode is a programmatic dependent of the kernel before it */
     int device;             /* the current device's ordinal (function attributes are per device) */
     int splits;             /* > 1: partial results in part_o/part_lse, then a combine launch */
-    int cluster;            /* with splits > 1: the splits of a (token, head tile) form one cluster and
-                               merge their partial results themselves (no combine launch) */
     float *part_o;          /* [splits, t, h, 512] */
     float *part_lse;        /* [splits, t, h] */
 } dsv4_cu_decode;

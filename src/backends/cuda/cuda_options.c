@@ -31,7 +31,6 @@ static const struct {
     int value;
 } flag_names[] = {
     {"no-pair", DSV4_CU_NO_PAIR}, {"no-split", DSV4_CU_NO_SPLIT}, {"split2", DSV4_CU_SPLIT2}, {"no-pdl", DSV4_CU_NO_PDL},
-    {"no-cluster", DSV4_CU_NO_CLUSTER}, {"cluster16", DSV4_CU_CLUSTER16},
 };
 enum { N_FLAGS = (int)(sizeof flag_names / sizeof flag_names[0]) };
 
@@ -42,7 +41,7 @@ static int flag_value(const char *word, size_t len)
     return -1;
 }
 
-#define DECODE_WORDS "KERNEL[,no-pair][,no-split][,split2][,no-pdl][,no-cluster][,cluster16]"
+#define DECODE_WORDS "KERNEL[,no-pair][,no-split][,split2][,no-pdl]"
 
 /* DECODE_WORDS (any word may be left out, in any order, none twice) -> variant; -1 if malformed. */
 static int parse_decode(const char *s)

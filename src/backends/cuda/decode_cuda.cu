@@ -319,73 +319,6 @@ static DSV4_CU_INLINE void dequant_block(const uint8_t *raw, uint8_t *tile, cons
     }
 }
 
-/* ---- the merge of a query's splits (docs/kernels.md §3.3) ------------------------------------
- * Row (t, h), dims d0 .. d0 + 7: the splits' lse and normalized partial outputs, read through
- * `src` (global memory for the combine kernel, the cluster's shared memory for the decode kernels
- * that merge in a cluster: the same arithmetic either way), the maximum lse first, then the
- * weighted sum in split order with the loads of four splits issued before their sums; the sink
- * applied; BF16 out, and the lse when write_lse. */
-typedef struct {
-    const float *lse; /* split s at lse[s * ls] */
-    const float *o;   /* split s at o[s * os] */
-    long long ls, os;
-} merge_src;
-
-static DSV4_CU_INLINE void merge_splits(const dsv4_cu_decode &p, int splits, const merge_src &src, int t, int h, int d0,
-                                        bool write_lse)
-{
-    float L = -INFINITY;
-    for (int s = 0; s < splits; s++) L = fmaxf(L, src.lse[s * src.ls]);
-    float acc[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
-    float wsum = 0.0f;
-    if (L != -INFINITY) {
-        for (int s0 = 0; s0 < splits; s0 += 4) {
-            float wt[4];
-            bool used[4];
-            float4 v[4][2];
-#pragma unroll
-            for (int i = 0; i < 4; i++) { /* every load of the four first */
-                const int s = s0 + i;
-                const float ls = s < splits ? src.lse[s * src.ls] : -INFINITY;
-                used[i] = ls != -INFINITY;
-                wt[i] = used[i] ? expf(ls - L) : 0.0f;
-                if (used[i]) {
-                    const float4 *o4 = (const float4 *)(src.o + s * src.os);
-                    v[i][0] = o4[0], v[i][1] = o4[1];
-                } else {
-                    v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) { /* then the sums, in split order */
-                if (!used[i]) continue;
-                wsum += wt[i];
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    acc[4 * k] += wt[i] * v[i][k].x;
-                    acc[4 * k + 1] += wt[i] * v[i][k].y;
-                    acc[4 * k + 2] += wt[i] * v[i][k].z;
-                    acc[4 * k + 3] += wt[i] * v[i][k].w;
-                }
-            }
-        }
-    }
-    const bool empty = !(wsum > 0.0f);
-    const float lse = empty ? INFINITY : L + logf(wsum);
-    float f = 0.0f;
-    if (!empty) {
-        const float sink = p.sink ? p.sink[h] : -INFINITY;
-        f = (1.0f / wsum) / (1.0f + expf(sink - lse));
-    }
-    if (write_lse && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
-    uint32_t wv[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) wv[k] = cu_f32_bf16(acc[2 * k] * f) | (cu_f32_bf16(acc[2 * k + 1] * f) << 16);
-    cu_st16(p.out + t * p.o_st + h * p.o_sh + d0, make_uint4(wv[0], wv[1], wv[2], wv[3]));
-}
-
 template <int MT, bool FP8>
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
 {
@@ -794,45 +727,11 @@ static DSV4_CU_INLINE void store_rows(const dsv4_cu_decode &p, const float *o, c
     }
 }
 
-/* ---- splits merged in a cluster (p.cluster) -----------------------------------------------
- * The S = p.splits CTAs of a (token, head tile) run as one cluster (grid z = cluster z, so the
- * cluster rank is the split). Each writes its partial results to the workspace as for the
- * combine kernel, meets the others at a cluster barrier (release / acquire at cluster scope:
- * their writes are visible from there), then merges its own range of the tile's rows (cl_row0)
- * with merge_splits, the combine kernel's arithmetic (the same bits for the same split count):
- * no combine launch, no wait for the whole grid. (Moving the partial results through the
- * cluster's distributed shared memory instead, 128 KB a CTA, measured slower than the combine
- * kernel: BENCHMARKS.md.) */
-static DSV4_CU_INLINE int cl_row0(int rank, int S) { return rank * 64 / S; }
-
-/* The rows of this rank merged by the 256 threads that held the output (8 dims a task). */
-static DSV4_CU_INLINE void cl_merge(const dsv4_cu_decode &p, int t, int h0, int rank, int tid)
-{
-    const int S = p.splits, r0 = cl_row0(rank, S), n = (cl_row0(rank + 1, S) - r0) * 64;
-    const long long rows = (long long)p.t * p.h;
-#pragma unroll 1
-    for (int it = tid; it < n; it += 256) {
-        const int h = h0 + r0 + (it >> 6), d0 = (it & 63) * 8;
-        if (h >= p.h) continue;
-        const long long w = (long long)t * p.h + h;
-        const merge_src src = {p.part_lse + w, p.part_o + w * 512 + d0, rows, rows * 512};
-        merge_splits(p, S, src, t, h, d0, d0 == 0);
-    }
-}
-
-/* The cluster's part of an epilogue, by the 256 threads (tid) that hold the output, after their
- * partial results are written; any other thread of the CTA (a producer) meets the barrier alone. */
-static DSV4_CU_INLINE void cl_epilogue(const dsv4_cu_decode &p, int t, int h0, int split, int tid)
-{
-    cu_cluster_sync(); /* every split's partial results are written */
-    cl_merge(p, t, h0, split, tid);
-}
-
 /* Row sums of both warpgroups (fixed order), then out/lse or the split's partial results. */
 template <bool WS = false>
 static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, const float *m_run,
                                        const float *l_part, float *sL, int t, int h0, int split, int wg, int r0,
-                                       int lane, int tid)
+                                       int lane)
 {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -851,7 +750,6 @@ static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, 
                                : 0.0f;
     }
     store_rows(p, o, f, t, h0, split, wg * 256, r0, lane);
-    if (p.cluster) cl_epilogue(p, t, h0, split, tid);
 }
 #endif
 
@@ -911,7 +809,7 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
         wg_pv(o, alpha, pa, cu_smem(tile), wg);
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
-    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, tid);
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
 #else
     __trap(); /* only the sm_90a build has warpgroup MMA; the host picks the mma.sync kernel elsewhere */
 #endif
@@ -951,7 +849,7 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
         wg_pv(o, alpha, pa, cu_smem(sK), wg);
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
-    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, tid);
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
 #else
     __trap();
 #endif
@@ -1311,7 +1209,6 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
     }
     cu_mbar_arrive(base + WS_EPI);
     store_rows(p, o, f, t, h0, split, 0, r0, lane);
-    if (p.cluster) cl_epilogue(p, t, h0, split, 32 * warp + lane);
 }
 
 template <int NCTA>
@@ -1342,7 +1239,6 @@ static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int
     cu_mbar_wait<0>(base + WS_EPI, 0);
     const float f[2] = {sF[r0], sF[r0 + 8]};
     store_rows(p, o, f, t, h0, split, 256, r0, lane);
-    if (p.cluster) cl_epilogue(p, t, h0, split, 32 * warp + lane);
 }
 
 /* Q, loaded by the two consumer warpgroups alone (cp.async) while the producer already issues
@@ -1390,7 +1286,6 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         else cu_setmaxnreg_dec<120>();
         ws_producer<NCTA>(p, rg, t, smem, warp & 3, lane, rank);
         if (NCTA == 2) cu_cluster_sync(); /* no CTA leaves while its peer may still signal it */
-        if (NCTA == 1 && p.cluster) cu_cluster_sync(); /* the barrier of the consumers' cl_epilogue */
     } else if (W2) {
         if (wg == 0) {
             cu_setmaxnreg_inc<216>();
@@ -1430,7 +1325,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
             ws_release<NCTA>(base, b);
         }
         WS_PROF_END(1 + wg);
-        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, tid);
+        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
         if (NCTA == 2) cu_cluster_sync();
     }
 }
@@ -1469,8 +1364,56 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
     const int t = (int)(w / p.h), h = (int)(w % p.h);
     pdl_release_dependents(); /* the next decode may start and wait for this grid (see above) */
     pdl_wait_primary(); /* launched while the decode runs: its partial results are complete from here */
-    const merge_src src = {p.part_lse + w, p.part_o + w * 512 + d0, rows, rows * 512};
-    merge_splits(p, p.splits, src, t, h, d0, threadIdx.x == 0);
+    float L = -INFINITY;
+    for (int s = 0; s < p.splits; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
+    float acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
+    float wsum = 0.0f;
+    if (L != -INFINITY) {
+        for (int s0 = 0; s0 < p.splits; s0 += 4) {
+            float wt[4];
+            bool used[4];
+            float4 v[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* every load of the four first */
+                const int s = s0 + i;
+                const float ls = s < p.splits ? p.part_lse[s * rows + w] : -INFINITY;
+                used[i] = ls != -INFINITY;
+                wt[i] = used[i] ? expf(ls - L) : 0.0f;
+                if (used[i]) {
+                    const float4 *src = (const float4 *)(p.part_o + (s * rows + w) * 512 + d0);
+                    v[i][0] = src[0], v[i][1] = src[1];
+                } else {
+                    v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* then the sums, in split order */
+                if (!used[i]) continue;
+                wsum += wt[i];
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    acc[4 * k] += wt[i] * v[i][k].x;
+                    acc[4 * k + 1] += wt[i] * v[i][k].y;
+                    acc[4 * k + 2] += wt[i] * v[i][k].z;
+                    acc[4 * k + 3] += wt[i] * v[i][k].w;
+                }
+            }
+        }
+    }
+    const bool empty = !(wsum > 0.0f);
+    const float lse = empty ? INFINITY : L + logf(wsum);
+    float f = 0.0f;
+    if (!empty) {
+        const float sink = p.sink ? p.sink[h] : -INFINITY;
+        f = (1.0f / wsum) / (1.0f + expf(sink - lse));
+    }
+    if (threadIdx.x == 0 && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
+    uint32_t wv[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) wv[k] = cu_f32_bf16(acc[2 * k] * f) | (cu_f32_bf16(acc[2 * k + 1] * f) << 16);
+    cu_st16(p.out + t * p.o_st + h * p.o_sh + d0, make_uint4(wv[0], wv[1], wv[2], wv[3]));
 }
 
 extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
@@ -1480,13 +1423,10 @@ extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32
 static int launch_k(void (*kernel)(dsv4_cu_decode), const dsv4_cu_decode *d, dim3 grid, int threads, int smem,
                     cudaStream_t stream, int pdl)
 {
-    cudaLaunchAttribute attr[2];
+    cudaLaunchAttribute attr[1];
     memset(attr, 0, sizeof attr);
-    int n = 0;
-    if (pdl) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = grid;
@@ -1494,41 +1434,7 @@ static int launch_k(void (*kernel)(dsv4_cu_decode), const dsv4_cu_decode *d, dim
     cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = n;
-    return (int)cudaLaunchKernelEx(&cfg, kernel, *d);
-}
-
-/* A kernel that merges its splits in a cluster (d->cluster): one launch with the splits of a
- * (token, head tile) as the cluster's z (sizes above 8, which are not portable, allowed once per
- * device). */
-static int launch_cl(void (*kernel)(dsv4_cu_decode), unsigned char *nonportable, const dsv4_cu_decode *d, dim3 grid,
-                     int threads, int smem, cudaStream_t stream)
-{
-    const bool known = d->device >= 0 && d->device < DSV4_CU_MAX_DEVICES;
-    if (d->splits > 8 && (!known || !nonportable[d->device])) {
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e != cudaSuccess) return (int)e;
-        if (known) nonportable[d->device] = 1;
-    }
-    cudaLaunchAttribute attr[2];
-    memset(attr, 0, sizeof attr);
-    int n = 0;
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = (unsigned)d->splits;
-    if (d->pdl) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
+    cfg.numAttrs = pdl ? 1 : 0;
     return (int)cudaLaunchKernelEx(&cfg, kernel, *d);
 }
 
@@ -1550,8 +1456,6 @@ template <bool FP8> static int launch_wgmma(const dsv4_cu_decode *d, cudaStream_
     const int e = cu_smem_opt_in(configured, d->device, kernel, wg_cfg<FP8>::SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
-    static unsigned char nonportable[DSV4_CU_MAX_DEVICES];
-    if (FP8 && d->cluster && d->splits > 1) return launch_cl(kernel, nonportable, d, grid, NT, wg_cfg<FP8>::SMEM, stream);
     return launch_k(kernel, d, grid, NT, wg_cfg<FP8>::SMEM, stream, d->pdl);
 }
 
@@ -1566,14 +1470,14 @@ static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int p
     const int e = cu_smem_opt_in(configured[k], d->device, kernels[k], WS_SMEM);
     if (e) return e;
     dim3 grid((unsigned)d->t, (unsigned)((d->h + 63) / 64), (unsigned)d->splits);
-    static unsigned char nonportable[4][DSV4_CU_MAX_DEVICES];
-    if (!pair && d->cluster && d->splits > 1) return launch_cl(kernels[k], nonportable[k], d, grid, WS_NT, WS_SMEM, stream);
     return launch_k(kernels[k], d, grid, WS_NT, WS_SMEM, stream, d->pdl);
 }
 
 /* The kernel for 64-head tiles of FP8 pages on sm_90a: ws2 by default; v1 (the single-role
  * decode_fp8_kernel) when no CTA has more than one 64-entry block, since with nothing to pipeline
- * its eight warps dequantize a lone block sooner than a producer's four. The context's cuda_decode
+ * its eight warps dequantize a lone block sooner than a producer's four, and for unsplit queries
+ * of two blocks (SWA 128 alone at T = 128: 22.1 against ws2's 24.3 us in one run, BENCHMARKS.md
+ * "CUDA sparse decode vs FlashMLA, same run"). The context's cuda_decode
  * option (d->kernel: ws2, ws1 or v1) forces one, and its "no-pair" (d->no_pair) keeps the tiles of
  * a token in separate CTAs (benchmarks and tests compare them). */
 enum { K_V1, K_WS1, K_WS2 };
@@ -1584,7 +1488,7 @@ static int fp8_kernel_choice(const dsv4_cu_decode *d)
     if (d->kernel == DSV4_CU_WS2) return K_WS2;
     long long width = d->scope[0].width + (d->n_scopes > 1 ? d->scope[1].width : 0);
     long long blocks = (width + KB - 1) / KB, per_cta = (blocks + d->splits - 1) / d->splits;
-    return per_cta <= 1 ? K_V1 : K_WS2;
+    return per_cta <= 1 || (per_cta == 2 && d->splits == 1) ? K_V1 : K_WS2;
 }
 
 /* The combine as a programmatic dependent of the decode just launched on the same stream. Its
@@ -1611,14 +1515,11 @@ extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
     const long long tiles = (d->h + 63) / 64;
     const int choice = rows == 64 && d->wgmma && d->fp8 && d->aligned ? fp8_kernel_choice(d) : K_V1;
     int err;
-    /* attention_cuda.c asks for a cluster's merge only where one of these kernels runs */
-    if (d->cluster && d->splits > 1 && !(rows == 64 && d->wgmma && d->fp8 && d->aligned && (tiles % 2 == 1 || d->no_pair)))
-        return (int)cudaErrorInvalidValue;
     if (choice != K_V1)
         err = launch_ws(d, st, choice == K_WS2, tiles % 2 == 0 && !d->no_pair);
     else if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
     else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
     else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);
-    if (err || d->splits <= 1 || d->cluster) return err;
+    if (err || d->splits <= 1) return err;
     return launch_combine(d, st);
 }
