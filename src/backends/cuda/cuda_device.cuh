@@ -405,11 +405,11 @@ DSV4_CU_INLINE void cu_pdl_wait()
 #endif
 }
 
-/* kernel<<<grid, threads, 0, s>>>(args...), with pdl as a programmatic dependent of the kernel
+/* kernel<<<grid, threads, smem, s>>>(args...), with pdl as a programmatic dependent of the kernel
  * before it on s (see cu_pdl_wait). */
 template <typename... P, typename... A>
-static cudaError_t cu_launch_dependent(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, bool pdl,
-                                       A &&...args)
+static cudaError_t cu_launch_dependent_smem(void (*kernel)(P...), dim3 grid, int threads, size_t smem, cudaStream_t s,
+                                            bool pdl, A &&...args)
 {
     cudaLaunchAttribute attr[1];
     memset(attr, 0, sizeof attr);
@@ -419,10 +419,17 @@ static cudaError_t cu_launch_dependent(void (*kernel)(P...), dim3 grid, int thre
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = grid;
     cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+template <typename... P, typename... A>
+static cudaError_t cu_launch_dependent(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, bool pdl,
+                                       A &&...args)
+{
+    return cu_launch_dependent_smem(kernel, grid, threads, 0, s, pdl, static_cast<A &&>(args)...);
 }
 
 #endif

@@ -81,20 +81,8 @@ static DSV4_CU_INLINE uint8_t *align1024(uint8_t *p) { return (uint8_t *)(((uint
  * The decode itself is launched the same way after the kernel before it (unless the context says
  * ",no-pdl"): its CTAs start, set up their barriers and wait there, before their first access to
  * global memory, for that kernel and its writes; the combine lets the next decode start early in
- * turn. Both are no-ops when the launch asked for no such overlap. */
-static DSV4_CU_INLINE void pdl_release_dependents()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-static DSV4_CU_INLINE void pdl_wait_primary()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
+ * turn (cu_pdl_release / cu_pdl_wait of cuda_device.cuh). Both are no-ops when the launch asked for
+ * no such overlap. */
 template <int MT, bool FP8> struct decode_cfg {
     static constexpr int MW = MT < 2 ? MT : 2;  /* m16 tiles per warp */
     static constexpr int HG = MT / MW;          /* head groups */
@@ -323,8 +311,8 @@ template <int MT, bool FP8>
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
 {
     typedef decode_cfg<MT, FP8> C;
-    pdl_release_dependents();
-    pdl_wait_primary();
+    cu_pdl_release();
+    cu_pdl_wait();
     extern __shared__ __align__(128) uint8_t smem_raw[];
     uint8_t *smem = align1024(smem_raw);
     uint8_t *sQ = smem + C::Q_OFF;
@@ -787,8 +775,8 @@ template <bool FP8> struct wg_cfg {
 __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    pdl_release_dependents();
-    pdl_wait_primary();
+    cu_pdl_release();
+    cu_pdl_wait();
     WG_SMEM_SETUP(false);
     ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
     load_q_async<64, NT>(p, t, h0, sQ, tid); /* waited for with block 0 (wait_all) */
@@ -821,8 +809,8 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
 __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    pdl_release_dependents();
-    pdl_wait_primary();
+    cu_pdl_release();
+    cu_pdl_wait();
     WG_SMEM_SETUP(true);
     uint8_t *const raw0 = smem + C::RAW_OFF, *const raw1 = raw0 + RAW_SPAN;
     ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
@@ -1253,7 +1241,7 @@ static DSV4_CU_INLINE void ws_consumer_q(const dsv4_cu_decode &p, int t, int h0,
 
 template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
 {
-    pdl_release_dependents();
+    cu_pdl_release();
     extern __shared__ __align__(128) uint8_t smem_raw[];
     uint8_t *smem = align1024(smem_raw);
     const int t = blockIdx.x, h0 = blockIdx.y * 64, split = blockIdx.z;
@@ -1273,7 +1261,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         cu_mbar_init(base + WS_EPI, 128);
         cu_fence_mbar_init();
     }
-    pdl_wait_primary(); /* nothing above touched global memory */
+    cu_pdl_wait(); /* nothing above touched global memory */
     const cta_range rg = cta_entries(p, t, split);
     const int nblk = rg.nblk;
     __syncthreads();
@@ -1362,8 +1350,8 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
     const long long w = blockIdx.x, rows = (long long)p.t * p.h;
     const int d0 = threadIdx.x * 8;
     const int t = (int)(w / p.h), h = (int)(w % p.h);
-    pdl_release_dependents(); /* the next decode may start and wait for this grid (see above) */
-    pdl_wait_primary(); /* launched while the decode runs: its partial results are complete from here */
+    cu_pdl_release(); /* the next decode may start and wait for this grid (see above) */
+    cu_pdl_wait(); /* launched while the decode runs: its partial results are complete from here */
     float L = -INFINITY;
     for (int s = 0; s < p.splits; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
     float acc[8];
@@ -1419,23 +1407,11 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
 extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
 
 /* One launch of a decode-family kernel; pdl: as a programmatic dependent of the kernel before it
- * on the stream (a programmatic edge under graph capture): see pdl_release_dependents. */
+ * on the stream (a programmatic edge under graph capture): see the comment above cu_pdl_release. */
 static int launch_k(void (*kernel)(dsv4_cu_decode), const dsv4_cu_decode *d, dim3 grid, int threads, int smem,
                     cudaStream_t stream, int pdl)
 {
-    cudaLaunchAttribute attr[1];
-    memset(attr, 0, sizeof attr);
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return (int)cudaLaunchKernelEx(&cfg, kernel, *d);
+    return (int)cu_launch_dependent_smem(kernel, grid, threads, (size_t)smem, stream, pdl != 0, *d);
 }
 
 
