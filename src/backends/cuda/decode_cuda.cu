@@ -1451,9 +1451,9 @@ static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int p
 
 /* The kernel for 64-head tiles of FP8 pages on sm_90a: ws2 by default; v1 (the single-role
  * decode_fp8_kernel) when no CTA has more than one 64-entry block, since with nothing to pipeline
- * its eight warps dequantize a lone block sooner than a producer's four, and for unsplit queries
- * of two blocks (SWA 128 alone at T = 128: 22.1 against ws2's 24.3 us in one run, BENCHMARKS.md
- * "CUDA sparse decode vs FlashMLA, same run"). The context's cuda_decode
+ * its eight warps dequantize a lone block sooner than a producer's four. The kernel depends on the
+ * entries a CTA gets, never on whether the query is split, so a token's result does not depend on
+ * the call size (docs/kernels.md §3.3). The context's cuda_decode
  * option (d->kernel: ws2, ws1 or v1) forces one, and its "no-pair" (d->no_pair) keeps the tiles of
  * a token in separate CTAs (benchmarks and tests compare them). */
 enum { K_V1, K_WS1, K_WS2 };
@@ -1464,7 +1464,7 @@ static int fp8_kernel_choice(const dsv4_cu_decode *d)
     if (d->kernel == DSV4_CU_WS2) return K_WS2;
     long long width = d->scope[0].width + (d->n_scopes > 1 ? d->scope[1].width : 0);
     long long blocks = (width + KB - 1) / KB, per_cta = (blocks + d->splits - 1) / d->splits;
-    return per_cta <= 1 || (per_cta == 2 && d->splits == 1) ? K_V1 : K_WS2;
+    return per_cta <= 1 ? K_V1 : K_WS2;
 }
 
 /* The combine as a programmatic dependent of the decode just launched on the same stream. Its
