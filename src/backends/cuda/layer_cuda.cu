@@ -57,10 +57,15 @@ extern "C" int dsv4_cu_rms_launch(const void *x, long long ldx, int x_bf16, cons
     return (int)cudaGetLastError();
 }
 
-/* layer_ref.c dsv4_swiglu1, then times the row's weight, rounded once. */
+/* layer_ref.c dsv4_swiglu1, then times the row's weight, rounded once. Launched as a programmatic
+ * dependent (cu_launch_dependent, as the linear family around it in an MoE block): it reads
+ * nothing before cu_pdl_wait, and lets the next kernel (a staging or product that loads its
+ * weights early) start at once. */
 __global__ void swiglu_kernel(const uint16_t *g, long long ldg, const uint16_t *u, long long ldu, const float *w,
                               uint16_t *h, long long ldh, long long rows, long long n, float limit)
 {
+    cu_pdl_wait();
+    cu_pdl_release();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -79,9 +84,9 @@ extern "C" int dsv4_cu_swiglu_launch(const uint16_t *g, long long ldg, const uin
     if (rows == 0 || n == 0) return 0;
     const long long bx = (n + 255) / 256;
     if (bx > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
-    swiglu_kernel<<<dim3((unsigned)bx, (unsigned)(rows < 65535 ? rows : 65535)), 256, 0, (cudaStream_t)stream>>>(
-        g, ldg, u, ldu, w, h, ldh, rows, n, limit);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent(swiglu_kernel, dim3((unsigned)bx, (unsigned)(rows < 65535 ? rows : 65535)), 256,
+                                    (cudaStream_t)stream, dsv4_cu_linear_pdl() != 0, g, ldg, u, ldu, w, h, ldh, rows,
+                                    n, limit);
 }
 
 /* out[t][k][d] = bf16(post[t][k]·x[t][d] + Σ_j comb[t][j][k]·res[t][j][d]) in layer_ref.c's order. */
