@@ -14,7 +14,6 @@
  * where cpu-ref multiplies and adds); nothing is allocated or waited for. */
 #include "backends/cuda/cuda_indexer.cuh"
 #include "backends/cuda/cuda_indexer.h"
-#include "backends/cuda/cuda_ops.h" /* dsv4_cu_linear_pdl */
 
 enum { CMP_MAX_THREADS = 256 };
 
@@ -128,8 +127,6 @@ __global__ void __launch_bounds__(CMP_MAX_THREADS) cmp_entries_kernel(dsv4_cu_cm
 {
     __shared__ float xs[DSV4_CU_CMP_MAX_DIM];
     __shared__ float rs_shared;
-    cu_pdl_wait();
-    cu_pdl_release();
     long long i;
     if (!resolve_position(a, blockIdx.x, &i)) return;
     const int d = a.dim, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
@@ -182,8 +179,6 @@ __global__ void __launch_bounds__(CMP_MAX_THREADS) cmp_entries_kernel(dsv4_cu_cm
 /* compressor_cpu.c dsv4_cmp_run's state update for residue k = blockIdx.y, column j. */
 __global__ void cmp_state_kernel(dsv4_cu_cmp a)
 {
-    cu_pdl_wait();
-    cu_pdl_release();
     if (a.position) {
         a.start_pos = *a.position;
         if (a.start_pos < 0) return;
@@ -227,15 +222,15 @@ extern "C" int dsv4_cu_cmp_launch(const dsv4_cu_cmp *a, void *stream)
     if (a->position && (a->n_tokens != 1 || a->out_rows < 1)) return (int)cudaErrorInvalidValue;
     if (m > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
     cudaStream_t s = (cudaStream_t)stream;
-    const bool pdl = dsv4_cu_linear_pdl() != 0;
     if (m > 0) {
         const int threads = d < CMP_MAX_THREADS ? d : CMP_MAX_THREADS;
-        const cudaError_t e = cu_launch_dependent(cmp_entries_kernel, dim3((unsigned)m), threads, s, pdl, *a);
+        cmp_entries_kernel<<<(unsigned)m, threads, 0, s>>>(*a);
+        const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return (int)e;
     }
     const long long width = (long long)(a->overlap ? 2 : 1) * d;
-    return (int)cu_launch_dependent(cmp_state_kernel, dim3((unsigned)((width + 127) / 128), (unsigned)r), 128, s, pdl,
-                                    *a);
+    cmp_state_kernel<<<dim3((unsigned)((width + 127) / 128), (unsigned)r), 128, 0, s>>>(*a);
+    return (int)cudaGetLastError();
 }
 
 __global__ void cmp_reset_kernel(float *kv, long long ld_kv, float *sc, long long ld_sc, long long rows, long long cols)

@@ -15,8 +15,6 @@
 __global__ void ix_weights_kernel(const void *proj, int bf16, long long ld_proj, long long tokens, long long heads,
                                   float scale, float *out, long long ld_out)
 {
-    cu_pdl_wait();
-    cu_pdl_release();
     const long long h = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= heads) return;
     for (long long t = blockIdx.y; t < tokens; t += gridDim.y) {
@@ -30,10 +28,9 @@ extern "C" int dsv4_cu_ix_weights_launch(const void *proj, int proj_bf16, long l
                                          long long heads, float scale, float *out, long long ld_out, void *stream)
 {
     if (tokens == 0 || heads == 0) return 0;
-    return (int)cu_launch_dependent(ix_weights_kernel,
-                                    dim3((unsigned)((heads + 127) / 128), (unsigned)(tokens < 65535 ? tokens : 65535)),
-                                    128, (cudaStream_t)stream, dsv4_cu_linear_pdl() != 0, proj, proj_bf16, ld_proj,
-                                    tokens, heads, scale, out, ld_out);
+    ix_weights_kernel<<<dim3((unsigned)((heads + 127) / 128), (unsigned)(tokens < 65535 ? tokens : 65535)), 128, 0,
+                        (cudaStream_t)stream>>>(proj, proj_bf16, ld_proj, tokens, heads, scale, out, ld_out);
+    return (int)cudaGetLastError();
 }
 
 /* ---- query path ----------------------------------------------------------------------------------
@@ -54,8 +51,6 @@ DSV4_CU_INLINE long long ixq_pos(const dsv4_cu_ixq &a, long long tl)
 __global__ void __launch_bounds__(IXQ_WARPS * 32) ixq_kernel(dsv4_cu_ixq a)
 {
     __shared__ float xs[IXQ_WARPS][256];
-    cu_pdl_wait();
-    cu_pdl_release();
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, d = a.dim;
     const long long row = (long long)blockIdx.x * IXQ_WARPS + wi;
     if (row >= a.tokens * a.heads) return; /* whole warps leave: no block-wide barrier below */
@@ -83,8 +78,8 @@ extern "C" int dsv4_cu_ixq_launch(const dsv4_cu_ixq *a, void *stream)
         return (int)cudaErrorInvalidValue;
     const long long blocks = (rows + IXQ_WARPS - 1) / IXQ_WARPS;
     if (blocks > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
-    return (int)cu_launch_dependent(ixq_kernel, dim3((unsigned)blocks), IXQ_WARPS * 32, (cudaStream_t)stream,
-                                    dsv4_cu_linear_pdl() != 0, *a);
+    ixq_kernel<<<(unsigned)blocks, IXQ_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
+    return (int)cudaGetLastError();
 }
 
 /* ---- scores ------------------------------------------------------------------------------------
