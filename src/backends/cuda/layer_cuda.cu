@@ -22,23 +22,7 @@ DSV4_CU_INLINE void st_any(void *p, int bf16, long long i, float v)
     else ((float *)p)[i] = v;
 }
 
-/* One CTA per row: thread i sums the squares of values i, i + RMS_THREADS, ... in order, then the
- * warps' butterflies and the warps in order. A row of up to RMS_THREADS * RMS_HELD values is held in
- * registers (every load issued at once, x read once); a longer one is read twice. */
-enum { RMS_HELD = 32 };
-
-DSV4_CU_INLINE float rms_inv(float s, long long d, float eps)
-{
-    __shared__ float part[RMS_THREADS / 32];
-#pragma unroll
-    for (int o = 16; o; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, o));
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
-    __syncthreads();
-    float tot = part[0];
-    for (int i = 1; i < RMS_THREADS / 32; i++) tot = __fadd_rn(tot, part[i]);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(tot, (float)d), eps)));
-}
-
+/* One CTA per row. */
 __global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long long ldx, int x_bf16, const void *w,
                                                           int w_bf16, void *y, long long ldy, int y_bf16, long long d,
                                                           float eps)
@@ -48,36 +32,20 @@ __global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long lo
     const long long r = blockIdx.x;
     const char *xr = (const char *)x + r * ldx * (x_bf16 ? 2 : 4);
     char *yr = (char *)y + r * ldy * (y_bf16 ? 2 : 4);
-    const int tid = threadIdx.x;
     float s = 0.0f;
-    if (d <= (long long)RMS_THREADS * RMS_HELD) {
-        const int n = (int)d;
-        float v[RMS_HELD];
-#pragma unroll
-        for (int m = 0; m < RMS_HELD; m++) {
-            const int i = tid + m * RMS_THREADS;
-            v[m] = i < n ? (x_bf16 ? cu_bf16_f32(((const uint16_t *)xr)[i]) : ((const float *)xr)[i]) : 0.0f;
-        }
-#pragma unroll
-        for (int m = 0; m < RMS_HELD; m++)
-            if (tid + m * RMS_THREADS < n) s = __fadd_rn(s, __fmul_rn(v[m], v[m]));
-        const float inv = rms_inv(s, d, eps);
-#pragma unroll
-        for (int m = 0; m < RMS_HELD; m++) {
-            const int i = tid + m * RMS_THREADS;
-            if (i < n) {
-                const float u = __fmul_rn(v[m], inv);
-                st_any(yr, y_bf16, i, w ? __fmul_rn(u, ld_any(w, w_bf16, i)) : u);
-            }
-        }
-        return;
-    }
-    for (long long i = tid; i < d; i += RMS_THREADS) {
+    for (long long i = threadIdx.x; i < d; i += RMS_THREADS) {
         const float v = ld_any(xr, x_bf16, i);
         s = __fadd_rn(s, __fmul_rn(v, v));
     }
-    const float inv = rms_inv(s, d, eps);
-    for (long long i = tid; i < d; i += RMS_THREADS) {
+    __shared__ float part[RMS_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float tot = part[0];
+    for (int i = 1; i < RMS_THREADS / 32; i++) tot = __fadd_rn(tot, part[i]);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(tot, (float)d), eps)));
+    for (long long i = threadIdx.x; i < d; i += RMS_THREADS) {
         const float v = __fmul_rn(ld_any(xr, x_bf16, i), inv);
         st_any(yr, y_bf16, i, w ? __fmul_rn(v, ld_any(w, w_bf16, i)) : v);
     }
