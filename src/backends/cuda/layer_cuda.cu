@@ -296,33 +296,10 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
     }
     __syncthreads(); /* the partials in y are read: y may be written */
     const uint16_t *xt = x + t * x_t;
-    const bool wide = D % 8 == 0 && (((uintptr_t)xt | (uintptr_t)yt | (uintptr_t)(x_j * 2)) & 15u) == 0;
-    if (wide) { /* the same operations on 8 values a 16-byte word, every stream's word loaded first */
-        for (long long c = threadIdx.x; c < D / 8; c += HC_THREADS) {
-            uint4 w[HC_MAX_N];
-#pragma unroll
-            for (int j = 0; j < HC_MAX_N; j++)
-                if (j < n) w[j] = *(const uint4 *)(xt + j * x_j + 8 * c);
-            uint32_t o[4];
-#pragma unroll
-            for (int h = 0; h < 8; h++) {
-                const uint32_t *w0 = (const uint32_t *)&w[0];
-                float s = __fmul_rn(pre[0], cu_bf16_f32(w0[h >> 1] >> (16 * (h & 1))));
-#pragma unroll
-                for (int j = 1; j < HC_MAX_N; j++)
-                    if (j < n) s = __fadd_rn(s, __fmul_rn(pre[j], cu_bf16_f32(((const uint32_t *)&w[j])[h >> 1] >> (16 * (h & 1)))));
-                const uint32_t b = cu_f32_bf16(s);
-                if (h & 1) o[h >> 1] |= b << 16;
-                else o[h >> 1] = b;
-            }
-            *(uint4 *)(yt + 8 * c) = make_uint4(o[0], o[1], o[2], o[3]);
-        }
-    } else {
-        for (long long d = threadIdx.x; d < D; d += HC_THREADS) {
-            float s = __fmul_rn(pre[0], cu_bf16_f32(xt[d]));
-            for (int j = 1; j < n; j++) s = __fadd_rn(s, __fmul_rn(pre[j], cu_bf16_f32(xt[j * x_j + d])));
-            yt[d] = (uint16_t)cu_f32_bf16(s);
-        }
+    for (long long d = threadIdx.x; d < D; d += HC_THREADS) {
+        float s = __fmul_rn(pre[0], cu_bf16_f32(xt[d]));
+        for (int j = 1; j < n; j++) s = __fadd_rn(s, __fmul_rn(pre[j], cu_bf16_f32(xt[j * x_j + d])));
+        yt[d] = (uint16_t)cu_f32_bf16(s);
     }
 }
 
