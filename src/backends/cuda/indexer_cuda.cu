@@ -357,7 +357,9 @@ extern "C" int dsv4_cu_ix_topk_launch(const dsv4_cu_ix_topk *a, void *stream)
  * keeps the best topk of them in a shared buffer (a block's keys above the buffer's k-th enter; when
  * more than k are held the buffer is sorted and cut to k), then writes its k keys (0 past its
  * count) to its row of the workspace. (2) one CTA per token: a radix select of the 64-bit keys of
- * the token's parts (distinct: 8 passes end on the k-th key itself), then sort and emit as above.
+ * the token's parts (distinct: 8 passes end on the k-th key itself), then sort and emit as above;
+ * with at most k candidates every part kept all of its own, so the nonzero keys are the answer:
+ * they are collected (a warp per part row, up to its first 0) and sorted with no radix pass.
  * The total order makes the result independent of the parts. */
 enum { SEL_THREADS = 256 };
 
