@@ -560,19 +560,19 @@ static void layer_mhc(void)
 /* Router: the experts chosen are the same (the random scores here have no near-ties), and their
  * weights (normalized sqrt-softplus of fp32 dot products summed in the backend's order) agree
  * within 1e-5 relative to route_scale (test_layer.c). Hash layers pick by table: identical. */
-static void layer_route(void)
+/* One shape; the cuda kernel streams BF16 rows of 16-byte multiples in tiles of 256 values through
+ * shared memory (layer_cuda.cu warp_dot_ring) and spreads the experts over a cluster's 256 warps:
+ * shape 1 is D = 256 (one tile), 64 experts; shape 2 has a tail past its tiles, more experts than
+ * warps and 8 slots. */
+static void layer_route_case(int T, int D, int E, int K, int V, uint16_t *x, uint16_t *gw, float *bias)
 {
-    if (missing("layer.route", HAS(layer, route))) return;
-    enum { T = 6, D = 256, E = 64, K = 6, V = 50 };
-    uint16_t *x = bf16_rand(T * D, 1.0f), *gw = bf16_rand(E * D, 0.1f);
-    float *bias = f32_rand(E, 0.1f, 0.0f);
-    int32_t tid[V * K], tok[T];
+    int32_t *tid = malloc(sizeof(int32_t) * V * K), *tok = malloc(sizeof(int32_t) * T);
+    int32_t *ir = malloc(sizeof(int32_t) * T * K), *it = malloc(sizeof(int32_t) * T * K);
+    float *wr = malloc(sizeof(float) * T * K), *wt = malloc(sizeof(float) * T * K);
     for (int i = 0; i < V * K; i++) tid[i] = (int32_t)(test_rand_u64() % E);
     for (int i = 0; i < T; i++) tok[i] = (int32_t)(test_rand_u64() % V);
     for (int hash = 0; hash < 2; hash++) {
-        int32_t ir[T * K], it[T * K];
-        float wr[T * K], wt[T * K];
-        memset(ir, 0xA5, sizeof ir), memset(wr, 0xA5, sizeof wr);
+        memset(ir, 0xA5, sizeof(int32_t) * T * K), memset(wr, 0xA5, sizeof(float) * T * K);
         dsv4_tensor hx = view(x, DSV4_BF16, 2, T, D, 0), hg = view(gw, DSV4_BF16, 2, E, D, 0),
                     hb = view(bias, DSV4_F32, 1, E, 0, 0), htid = view(tid, DSV4_I32, 2, V, K, 0),
                     htok = view(tok, DSV4_I32, 1, T, 0, 0), hi = view(ir, DSV4_I32, 2, T, K, 0),
@@ -585,9 +585,29 @@ static void layer_route(void)
             dsv4_route(tc, &x_t, &g_t, hash ? NULL : &b_t, hash ? &d_t : NULL, hash ? &k_t : NULL, 2.5f, &i_t, &w_t),
             dsv4_route(ref, &x_r, &g_r, hash ? NULL : &b_r, hash ? &d_r : NULL, hash ? &k_r : NULL, 2.5f, &i_r, &w_r));
         back(ref, &i_r, ir), back(tc, &i_t, it), back(ref, &w_r, wr), back(tc, &w_t, wt);
-        same("route", hash ? "hash ids" : "ids", it, ir, sizeof ir);
+        same("route", hash ? "hash ids" : "ids", it, ir, sizeof(int32_t) * T * K);
         near_f32("route", "weights", wt, wr, T * K, 2.5e-5f);
         release();
+    }
+    free(tid), free(tok), free(ir), free(it), free(wr), free(wt);
+}
+
+static void layer_route(void)
+{
+    if (missing("layer.route", HAS(layer, route))) return;
+    enum { T = 6, D = 256, E = 64, K = 6, V = 50 };
+    uint16_t *x = bf16_rand(T * D, 1.0f), *gw = bf16_rand(E * D, 0.1f);
+    float *bias = f32_rand(E, 0.1f, 0.0f);
+    int32_t tid[V * K], tok[T];
+    for (int i = 0; i < V * K; i++) tid[i] = (int32_t)(test_rand_u64() % E);
+    for (int i = 0; i < T; i++) tok[i] = (int32_t)(test_rand_u64() % V);
+    layer_route_case(T, D, E, K, V, x, gw, bias);
+    {
+        enum { T2 = 3, D2 = 2120, E2 = 300, K2 = 8, V2 = 40 };
+        uint16_t *x2 = bf16_rand(T2 * D2, 1.0f), *gw2 = bf16_rand(E2 * D2, 0.05f);
+        float *bias2 = f32_rand(E2, 0.1f, 0.0f);
+        layer_route_case(T2, D2, E2, K2, V2, x2, gw2, bias2);
+        free(x2), free(gw2), free(bias2);
     }
     if (tb->device != DSV4_DEVICE_CPU) { /* a table in device memory: bounds kept on the device */
         int32_t bad_tid[V * K], bad_tok[T], it[T * K];

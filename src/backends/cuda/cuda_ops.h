@@ -156,7 +156,8 @@ typedef struct dsv4_cu_hc_pre {
 int dsv4_cu_hc_slices(long long D, int nmix);
 int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream);
 
-/* The router of core/ops_layer.h (dsv4_route_args, the same fields): one CTA per token. */
+/* The router of core/ops_layer.h (dsv4_route_args, the same fields): a cluster of 8 CTAs per
+ * token (layer_cuda.cu). */
 #define DSV4_CU_ROUTE_MAX_EXPERTS 1024
 #define DSV4_CU_ROUTE_MAX_TOPK 16
 typedef struct dsv4_cu_route {

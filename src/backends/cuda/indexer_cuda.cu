@@ -9,6 +9,7 @@
  * the counts it was captured with, as a direct call with the same host arrays would use. */
 #include "backends/cuda/cuda_indexer.cuh"
 #include "backends/cuda/cuda_indexer.h"
+#include "backends/cuda/cuda_ops.h" /* dsv4_cu_linear_pdl */
 
 /* ---- head weights ---------------------------------------------------------------------------- */
 __global__ void ix_weights_kernel(const void *proj, int bf16, long long ld_proj, long long tokens, long long heads,
@@ -356,7 +357,9 @@ extern "C" int dsv4_cu_ix_topk_launch(const dsv4_cu_ix_topk *a, void *stream)
  * keeps the best topk of them in a shared buffer (a block's keys above the buffer's k-th enter; when
  * more than k are held the buffer is sorted and cut to k), then writes its k keys (0 past its
  * count) to its row of the workspace. (2) one CTA per token: a radix select of the 64-bit keys of
- * the token's parts (distinct: 8 passes end on the k-th key itself), then sort and emit as above.
+ * the token's parts (distinct: 8 passes end on the k-th key itself), then sort and emit as above;
+ * with at most k candidates every part kept all of its own, so the nonzero keys are the answer:
+ * they are collected (a warp per part row, up to its first 0) and sorted with no radix pass.
  * The total order makes the result independent of the parts. */
 enum { SEL_THREADS = 256 };
 
@@ -378,6 +381,8 @@ template <int D> __global__ void __launch_bounds__(SEL_THREADS) ix_select_part_k
     __shared__ ix_query q;
     __shared__ unsigned held;
     __shared__ unsigned long long bar;
+    cu_pdl_wait();
+    cu_pdl_release();
     const int tl = blockIdx.y, part = blockIdx.x, parts = gridDim.x;
     const long long t = a.s.t0 + tl, nt = ix_count(a.s, tl), k = a.topk;
     load_query<D>(a.s, t, &q);
@@ -408,12 +413,27 @@ __global__ void __launch_bounds__(TK_THREADS) ix_select_merge_kernel(dsv4_cu_ix_
     __shared__ unsigned hist[256];
     __shared__ unsigned long long sh_prefix;
     __shared__ unsigned sh_want, sh_n;
+    cu_pdl_wait();
+    cu_pdl_release();
     const int tl = blockIdx.x, tid = threadIdx.x;
     const long long t = a.s.t0 + tl, nt = ix_count(a.s, tl), k = a.topk, m = (long long)parts * k;
     const unsigned long long *src = a.ws + (long long)tl * m;
     const unsigned take = (unsigned)(nt < k ? nt : k);
     if (tid == 0) sh_prefix = 0ull, sh_want = take, sh_n = 0;
     __syncthreads();
+    if (nt <= k) { /* every part kept all its candidates: the nt keys (all nonzero) are the top k */
+        const int lane = tid & 31;
+        for (int p = tid >> 5; p < parts; p += TK_WARPS) /* a warp per part, up to its row's first 0 */
+            for (long long i0 = 0; i0 < k; i0 += 32) {
+                const long long i = i0 + lane;
+                const unsigned long long x = i < k ? src[(long long)p * k + i] : 0ull;
+                if (x) keys[atomicAdd(&sh_n, 1u)] = x;
+                if (__ballot_sync(0xFFFFFFFFu, x != 0ull) != 0xFFFFFFFFu) break;
+            }
+        __syncthreads();
+        sort_emit(keys, take, k, a.indices + t * a.ld_indices, a.lengths + t * a.ld_lengths);
+        return;
+    }
     unsigned long long mask = 0ull;
     for (int shift = 56; shift >= 0 && take > 0; shift -= 8) {
         for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
@@ -454,8 +474,8 @@ template <int D> static int select_parts(const dsv4_cu_ix_select *a, int parts, 
         cu_smem_opt_in(configured, device, ix_select_part_kernel<D>, (int)select_buffer(DSV4_CU_IX_MAX_TOPK));
     if (err) return err;
     const dim3 grid((unsigned)parts, (unsigned)a->s.tokens);
-    ix_select_part_kernel<D><<<grid, SEL_THREADS, select_buffer(a->topk), s>>>(*a);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent_smem(ix_select_part_kernel<D>, grid, SEL_THREADS, select_buffer(a->topk), s,
+                                         dsv4_cu_linear_pdl() != 0, *a);
 }
 
 extern "C" int dsv4_cu_ix_select_launch(const dsv4_cu_ix_select *a, int parts, void *stream)
@@ -473,6 +493,6 @@ extern "C" int dsv4_cu_ix_select_launch(const dsv4_cu_ix_select *a, int parts, v
     default: return (int)cudaErrorInvalidValue;
     }
     if (e) return e;
-    ix_select_merge_kernel<<<(unsigned)a->s.tokens, TK_THREADS, 0, s>>>(*a, parts);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent(ix_select_merge_kernel, dim3((unsigned)a->s.tokens), TK_THREADS, s,
+                                    dsv4_cu_linear_pdl() != 0, *a, parts);
 }

@@ -7,6 +7,8 @@
 #include "backends/cuda/cuda_device.cuh"
 #include "backends/cuda/cuda_ops.h"
 
+#include <cooperative_groups.h>
+
 enum { RMS_THREADS = 256 };
 
 DSV4_CU_INLINE float ld_any(const void *p, int bf16, long long i)
@@ -25,6 +27,8 @@ __global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long lo
                                                           int w_bf16, void *y, long long ldy, int y_bf16, long long d,
                                                           float eps)
 {
+    cu_pdl_wait();
+    cu_pdl_release();
     const long long r = blockIdx.x;
     const char *xr = (const char *)x + r * ldx * (x_bf16 ? 2 : 4);
     char *yr = (char *)y + r * ldy * (y_bf16 ? 2 : 4);
@@ -52,9 +56,8 @@ extern "C" int dsv4_cu_rms_launch(const void *x, long long ldx, int x_bf16, cons
 {
     if (rows == 0) return 0;
     if (rows > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
-    rms_kernel<<<(unsigned)rows, RMS_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, x_bf16, w, w_bf16, y, ldy, y_bf16, d,
-                                                                         eps);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent(rms_kernel, dim3((unsigned)rows), RMS_THREADS, (cudaStream_t)stream,
+                                    dsv4_cu_linear_pdl() != 0, x, ldx, x_bf16, w, w_bf16, y, ldy, y_bf16, d, eps);
 }
 
 /* layer_ref.c dsv4_swiglu1, then times the row's weight, rounded once. Launched as a programmatic
@@ -95,6 +98,8 @@ __global__ void hc_post_kernel(long long T, long long D, int n, const uint16_t *
                                const float *comb, long long comb_t, long long comb_j, uint16_t *out, long long out_t,
                                long long out_j)
 {
+    cu_pdl_wait();
+    cu_pdl_release();
     const long long d = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
     for (long long t = blockIdx.y; t < T; t += gridDim.y) {
@@ -117,9 +122,9 @@ extern "C" int dsv4_cu_hc_post_launch(long long T, long long D, int n, const uin
 {
     if (T == 0 || D == 0) return 0;
     if (n < 1 || n > 8) return (int)cudaErrorInvalidValue;
-    hc_post_kernel<<<dim3((unsigned)((D + 127) / 128), (unsigned)(T < 65535 ? T : 65535)), 128, 0,
-                     (cudaStream_t)stream>>>(T, D, n, x, ldx, res, res_t, res_j, post, post_t, comb, comb_t, comb_j, out, out_t, out_j);
-    return (int)cudaGetLastError();
+    return (int)cu_launch_dependent(hc_post_kernel, dim3((unsigned)((D + 127) / 128), (unsigned)(T < 65535 ? T : 65535)),
+                                    128, (cudaStream_t)stream, dsv4_cu_linear_pdl() != 0, T, D, n, x, ldx, res, res_t,
+                                    res_j, post, post_t, comb, comb_t, comb_j, out, out_t, out_j);
 }
 
 /* ---- hc_pre / hc_head ------------------------------------------------------------------------
@@ -130,7 +135,7 @@ extern "C" int dsv4_cu_hc_post_launch(long long T, long long D, int n, const uin
  * the split and Sinkhorn of layer_ref.c dsv4_hc_split in its operation order by one thread, then
  * the weighted sum of the streams into y. S depends on n and D only, so the summation order does
  * too. */
-enum { HC_THREADS = 256, HC_MAX_N = 8, HC_MAX_MIX = (2 + HC_MAX_N) * HC_MAX_N };
+enum { HC_THREADS = 256, HC_MAX_N = 8, HC_MAX_MIX = (2 + HC_MAX_N) * HC_MAX_N, HC_MAX_SLICES = 64 };
 
 DSV4_CU_INLINE float block_sum(float v, float *sh)
 {
@@ -161,6 +166,8 @@ __global__ void __launch_bounds__(HC_THREADS) hc_dots_kernel(long long T, long l
                                                              long long x_j, uint16_t *y, long long ldy, int S)
 {
     __shared__ float sh[HC_THREADS / 32];
+    cu_pdl_wait();
+    cu_pdl_release();
     const long long nd = (long long)n * D, len = (nd + S - 1) / S;
     const long long e0 = blockIdx.x * len, e1 = e0 + len < nd ? e0 + len : nd;
     for (long long t = blockIdx.y; t < T; t += gridDim.y) {
@@ -189,6 +196,8 @@ __global__ void __launch_bounds__(HC_THREADS) hc_dots_all_kernel(long long T, lo
                                                                  long long x_j, uint16_t *y, long long ldy, int S)
 {
     __shared__ float sh[HC_THREADS / 32][MIX1];
+    cu_pdl_wait();
+    cu_pdl_release();
     const long long nd = (long long)n * D, len = (nd + S - 1) / S;
     const long long e0 = blockIdx.x * len, e1 = e0 + len < nd ? e0 + len : nd;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -230,11 +239,16 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
                                                                long long comb_j)
 {
     __shared__ float mix[HC_MAX_MIX + 1], pre[HC_MAX_N], cm[HC_MAX_N * HC_MAX_N];
+    __shared__ float part[HC_MAX_SLICES * (HC_MAX_MIX + 1)];
+    cu_pdl_wait();
+    cu_pdl_release();
     const long long t = blockIdx.x;
     uint16_t *yt = y + t * ldy;
+    for (int i = threadIdx.x; i < S * (nmix + 1); i += HC_THREADS) part[i] = get_f32(yt, i); /* all loads at once */
+    __syncthreads();
     for (int i = threadIdx.x; i <= nmix; i += HC_THREADS) {
-        float s = get_f32(yt, i);
-        for (int p = 1; p < S; p++) s = __fadd_rn(s, get_f32(yt, (long long)p * (nmix + 1) + i));
+        float s = part[i];
+        for (int p = 1; p < S; p++) s = __fadd_rn(s, part[p * (nmix + 1) + i]);
         mix[i] = s;
     }
     __syncthreads();
@@ -293,7 +307,7 @@ extern "C" int dsv4_cu_hc_slices(long long D, int nmix)
 {
     long long s = 2 * D / (4 * (long long)(nmix + 1));
     const long long work = (4 * D + HC_THREADS - 1) / HC_THREADS;
-    if (s > 64) s = 64;
+    if (s > HC_MAX_SLICES) s = HC_MAX_SLICES;
     if (s > work) s = work;
     return (int)s;
 }
@@ -305,19 +319,21 @@ extern "C" int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream)
     if (S < 1 || a->n < 1 || a->n > HC_MAX_N || a->T > 0x7FFFFFFFll) return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
     const dim3 grid((unsigned)S, (unsigned)(a->T < 65535 ? a->T : 65535));
+    const bool pdl = dsv4_cu_linear_pdl() != 0;
+    cudaError_t e;
     if (a->nmix + 1 == 25)
-        hc_dots_all_kernel<25><<<grid, HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->fn, a->ldfn, a->x, a->x_t, a->x_j, a->y,
-                                                           a->ldy, S);
+        e = cu_launch_dependent(hc_dots_all_kernel<25>, grid, HC_THREADS, s, pdl, a->T, a->D, a->n, a->fn, a->ldfn, a->x,
+                                a->x_t, a->x_j, a->y, a->ldy, S);
     else if (a->nmix + 1 == 5)
-        hc_dots_all_kernel<5><<<grid, HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->fn, a->ldfn, a->x, a->x_t, a->x_j, a->y,
-                                                          a->ldy, S);
+        e = cu_launch_dependent(hc_dots_all_kernel<5>, grid, HC_THREADS, s, pdl, a->T, a->D, a->n, a->fn, a->ldfn, a->x,
+                                a->x_t, a->x_j, a->y, a->ldy, S);
     else
-        hc_dots_kernel<<<grid, HC_THREADS, 0, s>>>(a->T, a->D, a->n, a->nmix, a->fn, a->ldfn, a->x, a->x_t, a->x_j, a->y,
-                                                   a->ldy, S);
-    hc_finish_kernel<<<(unsigned)a->T, HC_THREADS, 0, s>>>(a->D, a->n, a->nmix, a->scale, a->base, a->iters, a->eps,
-                                                          a->norm_eps, a->x, a->x_t, a->x_j, a->y, a->ldy, S,
-                                                          a->post_out, a->post_t, a->comb_out, a->comb_t, a->comb_j);
-    return (int)cudaGetLastError();
+        e = cu_launch_dependent(hc_dots_kernel, grid, HC_THREADS, s, pdl, a->T, a->D, a->n, a->nmix, a->fn, a->ldfn, a->x,
+                                a->x_t, a->x_j, a->y, a->ldy, S);
+    if (e != cudaSuccess) return (int)e;
+    return (int)cu_launch_dependent(hc_finish_kernel, dim3((unsigned)a->T), HC_THREADS, s, pdl, a->D, a->n, a->nmix,
+                                    a->scale, a->base, a->iters, a->eps, a->norm_eps, a->x, a->x_t, a->x_j, a->y, a->ldy,
+                                    S, a->post_out, a->post_t, a->comb_out, a->comb_t, a->comb_j);
 }
 
 /* ---- router ------------------------------------------------------------------------------- */
@@ -325,7 +341,7 @@ extern "C" int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream)
  * butterfly: another order than the CPU's), the score of layer_ref.c dsv4_router_score with the
  * device's expf/log1pf (within 2 ulp of glibc's), then the selection and normalization of
  * layer_ref.c exactly (the same total order of keys, one rounding per operation). */
-enum { RT_THREADS = 512, RT_WARPS = RT_THREADS / 32 };
+enum { RT_THREADS = 1024, RT_WARPS = RT_THREADS / 32 };
 
 DSV4_CU_INLINE long long ld_index(const void *p, int i64, long long i)
 {
@@ -352,32 +368,119 @@ DSV4_CU_INLINE float warp_dot(const void *w, int w_bf16, const void *x, int x_bf
     return s;
 }
 
-/* One CTA per token: the scores of every expert (or of the table's experts) in shared memory,
- * then warp 0 selects topk rounds of a warp-wide maximum under ranks_before. */
-__global__ void __launch_bounds__(RT_THREADS) route_kernel(dsv4_cu_route a)
+/* The gate dot of warp_dot for BF16 weights in 16-byte-aligned rows, its operations in its order
+ * (lane l's fmaf chain over k = l, l + 32, ..., then the butterfly): the warp streams the row in
+ * tiles of RT_TILE values through a ring of RT_RING tiles in shared memory (cp.async, a lane 16
+ * bytes of each tile, RT_RING tiles in flight), from which lane l reads its values l + 32 i of a
+ * tile in order. With `pre`, the ring's first RT_RING tiles were issued already (before the
+ * kernel's cu_pdl_wait). Every call commits one group per tile plus RT_RING, so the count of
+ * pending groups the waits rely on holds from call to call. */
+enum { RT_TILE = 256, RT_RING = 8 };
+
+DSV4_CU_INLINE void rt_issue(const uint16_t *w, long long tiles, long long i, uint16_t *ring, int lane)
 {
-    __shared__ float score[DSV4_CU_ROUTE_MAX_EXPERTS];
+    if (i < tiles) cu_cp_async16(cu_smem(ring + (i % RT_RING) * RT_TILE + 8 * lane), w + i * RT_TILE + 8 * lane);
+    cu_cp_async_commit(); /* empty past the last tile: the groups stay one per step */
+}
+
+DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, const void *x, int x_bf16, long long d, int lane, uint16_t *ring,
+                                   bool pre)
+{
+    const long long tiles = d / RT_TILE;
+    if (!pre)
+        for (int i = 0; i < RT_RING; i++) rt_issue(w, tiles, i, ring, lane);
+    float s = 0.0f;
+    for (long long i = 0; i < tiles; i++) {
+        cu_cp_async_wait<RT_RING - 1>(); /* tile i has landed (this lane's part) */
+        __syncwarp();                    /* ... and every lane's */
+        const uint16_t *tl = ring + (i % RT_RING) * RT_TILE;
+        const long long k0 = i * RT_TILE + lane;
+#pragma unroll
+        for (int j = 0; j < RT_TILE / 32; j++) s = fmaf(cu_bf16_f32(tl[lane + 32 * j]), ld_any(x, x_bf16, k0 + 32 * j), s);
+        __syncwarp(); /* the slot is refilled next */
+        rt_issue(w, tiles, i + RT_RING, ring, lane);
+    }
+    for (long long k = tiles * RT_TILE + lane; k < d; k += 32) s = fmaf(cu_bf16_f32(w[k]), ld_any(x, x_bf16, k), s);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    return s;
+}
+
+/* A cluster of RT_CLUSTER CTAs per token (RT_CLUSTER * RT_WARPS warps): warp g of the cluster
+ * takes experts g, g + RT_CLUSTER * RT_WARPS, ... (or the table's slots) and writes their scores
+ * into CTA 0's shared memory; after the cluster barrier CTA 0 alone selects: the keys (score +
+ * bias) in shared memory, then warp 0 takes topk rounds of a warp-wide maximum under
+ * ranks_before. Launched as a programmatic dependent: before cu_pdl_wait it reads only its gate
+ * rows' first tiles. */
+enum { RT_CLUSTER = 8, RT_GWARPS = RT_CLUSTER * RT_WARPS, RT_SMEM = RT_WARPS * RT_RING * RT_TILE * 2 };
+
+__global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS) route_kernel(dsv4_cu_route a)
+{
+    namespace cg = cooperative_groups;
+    __shared__ float score[DSV4_CU_ROUTE_MAX_EXPERTS], key[DSV4_CU_ROUTE_MAX_EXPERTS];
     __shared__ unsigned char used[DSV4_CU_ROUTE_MAX_EXPERTS];
     __shared__ int sel[DSV4_CU_ROUTE_MAX_TOPK];
     __shared__ float sel_w[DSV4_CU_ROUTE_MAX_TOPK];
-    const long long t = blockIdx.x;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const void *xt = (const char *)a.x + t * a.ldx * (a.x_bf16 ? 2 : 4);
+    extern __shared__ __align__(16) uint16_t rt_rings[]; /* RT_WARPS rings of RT_RING tiles */
+    cg::cluster_group cl = cg::this_cluster();
+    const unsigned rank = cl.block_rank();
+    const long long t = blockIdx.x / RT_CLUSTER;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gw = (int)rank * RT_WARPS + warp;
     const size_t wrow = (size_t)a.ldw * (a.w_bf16 ? 2 : 4);
+    const bool tiled = a.w_bf16 && ((uintptr_t)a.w & 15u) == 0 && (wrow & 15u) == 0;
+    uint16_t *ring = rt_rings + (size_t)warp * RT_RING * RT_TILE;
+    const bool pre = tiled && !a.tid2eid && gw < a.E;
+    if (pre)
+        for (int i = 0; i < RT_RING; i++) rt_issue((const uint16_t *)((const char *)a.w + gw * wrow), a.D / RT_TILE, i, ring, lane);
+    cl.barrier_arrive(); /* every CTA of the cluster has started before CTA 0's memory is written */
+    cu_pdl_wait();
+    cu_pdl_release();
+    float *score0 = cl.map_shared_rank(score, 0u), *sel_w0 = cl.map_shared_rank(sel_w, 0u);
+    int *sel0 = cl.map_shared_rank(sel, 0u);
+    const void *xt = (const char *)a.x + t * a.ldx * (a.x_bf16 ? 2 : 4);
     if (a.tid2eid) {
-        const long long tok = ld_index(a.token_ids, a.tok_i64, t * a.tok_stride);
-        for (int s = warp; s < a.topk; s += RT_WARPS) {
-            const long long e = tok >= 0 && tok < a.V ? ld_index(a.tid2eid, a.tid_i64, tok * a.ldtid + s) : -1;
+        const long long tok = gw < a.topk ? ld_index(a.token_ids, a.tok_i64, t * a.tok_stride) : -1;
+        float z = 0.0f;
+        long long e = -1;
+        if (gw < a.topk) {
+            e = tok >= 0 && tok < a.V ? ld_index(a.tid2eid, a.tid_i64, tok * a.ldtid + gw) : -1;
             const bool ok = e >= 0 && e < a.E; /* the table in device memory: checked here */
-            const float z = ok ? warp_dot((const char *)a.w + e * wrow, a.w_bf16, xt, a.x_bf16, a.D, lane) : 0.0f;
-            if (lane == 0) sel[s] = ok ? (int)e : -1, sel_w[s] = ok ? router_score(z) : 0.0f;
+            if (!ok) e = -1;
+            else {
+                const void *wr = (const char *)a.w + e * wrow;
+                z = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, false)
+                          : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
+            }
+        }
+        cl.barrier_wait();
+        if (gw < a.topk && lane == 0) sel0[gw] = (int)e, sel_w0[gw] = e >= 0 ? router_score(z) : 0.0f;
+        for (int s = gw + RT_GWARPS; s < a.topk; s += RT_GWARPS) { /* more slots than warps: never at V4's sizes */
+            const long long e2 = tok >= 0 && tok < a.V ? ld_index(a.tid2eid, a.tid_i64, tok * a.ldtid + s) : -1;
+            const bool ok = e2 >= 0 && e2 < a.E;
+            const float z2 = ok ? warp_dot((const char *)a.w + e2 * wrow, a.w_bf16, xt, a.x_bf16, a.D, lane) : 0.0f;
+            if (lane == 0) sel0[s] = ok ? (int)e2 : -1, sel_w0[s] = ok ? router_score(z2) : 0.0f;
         }
     } else {
-        for (int e = threadIdx.x; e < a.E; e += RT_THREADS) used[e] = 0;
-        for (int e = warp; e < a.E; e += RT_WARPS) {
-            const float z = warp_dot((const char *)a.w + e * wrow, a.w_bf16, xt, a.x_bf16, a.D, lane);
-            if (lane == 0) score[e] = router_score(z);
+        float z = 0.0f;
+        if (gw < a.E) {
+            const void *wr = (const char *)a.w + gw * wrow;
+            z = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, true)
+                      : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
         }
+        cl.barrier_wait();
+        if (gw < a.E && lane == 0) score0[gw] = router_score(z);
+        for (int e = gw + RT_GWARPS; e < a.E; e += RT_GWARPS) {
+            const void *wr = (const char *)a.w + e * wrow;
+            const float z2 = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, false)
+                                   : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
+            if (lane == 0) score0[e] = router_score(z2);
+        }
+    }
+    cl.sync(); /* the scores (or slots) are in CTA 0's memory */
+    if (rank != 0) return;
+    if (!a.tid2eid) {
+        for (int e = threadIdx.x; e < a.E; e += RT_THREADS)
+            used[e] = 0, key[e] = a.bias ? __fadd_rn(score[e], a.bias[e]) : score[e];
         __syncthreads();
         if (warp == 0)
             for (int s = 0; s < a.topk; s++) {
@@ -385,8 +488,7 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(dsv4_cu_route a)
                 int bi = -1;
                 for (int e = lane; e < a.E; e += 32) {
                     if (used[e]) continue;
-                    const float k = a.bias ? __fadd_rn(score[e], a.bias[e]) : score[e];
-                    if (bi < 0 || ranks_before(k, e, bk, bi)) bk = k, bi = e;
+                    if (bi < 0 || ranks_before(key[e], e, bk, bi)) bk = key[e], bi = e;
                 }
 #pragma unroll
                 for (int o = 16; o; o >>= 1) {
@@ -398,8 +500,8 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(dsv4_cu_route a)
                 if (lane == 0) sel[s] = bi, sel_w[s] = score[bi], used[bi] = 1;
                 __syncwarp();
             }
+        __syncthreads();
     }
-    __syncthreads();
     if (threadIdx.x == 0) { /* layer_ref.c dsv4_route_normalize: the sum in slot order */
         float sum = 0.0f;
         for (int s = 0; s < a.topk; s++) sum = __fadd_rn(sum, sel_w[s]);
@@ -415,6 +517,13 @@ extern "C" int dsv4_cu_route_launch(const dsv4_cu_route *a, void *stream)
     if (a->T == 0) return 0;
     if (a->T > 0x7FFFFFFFll || a->E > DSV4_CU_ROUTE_MAX_EXPERTS || a->topk > DSV4_CU_ROUTE_MAX_TOPK)
         return (int)cudaErrorInvalidConfiguration;
-    route_kernel<<<(unsigned)a->T, RT_THREADS, 0, (cudaStream_t)stream>>>(*a);
-    return (int)cudaGetLastError();
+    if (a->T > 0x7FFFFFFFll / RT_CLUSTER) return (int)cudaErrorInvalidConfiguration;
+    static unsigned char configured[DSV4_CU_MAX_DEVICES];
+    int device = -1;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return (int)e;
+    const int err = cu_smem_opt_in(configured, device, route_kernel, RT_SMEM);
+    if (err) return err;
+    return (int)cu_launch_dependent_smem(route_kernel, dim3((unsigned)(a->T * RT_CLUSTER)), RT_THREADS, RT_SMEM,
+                                         (cudaStream_t)stream, dsv4_cu_linear_pdl() != 0, *a);
 }
