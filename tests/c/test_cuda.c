@@ -28,10 +28,10 @@ static dsv4_ctx *cu, *ref, *cpu;
  * each warpgroup-MMA kernel of 64-head tiles, the default kernels with one split per query
  * (no combine), with two-block queries always split, and launched without programmatic
  * dependence on the kernel before them; then the variants that must give the bits of another
- * context (same_bits: -1 the default one, else that forced_kernels entry): the previous combine,
- * the release after the loop with v1's first indices read after the lengths, and v1 so */
-static const char *const forced_kernels[9] = {"ws2",         "ws1",      "v1",        "no-split",       "split2",
-                                              "ws2,no-pdl", "seq-combine", "late-release,late-index", "v1,late-index"};
+ * context (same_bits: -1 the default one, else that forced_kernels entry): combine_seq_kernel for
+ * every split count, the release after the loop, and v1 always launched as a dependent */
+static const char *const forced_kernels[9] = {"ws2",        "ws1",         "v1",           "no-split", "split2",
+                                              "ws2,no-pdl", "seq-combine", "late-release", "v1,pdl"};
 static const int same_bits[9] = {-2, -2, -2, -2, -2, -2, -1, -1, 2};
 enum { N_FORCED = (int)(sizeof forced_kernels / sizeof forced_kernels[0]) };
 static dsv4_ctx *cu_mma, *cu_forced[N_FORCED];
@@ -965,6 +965,8 @@ int main(void)
     CHECK_STATUS(dsv4_ctx_create(&obad, &bad), DSV4_ERR_INVALID_ARG);
     dsv4_ctx_options otwice = {.backend = "cuda", .threads = 1, .cuda_decode = "v1,no-pdl,no-pdl"};
     CHECK_STATUS(dsv4_ctx_create(&otwice, &bad), DSV4_ERR_INVALID_ARG);
+    dsv4_ctx_options oboth = {.backend = "cuda", .threads = 1, .cuda_decode = "pdl,no-pdl"};
+    CHECK_STATUS(dsv4_ctx_create(&oboth, &bad), DSV4_ERR_INVALID_ARG);
     if (!cu_mma) TEST_DONE();
     for (int v = 0; v < N_FORCED; v++)
         if (!cu_forced[v]) TEST_DONE();

@@ -91,15 +91,6 @@ static int64_t plan_splits(int sms, int64_t t, int64_t h, int64_t width, int spl
     return s > blocks ? blocks : s;
 }
 
-/* Where the decode CTAs let the launch after them start (dsv4_cu_decode.release_late; the
- * context's ",late-release" / ",early-release" force it): first thing, or after their loop.
- * Timing only: no result depends on it. */
-static int release_late(int sms, int64_t t, int64_t h, int64_t splits)
-{
-    (void)sms, (void)t, (void)h, (void)splits;
-    return 0;
-}
-
 static size_t split_bytes(int64_t splits, int64_t t, int64_t h)
 {
     return splits > 1 ? (size_t)splits * (size_t)t * (size_t)h * (512 + 1) * sizeof(float) + 256 : 0;
@@ -170,17 +161,15 @@ static dsv4_status decode(const dsv4_exec *ex, const char *op, const dsv4_attn_a
     d.kernel = d.wgmma ? ex->variant & DSV4_CU_KERNEL_MASK : DSV4_CU_AUTO;
     d.no_pair = (ex->variant & DSV4_CU_NO_PAIR) != 0;
     d.device = ex->device;
-    d.pdl = (ex->variant & DSV4_CU_NO_PDL) == 0;
+    d.pdl = ex->variant & DSV4_CU_NO_PDL ? 0 : ex->variant & DSV4_CU_PDL ? 2 : 1;
     d.seq_combine = (ex->variant & DSV4_CU_SEQ_COMBINE) != 0;
-    d.late_index = (ex->variant & DSV4_CU_LATE_INDEX) != 0;
+    d.release_late = (ex->variant & DSV4_CU_LATE_RELEASE) != 0;
     const int sms = dsv4_cu_sm_count(ex);
+    d.sms = sms;
     int64_t splits = ex->variant & DSV4_CU_NO_SPLIT ? 1 : plan_splits(sms, a->t, a->h, width, (ex->variant & DSV4_CU_SPLIT2) != 0);
     uintptr_t ws = ((uintptr_t)a->workspace + 255) & ~(uintptr_t)255;
     while (splits > 1 && (!a->workspace || split_bytes(splits, a->t, a->h) > a->workspace_bytes)) splits--;
     d.splits = (int)splits;
-    d.release_late = ex->variant & DSV4_CU_LATE_RELEASE    ? 1
-                     : ex->variant & DSV4_CU_EARLY_RELEASE ? 0
-                                                          : release_late(sms, a->t, a->h, splits);
     if (splits > 1) {
         d.part_o = (float *)ws;
         d.part_lse = d.part_o + splits * a->t * a->h * 512;

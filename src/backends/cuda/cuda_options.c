@@ -32,7 +32,7 @@ static const struct {
 } flag_names[] = {
     {"no-pair", DSV4_CU_NO_PAIR},         {"no-split", DSV4_CU_NO_SPLIT},         {"split2", DSV4_CU_SPLIT2},
     {"no-pdl", DSV4_CU_NO_PDL},           {"seq-combine", DSV4_CU_SEQ_COMBINE},   {"late-release", DSV4_CU_LATE_RELEASE},
-    {"early-release", DSV4_CU_EARLY_RELEASE}, {"late-index", DSV4_CU_LATE_INDEX},
+    {"pdl", DSV4_CU_PDL},
 };
 enum { N_FLAGS = (int)(sizeof flag_names / sizeof flag_names[0]) };
 
@@ -43,7 +43,7 @@ static int flag_value(const char *word, size_t len)
     return -1;
 }
 
-#define DECODE_WORDS "KERNEL[,no-pair][,no-split][,split2][,no-pdl][,seq-combine][,late-release|,early-release][,late-index]"
+#define DECODE_WORDS "KERNEL[,no-pair][,no-split][,split2][,no-pdl][,pdl][,seq-combine][,late-release]"
 
 /* DECODE_WORDS (any word may be left out, in any order, none twice) -> variant; -1 if malformed. */
 static int parse_decode(const char *s)
@@ -59,7 +59,7 @@ static int parse_decode(const char *s)
         s += len;
         if (*s == ',' && !*++s) return -1; /* a trailing comma */
     }
-    if ((flags & DSV4_CU_LATE_RELEASE) && (flags & DSV4_CU_EARLY_RELEASE)) return -1;
+    if ((flags & DSV4_CU_PDL) && (flags & DSV4_CU_NO_PDL)) return -1;
     return (kernel < 0 ? DSV4_CU_AUTO : kernel) | flags;
 }
 

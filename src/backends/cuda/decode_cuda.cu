@@ -84,11 +84,11 @@ static DSV4_CU_INLINE uint8_t *align1024(uint8_t *p) { return (uint8_t *)(((uint
  * turn (cu_pdl_release / cu_pdl_wait of cuda_device.cuh). Both are no-ops when the launch asked for
  * no such overlap. */
 /* The release of a decode CTA: first thing (at_end false) or once its loop is done (at_end true),
- * as the launch says (dsv4_cu_decode.release_late, attention_cuda.c). Released first, a combine
- * launched behind a grid that holds most SMs puts its CTAs on the few SMs left free, several to
- * an SM, where they then run; released late, they land once the decode CTAs are leaving. Each
- * role of a warp-specialized CTA releases at the end of its own loop. The combine waits for the
- * whole decode grid either way (cu_pdl_wait), so the release point changes no result. */
+ * as the launch says (dsv4_cu_decode.release_late: the context's ",late-release"; first by
+ * default: late measured as fast or slower on every shape but one, BENCHMARKS.md "CUDA sparse
+ * decode vs FlashMLA, same run"). Each role of a warp-specialized CTA releases at the end of its
+ * own loop. The combine waits for the whole decode grid either way (cu_pdl_wait), so the release
+ * point changes no result. */
 static DSV4_CU_INLINE void decode_release(const dsv4_cu_decode &p, bool at_end)
 {
     if ((p.release_late != 0) == at_end) cu_pdl_release();
@@ -165,34 +165,6 @@ static DSV4_CU_INLINE ent_pf fetch_entry(const dsv4_cu_decode &p, int t, const c
     f.idx = cu_ldg_s32_if(sc.indices + t * sc.ld + (second ? pos - r.len0 : pos), in, -1);
     f.second = in && second;
     return f;
-}
-
-/* The indices of blocks 0 and 1 of this CTA's range (fetch_entry). Unless the launch says
- * p.late_index, they are read at once for the range the CTA has when every length equals its
- * scope's width (positions inside the widths: readable), in flight beside the lengths; only a
- * CTA whose real range differs reads them again. A CTA with full lengths (a decode past the
- * window) then waits for one round trip to memory before its first entry loads, not two. */
-static DSV4_CU_INLINE bool same_range(const cta_range &a, const cta_range &b)
-{
-    return a.len0 == b.len0 && a.pos0 == b.pos0 && a.pend == b.pend && a.nblk == b.nblk;
-}
-
-static DSV4_CU_INLINE void first_entries(const dsv4_cu_decode &p, int t, int split, const cta_range &rg, ent_pf *f,
-                                         int warp, int lane)
-{
-    bool again = true;
-    if (!p.late_index) {
-        dsv4_cu_decode full = p;
-        full.scope[0].lengths = full.scope[1].lengths = nullptr;
-        const cta_range rw = cta_entries(full, t, split);
-        f[0] = fetch_entry(p, t, rw, 0, warp, lane);
-        f[1] = fetch_entry(p, t, rw, 1, warp, lane);
-        again = !same_range(rg, rw);
-    }
-    if (again) {
-        f[0] = fetch_entry(p, t, rg, 0, warp, lane);
-        f[1] = fetch_entry(p, t, rg, 1, warp, lane);
-    }
 }
 
 /* Source of an entry: data (and scale row for FP8); 0 when the index is masked. */
@@ -854,12 +826,12 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
     cu_pdl_wait();
     WG_SMEM_SETUP(true);
     uint8_t *const raw0 = smem + C::RAW_OFF, *const raw1 = raw0 + RAW_SPAN;
-    ent_pf f2[2];
-    first_entries(p, t, split, rg, f2, warp, lane);
+    ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
     load_q_async<64, NT>(p, t, h0, sQ, tid); /* the oldest group: every wait of the loop covers it */
-    for (int jb = 0; jb < 2; jb++)
-        if (jb < nblk) load_block<true>(p, f2[jb], jb ? raw1 : raw0, sOk + jb * KB, warp, lane);
-    ent_pf fn = fetch_entry(p, t, rg, 2, warp, lane);
+    for (int jb = 0; jb < 2; jb++) {
+        if (jb < nblk) load_block<true>(p, fn, jb ? raw1 : raw0, sOk + jb * KB, warp, lane);
+        fn = fetch_entry(p, t, rg, jb + 1, warp, lane);
+    }
     for (int j = 0; j < nblk; j++) {
         const int buf = j & 1;
         if (j + 1 < nblk) cu_cp_async_wait<1>(); /* block j landed, j + 1 may be in flight */
@@ -1389,11 +1361,13 @@ __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(WS_NT, 1) decode_ws_
 /* One CTA of COMBINE_NT threads per (token, head), each thread 8 of the 512 values: merge the
  * splits in order, apply the sink, write BF16 + lse. At small T the rows are few (64 at T = 1), so
  * a row gets a CTA of its own: the kernel is load latency, not bandwidth (docs/kernels.md §12.1).
- * Every load of a chunk of COMBINE_CHUNK splits (their lse and values) is issued before anything
- * waits for one: the values do not depend on the lse (a split without entries leaves its partial
- * output unwritten; it is read and never used), so up to COMBINE_CHUNK splits cost one round trip
- * to memory, where the loads of four splits behind their lse cost two per four (combine_seq_kernel,
- * the comparison variant ",seq-combine"). Both add the same terms in split order: the same bits. */
+ * Two kernels add the same terms in split order (the same bits, test_cuda checks it), chosen by
+ * the split count (launch_combine): combine_kernel issues every load of a chunk of COMBINE_CHUNK
+ * splits (their lse and values) before anything waits for one — the values do not depend on the
+ * lse (a split without entries leaves its partial output unwritten; it is read and never used) —
+ * so up to COMBINE_CHUNK splits cost one round trip to memory; combine_seq_kernel reads every lse,
+ * then the values of four splits at a time behind their lse, two round trips per four splits, but
+ * with 56 registers a thread against 119 more of its CTAs fit on an SM. */
 #define COMBINE_NT 64
 #define COMBINE_CHUNK 8
 
@@ -1467,8 +1441,8 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
     combine_store(p, t, h, d0, L, wsum, acc);
 }
 
-/* The previous combine (",seq-combine", kept to time the one above against): the lse of four
- * splits, then the loads of those with entries, then their sums. */
+/* The combine of few splits (",seq-combine": of any count): the maximum lse, then per four splits
+ * their lse, the loads of those with entries, their sums. */
 __global__ void __launch_bounds__(COMBINE_NT) combine_seq_kernel(const dsv4_cu_decode p)
 {
     const long long w = blockIdx.x, rows = (long long)p.t * p.h;
@@ -1555,10 +1529,12 @@ static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int p
 
 /* The kernel for 64-head tiles of FP8 pages on sm_90a: ws2 by default; v1 (the single-role
  * decode_fp8_kernel) when no CTA has more than one 64-entry block, since with nothing to pipeline
- * its eight warps dequantize a lone block sooner than a producer's four, and when the scopes are
- * two blocks wide at most (a SWA-only layer of window 128): v1 stages both blocks at once, and the
- * choice then depends on the widths alone, not on whether the plan splits such a query (which
- * depends on T). The context's cuda_decode
+ * its eight warps dequantize a lone block sooner than a producer's four. The kernel depends on the
+ * entries a CTA gets, never on whether the query is split, so a token's result does not depend on
+ * the call size (docs/kernels.md §3.3). (v1 for every query of
+ * two blocks at most, a choice by the widths alone, measured slower for SWA 128 at T = 64: 20.4
+ * against ws2's 18.8 us, and equal at T = 128; BENCHMARKS.md "CUDA sparse decode vs FlashMLA, same
+ * run".) The context's cuda_decode
  * option (d->kernel: ws2, ws1 or v1) forces one, and its "no-pair" (d->no_pair) keeps the tiles of
  * a token in separate CTAs (benchmarks and tests compare them). */
 enum { K_V1, K_WS1, K_WS2 };
@@ -1569,12 +1545,16 @@ static int fp8_kernel_choice(const dsv4_cu_decode *d)
     if (d->kernel == DSV4_CU_WS2) return K_WS2;
     long long width = d->scope[0].width + (d->n_scopes > 1 ? d->scope[1].width : 0);
     long long blocks = (width + KB - 1) / KB, per_cta = (blocks + d->splits - 1) / d->splits;
-    return per_cta <= 1 || blocks <= 2 ? K_V1 : K_WS2;
+    return per_cta <= 1 ? K_V1 : K_WS2;
 }
 
 /* The combine as a programmatic dependent of the decode just launched on the same stream. Its
  * SMs keep the largest shared-memory carveout, so that the CTAs of a decode launched after it can
- * start beside its own. */
+ * start beside its own. Up to COMBINE_SEQ_MAX splits combine_seq_kernel, beyond it combine_kernel
+ * (same run, h 64: 10 splits at T = 1 / 8 14.5 / 19.4 against 15.0 / 20.1 us; 2 splits of 4096 rows
+ * at T = 64 36.7 against 35.6 us, where the 119 registers a thread leave fewer CTAs an SM; 2
+ * splits of 64 / 512 rows within 0.2 us; BENCHMARKS.md "CUDA sparse decode vs FlashMLA, same run"). */
+#define COMBINE_SEQ_MAX 4
 static int launch_combine(const dsv4_cu_decode *d, cudaStream_t stream)
 {
     static unsigned char configured[DSV4_CU_MAX_DEVICES];
@@ -1588,21 +1568,41 @@ static int launch_combine(const dsv4_cu_decode *d, cudaStream_t stream)
         }
         if (known) configured[d->device] = 1;
     }
-    return launch_k(d->seq_combine ? combine_seq_kernel : combine_kernel, d, dim3((unsigned)((long long)d->t * d->h)),
+    const bool chunked = !d->seq_combine && d->splits > COMBINE_SEQ_MAX;
+    return launch_k(chunked ? combine_kernel : combine_seq_kernel, d, dim3((unsigned)((long long)d->t * d->h)),
                     COMBINE_NT, 0, stream, 1);
 }
 
-extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
+/* Whether the decode is launched as a programmatic dependent of the kernel before it (d->pdl: 0
+ * never, ",no-pdl"; 2 always, ",pdl"; 1 the rule): yes, except for a v1 grid (FP8 pages) over
+ * more than half the SMs. Measured in one run on one shape only (h 64, 128 + 512 entries, T = 8:
+ * 80 v1 CTAs, 512 combine rows): plain 18.5 / 18.6 us against 19.4 / 19.7 with PDL (and 18.9 /
+ * 19.2 with ",late-release"); with 10 or 16 v1 CTAs (T = 1, SWA 128 at T = 8) and on the ws2
+ * grids PDL was as fast or faster (BENCHMARKS.md "CUDA sparse decode vs FlashMLA, same run"). A v1
+ * CTA takes every register of its SM (255 x 256), so it starts only on an SM that nothing else
+ * runs on. Timing only: no result depends on it. */
+static int launch_pdl(const dsv4_cu_decode *d, bool v1_fp8)
 {
-    if (d->t == 0 || d->h == 0) return 0;
+    if (d->pdl != 1) return d->pdl != 0;
+    const long long ctas = (long long)d->t * ((d->h + 63) / 64) * d->splits;
+    return !(v1_fp8 && 2 * ctas > d->sms);
+}
+
+extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *dd, void *stream)
+{
+    if (dd->t == 0 || dd->h == 0) return 0;
     cudaStream_t st = (cudaStream_t)stream;
-    const int rows = dsv4_cu_decode_rows(d->h);
-    const long long tiles = (d->h + 63) / 64;
-    const int choice = rows == 64 && d->wgmma && d->fp8 && d->aligned ? fp8_kernel_choice(d) : K_V1;
+    const int rows = dsv4_cu_decode_rows(dd->h);
+    const long long tiles = (dd->h + 63) / 64;
+    const int choice = rows == 64 && dd->wgmma && dd->fp8 && dd->aligned ? fp8_kernel_choice(dd) : K_V1;
+    const bool wg = rows == 64 && dd->wgmma && (dd->aligned || !dd->fp8);
+    dsv4_cu_decode l = *dd;
+    l.pdl = launch_pdl(dd, choice == K_V1 && wg && dd->fp8);
+    const dsv4_cu_decode *d = &l;
     int err;
     if (choice != K_V1)
         err = launch_ws(d, st, choice == K_WS2, tiles % 2 == 0 && !d->no_pair);
-    else if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
+    else if (wg) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
     else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
     else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);
     if (err || d->splits <= 1) return err;
