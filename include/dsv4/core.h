@@ -76,8 +76,11 @@ typedef struct dsv4_ctx_options {
      * instead of the warpgroup-MMA ones, BF16 rows too), optionally followed by ",no-pair" (the two
      * 64-head tiles of H 128 in separate CTAs), ",no-split" (one CTA per query and head tile:
      * no combine kernel, whatever the split plan), ",split2" (queries of two 64-entry blocks split
-     * in two wherever the grid allows) and/or ",no-pdl" (the decode launched plainly instead of as
-     * a programmatic dependent of the kernel before it). NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
+     * in two wherever the grid allows), ",no-pdl" (the decode launched plainly instead of as
+     * a programmatic dependent of the kernel before it) or ",pdl" (always so; by default a rule
+     * decides), and, to time them against the defaults, ",seq-combine" (one combine kernel
+     * whatever the split count) and ",late-release" (the decode lets the launch after it start
+     * after its loop instead of first); none of these three changes a result. NULL: $DSV4_CUDA_DECODE, $DSV4_CUDA_MMA_SYNC=1
      * and $DSV4_CUDA_NO_PAIR=1, else "auto". Other backends ignore it. */
     const char *cuda_decode;
 } dsv4_ctx_options;

@@ -27,8 +27,12 @@ static dsv4_ctx *cu, *ref, *cpu;
 /* cuda contexts with a forced decode kernel (dsv4_ctx_options.cuda_decode): the mma.sync kernels,
  * each warpgroup-MMA kernel of 64-head tiles, the default kernels with one split per query
  * (no combine), with two-block queries always split, and launched without programmatic
- * dependence on the kernel before them */
-static const char *const forced_kernels[6] = {"ws2", "ws1", "v1", "no-split", "split2", "ws2,no-pdl"};
+ * dependence on the kernel before them; then the variants that must give the bits of another
+ * context (same_bits: -1 the default one, else that forced_kernels entry): combine_seq_kernel for
+ * every split count, the release after the loop, and v1 always launched as a dependent */
+static const char *const forced_kernels[9] = {"ws2",        "ws1",         "v1",           "no-split", "split2",
+                                              "ws2,no-pdl", "seq-combine", "late-release", "v1,pdl"};
+static const int same_bits[9] = {-2, -2, -2, -2, -2, -2, -1, -1, 2};
 enum { N_FORCED = (int)(sizeof forced_kernels / sizeof forced_kernels[0]) };
 static dsv4_ctx *cu_mma, *cu_forced[N_FORCED];
 static void *bufs[MAXBUF];
@@ -405,7 +409,8 @@ static void test_decode(const dcase *c)
         if (c->sink == 3 && i % 4 == 1) sink[i] = INFINITY;
     }
     size_t on = (size_t)t * h * 512;
-    uint16_t *o_ref = malloc(on * 2), *o_cu = malloc(on * 2), *o_2p = malloc(on * 2);
+    uint16_t *o_ref = malloc(on * 2), *o_cu = malloc(on * 2), *o_2p = malloc(on * 2), *o_def = malloc(on * 2);
+    uint16_t *o_forced[N_FORCED] = {0};
     float *l_ref = malloc(t * h * 4), *l_cu = malloc(t * h * 4), *l_2p = malloc(t * h * 4);
     memset(o_ref, 0xFF, on * 2);
 
@@ -458,6 +463,7 @@ static void test_decode(const dcase *c)
     dget(o_cu, dout, on * 2);
     dget(l_cu, dl, t * h * 4);
     compare_decode("sparse_mla_decode", c, o_cu, l_cu, o_ref, l_ref);
+    memcpy(o_def, o_cu, on * 2);
 
     /* Determinism: a second run gives the same bits. */
     dsv4_device_memset(cu, dout, 0xFF, on * 2);
@@ -494,7 +500,15 @@ static void test_decode(const dcase *c)
                 if (!rep) compare_decode(what, c, o_v, l_2p, o_ref, l_ref);
             }
             CHECK(memcmp(o_2p, o_cu, on * 2) == 0, "%s t=%d h=%d: two runs differ", what, t, h);
+            o_forced[v] = malloc(on * 2);
+            memcpy(o_forced[v], o_cu, on * 2);
+            if (same_bits[v] > -2) {
+                const uint16_t *want = same_bits[v] < 0 ? o_def : o_forced[same_bits[v]];
+                CHECK(memcmp(o_cu, want, on * 2) == 0, "%s t=%d h=%d: not the bits of %s", what, t, h,
+                      same_bits[v] < 0 ? "the default" : forced_kernels[same_bits[v]]);
+            }
         }
+        for (int v = 0; v < N_FORCED; v++) free(o_forced[v]);
     }
 
     /* Two-pass design (docs/kernels.md §3.4) on the device: gather every SWA index of each query (K scope off),
@@ -526,7 +540,7 @@ static void test_decode(const dcase *c)
     dfree_all();
     free(c0.host);
     if (k) free(c1.host);
-    free(i0), free(l0), free(i1), free(l1), free(q), free(sink), free(o_ref), free(o_cu), free(o_2p), free(l_ref),
+    free(i0), free(l0), free(i1), free(l1), free(q), free(sink), free(o_ref), free(o_cu), free(o_2p), free(o_def), free(l_ref),
         free(l_cu), free(l_2p), free(hws);
 }
 
@@ -951,6 +965,8 @@ int main(void)
     CHECK_STATUS(dsv4_ctx_create(&obad, &bad), DSV4_ERR_INVALID_ARG);
     dsv4_ctx_options otwice = {.backend = "cuda", .threads = 1, .cuda_decode = "v1,no-pdl,no-pdl"};
     CHECK_STATUS(dsv4_ctx_create(&otwice, &bad), DSV4_ERR_INVALID_ARG);
+    dsv4_ctx_options oboth = {.backend = "cuda", .threads = 1, .cuda_decode = "pdl,no-pdl"};
+    CHECK_STATUS(dsv4_ctx_create(&oboth, &bad), DSV4_ERR_INVALID_ARG);
     if (!cu_mma) TEST_DONE();
     for (int v = 0; v < N_FORCED; v++)
         if (!cu_forced[v]) TEST_DONE();

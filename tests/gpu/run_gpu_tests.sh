@@ -87,15 +87,18 @@ step ncu bash -c "$NCU --section SpeedOfLight --section ComputeWorkloadAnalysis 
     --section Occupancy --section WarpStateStats '$BUILD/dsv4' bench attention-cuda --quick;
   $NCU --metrics 'regex:smsp__warp_issue_stalled_.*_per_warp_active.pct,regex:sm__pipe_tensor.*pct_of_peak_sustained_active' \
     '$BUILD/dsv4' bench attention-cuda --quick"
-# with DSV4_PEER_FLASHMLA=dir (a folder holding FlashMLA's reduced SM90 sparse decode as a .tar.xz and
-# same_run.py, its timing script): build it (sources unpacked once into $BUILD/peer/src, so a
-# second run reuses the build), then time it and dsv4 in one process on the same bytes, each shape
-# of the decode and MODEL1 tables, both times and the ratio (docs/kernels.md §12)
-step peer bash -c "[ -d '$PEER' ] || { echo 'peer: DSV4_PEER_FLASHMLA is not a folder'; exit 2; }
+# with DSV4_PEER_FLASHMLA=dir (a folder holding FlashMLA's reduced SM90 sparse decode as a .tar.xz):
+# build it (sources unpacked once into $BUILD/peer/src, so a second run reuses the build), then time
+# it and dsv4 in one process on the same bytes with the repository's bench/flashmla_same_run.py,
+# each shape of the decode and MODEL1 tables, both times and the ratio (docs/kernels.md §12.1; its
+# DSV4_VARIANTS, FMLA_PROFILE pass through). Without the folder the step says so and passes.
+step peer bash -c "if [ -z '$PEER' ]; then echo 'peer: SKIP: DSV4_PEER_FLASHMLA is not set'; exit 0; fi
+    [ -d '$PEER' ] || { echo 'peer: DSV4_PEER_FLASHMLA is not a folder'; exit 2; }
+    ls '$PEER'/flashmla-*.tar.xz > /dev/null || { echo 'peer: no flashmla-*.tar.xz in DSV4_PEER_FLASHMLA'; exit 2; }
     W='$BUILD/peer/src'
     [ -d \$W ] || { mkdir -p \$W && tar -xJf '$PEER'/flashmla-*.tar.xz -C \$W; } &&
-    python3 '$PEER/same_run.py' --build-only \$W &&
-    OUT='${OUT:-$LOGS}' python3 '$PEER/same_run.py' \$W '$ROOT' '$BUILD/libdsv4.so'"
+    python3 '$ROOT/bench/flashmla_same_run.py' --build-only \$W &&
+    OUT='${OUT:-$LOGS}' python3 '$ROOT/bench/flashmla_same_run.py' \$W '$ROOT' '$BUILD/libdsv4.so'"
 # not in the default steps: the phase profile of the warp-specialized kernels (tests/gpu/ws_profile.cu)
 step profile bash -c "nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DDSV4_WS_PROFILE -I'$ROOT/src' \
     -I'$ROOT/include' '$ROOT/tests/gpu/ws_profile.cu' -o '$BUILD/ws_profile' && '$BUILD/ws_profile'"

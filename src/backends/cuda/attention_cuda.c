@@ -161,10 +161,12 @@ static dsv4_status decode(const dsv4_exec *ex, const char *op, const dsv4_attn_a
     d.kernel = d.wgmma ? ex->variant & DSV4_CU_KERNEL_MASK : DSV4_CU_AUTO;
     d.no_pair = (ex->variant & DSV4_CU_NO_PAIR) != 0;
     d.device = ex->device;
-    d.pdl = (ex->variant & DSV4_CU_NO_PDL) == 0;
-    int64_t splits = ex->variant & DSV4_CU_NO_SPLIT
-                         ? 1
-                         : plan_splits(dsv4_cu_sm_count(ex), a->t, a->h, width, (ex->variant & DSV4_CU_SPLIT2) != 0);
+    d.pdl = ex->variant & DSV4_CU_NO_PDL ? 0 : ex->variant & DSV4_CU_PDL ? 2 : 1;
+    d.seq_combine = (ex->variant & DSV4_CU_SEQ_COMBINE) != 0;
+    d.release_late = (ex->variant & DSV4_CU_LATE_RELEASE) != 0;
+    const int sms = dsv4_cu_sm_count(ex);
+    d.sms = sms;
+    int64_t splits = ex->variant & DSV4_CU_NO_SPLIT ? 1 : plan_splits(sms, a->t, a->h, width, (ex->variant & DSV4_CU_SPLIT2) != 0);
     uintptr_t ws = ((uintptr_t)a->workspace + 255) & ~(uintptr_t)255;
     while (splits > 1 && (!a->workspace || split_bytes(splits, a->t, a->h) > a->workspace_bytes)) splits--;
     d.splits = (int)splits;

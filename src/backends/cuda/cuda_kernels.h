@@ -62,7 +62,11 @@ enum {
     DSV4_CU_NO_SPLIT = 16, /* one split per query whatever the plan: no combine kernel */
     DSV4_CU_SPLIT2 = 32,   /* two-block queries split even where the plan keeps them whole */
     DSV4_CU_NO_PDL = 64,   /* the decode launched plainly, not as a dependent of the kernel before it */
-    DSV4_CU_FLAGS = DSV4_CU_NO_SPLIT | DSV4_CU_SPLIT2 | DSV4_CU_NO_PDL
+    DSV4_CU_SEQ_COMBINE = 128,    /* combine_seq_kernel whatever the split count */
+    DSV4_CU_LATE_RELEASE = 256,   /* decode CTAs let the next launch start after their loop, not first */
+    DSV4_CU_PDL = 512,            /* the decode always launched as a dependent (",no-pdl": never; else a rule) */
+    DSV4_CU_FLAGS = DSV4_CU_NO_SPLIT | DSV4_CU_SPLIT2 | DSV4_CU_NO_PDL | DSV4_CU_SEQ_COMBINE | DSV4_CU_LATE_RELEASE |
+                    DSV4_CU_PDL
 };
 
 /* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass design, docs/kernels.md §3.4). */
@@ -90,7 +94,11 @@ typedef struct dsv4_cu_decode {
     int wgmma;              /* 64-head tiles on the warpgroup MMA kernel (device is sm_90) */
     int kernel;             /* with wgmma, for FP8 pages: DSV4_CU_AUTO, _WS2, _WS1 or _V1 */
     int no_pair;            /* 1: never launch the 2-CTA clusters of the ws kernels */
-    int pdl;                /* 1: the decode is a programmatic dependent of the kernel before it */
+    int pdl;                /* the decode as a programmatic dependent of the kernel before it: 0 never,
+                               2 always, 1 as the launcher's rule says (launch_pdl, decode_cuda.cu) */
+    int sms;                /* the device's SM count */
+    int release_late;       /* 1: decode CTAs release the next launch after their loop, 0: first */
+    int seq_combine;        /* 1: combine_seq_kernel whatever the split count */
     int device;             /* the current device's ordinal (function attributes are per device) */
     int splits;             /* > 1: partial results in part_o/part_lse, then a combine launch */
     float *part_o;          /* [splits, t, h, 512] */

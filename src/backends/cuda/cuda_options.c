@@ -30,7 +30,9 @@ static const struct {
     const char *name;
     int value;
 } flag_names[] = {
-    {"no-pair", DSV4_CU_NO_PAIR}, {"no-split", DSV4_CU_NO_SPLIT}, {"split2", DSV4_CU_SPLIT2}, {"no-pdl", DSV4_CU_NO_PDL},
+    {"no-pair", DSV4_CU_NO_PAIR},         {"no-split", DSV4_CU_NO_SPLIT},         {"split2", DSV4_CU_SPLIT2},
+    {"no-pdl", DSV4_CU_NO_PDL},           {"seq-combine", DSV4_CU_SEQ_COMBINE},   {"late-release", DSV4_CU_LATE_RELEASE},
+    {"pdl", DSV4_CU_PDL},
 };
 enum { N_FLAGS = (int)(sizeof flag_names / sizeof flag_names[0]) };
 
@@ -41,7 +43,7 @@ static int flag_value(const char *word, size_t len)
     return -1;
 }
 
-#define DECODE_WORDS "KERNEL[,no-pair][,no-split][,split2][,no-pdl]"
+#define DECODE_WORDS "KERNEL[,no-pair][,no-split][,split2][,no-pdl][,pdl][,seq-combine][,late-release]"
 
 /* DECODE_WORDS (any word may be left out, in any order, none twice) -> variant; -1 if malformed. */
 static int parse_decode(const char *s)
@@ -57,6 +59,7 @@ static int parse_decode(const char *s)
         s += len;
         if (*s == ',' && !*++s) return -1; /* a trailing comma */
     }
+    if ((flags & DSV4_CU_PDL) && (flags & DSV4_CU_NO_PDL)) return -1;
     return (kernel < 0 ? DSV4_CU_AUTO : kernel) | flags;
 }
 

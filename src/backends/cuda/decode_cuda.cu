@@ -83,6 +83,17 @@ static DSV4_CU_INLINE uint8_t *align1024(uint8_t *p) { return (uint8_t *)(((uint
  * global memory, for that kernel and its writes; the combine lets the next decode start early in
  * turn (cu_pdl_release / cu_pdl_wait of cuda_device.cuh). Both are no-ops when the launch asked for
  * no such overlap. */
+/* The release of a decode CTA: first thing (at_end false) or once its loop is done (at_end true),
+ * as the launch says (dsv4_cu_decode.release_late: the context's ",late-release"; first by
+ * default: late measured as fast or slower on every shape but one, BENCHMARKS.md "CUDA sparse
+ * decode vs FlashMLA, same run"). Each role of a warp-specialized CTA releases at the end of its
+ * own loop. The combine waits for the whole decode grid either way (cu_pdl_wait), so the release
+ * point changes no result. */
+static DSV4_CU_INLINE void decode_release(const dsv4_cu_decode &p, bool at_end)
+{
+    if ((p.release_late != 0) == at_end) cu_pdl_release();
+}
+
 template <int MT, bool FP8> struct decode_cfg {
     static constexpr int MW = MT < 2 ? MT : 2;  /* m16 tiles per warp */
     static constexpr int HG = MT / MW;          /* head groups */
@@ -311,7 +322,7 @@ template <int MT, bool FP8>
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
 {
     typedef decode_cfg<MT, FP8> C;
-    cu_pdl_release();
+    decode_release(p, false);
     cu_pdl_wait();
     extern __shared__ __align__(128) uint8_t smem_raw[];
     uint8_t *smem = align1024(smem_raw);
@@ -488,6 +499,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const dsv4_cu_decode p)
         }
     }
 
+    decode_release(p, true);
     /* ---- row sums across the group (fixed order), then the epilogue ---- */
 #pragma unroll
     for (int mi = 0; mi < C::MW; mi++)
@@ -775,7 +787,7 @@ template <bool FP8> struct wg_cfg {
 __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    cu_pdl_release();
+    decode_release(p, false);
     cu_pdl_wait();
     WG_SMEM_SETUP(false);
     ent_pf fn = fetch_entry(p, t, rg, 0, warp, lane);
@@ -797,6 +809,7 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
         wg_pv(o, alpha, pa, cu_smem(tile), wg);
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
+    decode_release(p, true);
     wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
 #else
     __trap(); /* only the sm_90a build has warpgroup MMA; the host picks the mma.sync kernel elsewhere */
@@ -809,7 +822,7 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
 __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    cu_pdl_release();
+    decode_release(p, false);
     cu_pdl_wait();
     WG_SMEM_SETUP(true);
     uint8_t *const raw0 = smem + C::RAW_OFF, *const raw1 = raw0 + RAW_SPAN;
@@ -837,6 +850,7 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
         wg_pv(o, alpha, pa, cu_smem(sK), wg);
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
+    decode_release(p, true);
     wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
 #else
     __trap();
@@ -1196,6 +1210,7 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
         if ((lane & 3) == 0) sF[row] = f[hf];
     }
     cu_mbar_arrive(base + WS_EPI);
+    decode_release(p, true);
     store_rows(p, o, f, t, h0, split, 0, r0, lane);
 }
 
@@ -1225,6 +1240,7 @@ static DSV4_CU_INLINE void w2_follow(const dsv4_cu_decode &p, uint8_t *smem, int
     }
     WS_PROF_END(2);
     cu_mbar_wait<0>(base + WS_EPI, 0);
+    decode_release(p, true);
     const float f[2] = {sF[r0], sF[r0 + 8]};
     store_rows(p, o, f, t, h0, split, 256, r0, lane);
 }
@@ -1241,7 +1257,7 @@ static DSV4_CU_INLINE void ws_consumer_q(const dsv4_cu_decode &p, int t, int h0,
 
 template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_decode &p)
 {
-    cu_pdl_release();
+    decode_release(p, false);
     extern __shared__ __align__(128) uint8_t smem_raw[];
     uint8_t *smem = align1024(smem_raw);
     const int t = blockIdx.x, h0 = blockIdx.y * 64, split = blockIdx.z;
@@ -1273,6 +1289,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         if (W2) cu_setmaxnreg_dec<128>();
         else cu_setmaxnreg_dec<120>();
         ws_producer<NCTA>(p, rg, t, smem, warp & 3, lane, rank);
+        decode_release(p, true);
         if (NCTA == 2) cu_cluster_sync(); /* no CTA leaves while its peer may still signal it */
     } else if (W2) {
         if (wg == 0) {
@@ -1313,6 +1330,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
             ws_release<NCTA>(base, b);
         }
         WS_PROF_END(1 + wg);
+        decode_release(p, true);
         wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
         if (NCTA == 2) cu_cluster_sync();
     }
@@ -1342,54 +1360,21 @@ __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(WS_NT, 1) decode_ws_
 
 /* One CTA of COMBINE_NT threads per (token, head), each thread 8 of the 512 values: merge the
  * splits in order, apply the sink, write BF16 + lse. At small T the rows are few (64 at T = 1), so
- * a row gets a CTA of its own and each thread issues the loads of four splits before it adds them:
- * the kernel is load latency, not bandwidth (docs/kernels.md §12.1). */
+ * a row gets a CTA of its own: the kernel is load latency, not bandwidth (docs/kernels.md §12.1).
+ * Two kernels add the same terms in split order (the same bits, test_cuda checks it), chosen by
+ * the split count (launch_combine): combine_kernel issues every load of a chunk of COMBINE_CHUNK
+ * splits (their lse and values) before anything waits for one — the values do not depend on the
+ * lse (a split without entries leaves its partial output unwritten; it is read and never used) —
+ * so up to COMBINE_CHUNK splits cost one round trip to memory; combine_seq_kernel reads every lse,
+ * then the values of four splits at a time behind their lse, two round trips per four splits, but
+ * with 56 registers a thread against 119 more of its CTAs fit on an SM. */
 #define COMBINE_NT 64
-__global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decode p)
+#define COMBINE_CHUNK 8
+
+/* The row's lse and output from its merged sums. */
+static DSV4_CU_INLINE void combine_store(const dsv4_cu_decode &p, int t, int h, int d0, float L, float wsum,
+                                         const float *acc)
 {
-    const long long w = blockIdx.x, rows = (long long)p.t * p.h;
-    const int d0 = threadIdx.x * 8;
-    const int t = (int)(w / p.h), h = (int)(w % p.h);
-    cu_pdl_release(); /* the next decode may start and wait for this grid (see above) */
-    cu_pdl_wait(); /* launched while the decode runs: its partial results are complete from here */
-    float L = -INFINITY;
-    for (int s = 0; s < p.splits; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
-    float acc[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
-    float wsum = 0.0f;
-    if (L != -INFINITY) {
-        for (int s0 = 0; s0 < p.splits; s0 += 4) {
-            float wt[4];
-            bool used[4];
-            float4 v[4][2];
-#pragma unroll
-            for (int i = 0; i < 4; i++) { /* every load of the four first */
-                const int s = s0 + i;
-                const float ls = s < p.splits ? p.part_lse[s * rows + w] : -INFINITY;
-                used[i] = ls != -INFINITY;
-                wt[i] = used[i] ? expf(ls - L) : 0.0f;
-                if (used[i]) {
-                    const float4 *src = (const float4 *)(p.part_o + (s * rows + w) * 512 + d0);
-                    v[i][0] = src[0], v[i][1] = src[1];
-                } else {
-                    v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) { /* then the sums, in split order */
-                if (!used[i]) continue;
-                wsum += wt[i];
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    acc[4 * k] += wt[i] * v[i][k].x;
-                    acc[4 * k + 1] += wt[i] * v[i][k].y;
-                    acc[4 * k + 2] += wt[i] * v[i][k].z;
-                    acc[4 * k + 3] += wt[i] * v[i][k].w;
-                }
-            }
-        }
-    }
     const bool empty = !(wsum > 0.0f);
     const float lse = empty ? INFINITY : L + logf(wsum);
     float f = 0.0f;
@@ -1402,6 +1387,99 @@ __global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decod
 #pragma unroll
     for (int k = 0; k < 4; k++) wv[k] = cu_f32_bf16(acc[2 * k] * f) | (cu_f32_bf16(acc[2 * k + 1] * f) << 16);
     cu_st16(p.out + t * p.o_st + h * p.o_sh + d0, make_uint4(wv[0], wv[1], wv[2], wv[3]));
+}
+
+/* acc += wt * v over the 8 values of one split, wsum += wt (the split's term). */
+static DSV4_CU_INLINE void combine_add(float *acc, float &wsum, float wt, const float4 *v)
+{
+    wsum += wt;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        acc[4 * k] += wt * v[k].x;
+        acc[4 * k + 1] += wt * v[k].y;
+        acc[4 * k + 2] += wt * v[k].z;
+        acc[4 * k + 3] += wt * v[k].w;
+    }
+}
+
+__global__ void __launch_bounds__(COMBINE_NT) combine_kernel(const dsv4_cu_decode p)
+{
+    const long long w = blockIdx.x, rows = (long long)p.t * p.h;
+    const int d0 = threadIdx.x * 8, S = p.splits;
+    const int t = (int)(w / p.h), h = (int)(w % p.h);
+    cu_pdl_release(); /* the next decode may start and wait for this grid (see above) */
+    cu_pdl_wait(); /* launched while the decode runs: its partial results are complete from here */
+    float ls[COMBINE_CHUNK];
+    float4 v[COMBINE_CHUNK][2];
+    float L = -INFINITY;
+    float acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
+    float wsum = 0.0f;
+    for (int s0 = 0; s0 < S; s0 += COMBINE_CHUNK) {
+#pragma unroll
+        for (int i = 0; i < COMBINE_CHUNK; i++) { /* every load of the chunk first */
+            const int s = s0 + i;
+            ls[i] = -INFINITY;
+            if (s < S) {
+                const float4 *src = (const float4 *)(p.part_o + (s * rows + w) * 512 + d0);
+                ls[i] = p.part_lse[s * rows + w];
+                v[i][0] = src[0];
+                v[i][1] = src[1];
+            }
+        }
+        if (s0 == 0) { /* the maximum over every split before the first weight */
+#pragma unroll
+            for (int i = 0; i < COMBINE_CHUNK; i++) L = fmaxf(L, ls[i]);
+            for (int s = COMBINE_CHUNK; s < S; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
+        }
+        if (L == -INFINITY) break;
+#pragma unroll
+        for (int i = 0; i < COMBINE_CHUNK; i++) /* then the sums, in split order */
+            if (ls[i] != -INFINITY) combine_add(acc, wsum, expf(ls[i] - L), v[i]);
+    }
+    combine_store(p, t, h, d0, L, wsum, acc);
+}
+
+/* The combine of few splits (",seq-combine": of any count): the maximum lse, then per four splits
+ * their lse, the loads of those with entries, their sums. */
+__global__ void __launch_bounds__(COMBINE_NT) combine_seq_kernel(const dsv4_cu_decode p)
+{
+    const long long w = blockIdx.x, rows = (long long)p.t * p.h;
+    const int d0 = threadIdx.x * 8;
+    const int t = (int)(w / p.h), h = (int)(w % p.h);
+    cu_pdl_release();
+    cu_pdl_wait();
+    float L = -INFINITY;
+    for (int s = 0; s < p.splits; s++) L = fmaxf(L, p.part_lse[s * rows + w]);
+    float acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] = 0.0f;
+    float wsum = 0.0f;
+    if (L != -INFINITY) {
+        for (int s0 = 0; s0 < p.splits; s0 += 4) {
+            float wt[4];
+            bool used[4];
+            float4 v[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int s = s0 + i;
+                const float ls = s < p.splits ? p.part_lse[s * rows + w] : -INFINITY;
+                used[i] = ls != -INFINITY;
+                wt[i] = used[i] ? expf(ls - L) : 0.0f;
+                if (used[i]) {
+                    const float4 *src = (const float4 *)(p.part_o + (s * rows + w) * 512 + d0);
+                    v[i][0] = src[0], v[i][1] = src[1];
+                } else {
+                    v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (used[i]) combine_add(acc, wsum, wt[i], v[i]);
+        }
+    }
+    combine_store(p, t, h, d0, L, wsum, acc);
 }
 
 extern "C" int dsv4_cu_decode_rows(long long h) { return h <= 16 ? 16 : (h <= 32 ? 32 : 64); }
@@ -1453,7 +1531,10 @@ static int launch_ws(const dsv4_cu_decode *d, cudaStream_t stream, int w2, int p
  * decode_fp8_kernel) when no CTA has more than one 64-entry block, since with nothing to pipeline
  * its eight warps dequantize a lone block sooner than a producer's four. The kernel depends on the
  * entries a CTA gets, never on whether the query is split, so a token's result does not depend on
- * the call size (docs/kernels.md §3.3). The context's cuda_decode
+ * the call size (docs/kernels.md §3.3). (v1 for every query of
+ * two blocks at most, a choice by the widths alone, measured slower for SWA 128 at T = 64: 20.4
+ * against ws2's 18.8 us, and equal at T = 128; BENCHMARKS.md "CUDA sparse decode vs FlashMLA, same
+ * run".) The context's cuda_decode
  * option (d->kernel: ws2, ws1 or v1) forces one, and its "no-pair" (d->no_pair) keeps the tiles of
  * a token in separate CTAs (benchmarks and tests compare them). */
 enum { K_V1, K_WS1, K_WS2 };
@@ -1469,31 +1550,59 @@ static int fp8_kernel_choice(const dsv4_cu_decode *d)
 
 /* The combine as a programmatic dependent of the decode just launched on the same stream. Its
  * SMs keep the largest shared-memory carveout, so that the CTAs of a decode launched after it can
- * start beside its own. */
+ * start beside its own. Up to COMBINE_SEQ_MAX splits combine_seq_kernel, beyond it combine_kernel
+ * (same run, h 64: 10 splits at T = 1 / 8 14.5 / 19.4 against 15.0 / 20.1 us; 2 splits of 4096 rows
+ * at T = 64 36.7 against 35.6 us, where the 119 registers a thread leave fewer CTAs an SM; 2
+ * splits of 64 / 512 rows within 0.2 us; BENCHMARKS.md "CUDA sparse decode vs FlashMLA, same run"). */
+#define COMBINE_SEQ_MAX 4
 static int launch_combine(const dsv4_cu_decode *d, cudaStream_t stream)
 {
     static unsigned char configured[DSV4_CU_MAX_DEVICES];
     const bool known = d->device >= 0 && d->device < DSV4_CU_MAX_DEVICES;
     if (!known || !configured[d->device]) {
-        const cudaError_t e =
-            cudaFuncSetAttribute(combine_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-        if (e != cudaSuccess) return (int)e;
+        for (int k = 0; k < 2; k++) {
+            const cudaError_t e = cudaFuncSetAttribute(k ? combine_seq_kernel : combine_kernel,
+                                                       cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                       cudaSharedmemCarveoutMaxShared);
+            if (e != cudaSuccess) return (int)e;
+        }
         if (known) configured[d->device] = 1;
     }
-    return launch_k(combine_kernel, d, dim3((unsigned)((long long)d->t * d->h)), COMBINE_NT, 0, stream, 1);
+    const bool chunked = !d->seq_combine && d->splits > COMBINE_SEQ_MAX;
+    return launch_k(chunked ? combine_kernel : combine_seq_kernel, d, dim3((unsigned)((long long)d->t * d->h)),
+                    COMBINE_NT, 0, stream, 1);
 }
 
-extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *d, void *stream)
+/* Whether the decode is launched as a programmatic dependent of the kernel before it (d->pdl: 0
+ * never, ",no-pdl"; 2 always, ",pdl"; 1 the rule): yes, except for a v1 grid (FP8 pages) over
+ * more than half the SMs. Measured in one run on one shape only (h 64, 128 + 512 entries, T = 8:
+ * 80 v1 CTAs, 512 combine rows): plain 18.5 / 18.6 us against 19.4 / 19.7 with PDL (and 18.9 /
+ * 19.2 with ",late-release"); with 10 or 16 v1 CTAs (T = 1, SWA 128 at T = 8) and on the ws2
+ * grids PDL was as fast or faster (BENCHMARKS.md "CUDA sparse decode vs FlashMLA, same run"). A v1
+ * CTA takes every register of its SM (255 x 256), so it starts only on an SM that nothing else
+ * runs on. Timing only: no result depends on it. */
+static int launch_pdl(const dsv4_cu_decode *d, bool v1_fp8)
 {
-    if (d->t == 0 || d->h == 0) return 0;
+    if (d->pdl != 1) return d->pdl != 0;
+    const long long ctas = (long long)d->t * ((d->h + 63) / 64) * d->splits;
+    return !(v1_fp8 && 2 * ctas > d->sms);
+}
+
+extern "C" int dsv4_cu_decode_launch(const dsv4_cu_decode *dd, void *stream)
+{
+    if (dd->t == 0 || dd->h == 0) return 0;
     cudaStream_t st = (cudaStream_t)stream;
-    const int rows = dsv4_cu_decode_rows(d->h);
-    const long long tiles = (d->h + 63) / 64;
-    const int choice = rows == 64 && d->wgmma && d->fp8 && d->aligned ? fp8_kernel_choice(d) : K_V1;
+    const int rows = dsv4_cu_decode_rows(dd->h);
+    const long long tiles = (dd->h + 63) / 64;
+    const int choice = rows == 64 && dd->wgmma && dd->fp8 && dd->aligned ? fp8_kernel_choice(dd) : K_V1;
+    const bool wg = rows == 64 && dd->wgmma && (dd->aligned || !dd->fp8);
+    dsv4_cu_decode l = *dd;
+    l.pdl = launch_pdl(dd, choice == K_V1 && wg && dd->fp8);
+    const dsv4_cu_decode *d = &l;
     int err;
     if (choice != K_V1)
         err = launch_ws(d, st, choice == K_WS2, tiles % 2 == 0 && !d->no_pair);
-    else if (rows == 64 && d->wgmma && (d->aligned || !d->fp8)) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
+    else if (wg) err = d->fp8 ? launch_wgmma<true>(d, st) : launch_wgmma<false>(d, st);
     else if (d->fp8) err = rows == 16 ? launch_decode<1, true>(d, st) : rows == 32 ? launch_decode<2, true>(d, st) : launch_decode<4, true>(d, st);
     else err = rows == 16 ? launch_decode<1, false>(d, st) : rows == 32 ? launch_decode<2, false>(d, st) : launch_decode<4, false>(d, st);
     if (err || d->splits <= 1) return err;
