@@ -157,11 +157,14 @@ static void moe_make(dsv4_ctx *c, moe_set *m)
         }
     m->routed_bytes = wexp[0] + sexp[0], m->shared_bytes = wexp[1] + sexp[1];
     const size_t wall = MOE_POOL * wexp[0] + MOE_CALLS * wexp[1], sall = MOE_POOL * sexp[0] + MOE_CALLS * sexp[1];
-    uint8_t *h = bench_alloc(wexp[1]), *hs = bench_alloc(sexp[1]);
-    bench_fill_random_u8(h, wexp[1], 11);
-    for (size_t i = 0; i < wexp[1]; i++)
+    /* one host source for every matrix's upload: as large as the largest weight and scale of either
+     * kind (the FP4 experts' scales, one per 32 values, outgrow the FP8 expert's 128x128 blocks) */
+    const size_t hw = wexp[0] > wexp[1] ? wexp[0] : wexp[1], hsb = sexp[0] > sexp[1] ? sexp[0] : sexp[1];
+    uint8_t *h = bench_alloc(hw), *hs = bench_alloc(hsb);
+    bench_fill_random_u8(h, hw, 11);
+    for (size_t i = 0; i < hw; i++)
         if ((h[i] & 0x7F) == 0x7F) h[i] ^= 1; /* no E4M3 NaN */
-    for (size_t i = 0; i < sexp[1]; i++) hs[i] = (uint8_t)(118 + i % 7);
+    for (size_t i = 0; i < hsb; i++) hs[i] = (uint8_t)(118 + i % 7);
     m->w = bench_device_alloc(c, wall), m->s = bench_device_alloc(c, sall);
     size_t wo = 0, so = 0;
     for (int e = 0; e < MOE_POOL + MOE_CALLS; e++) {
