@@ -22,6 +22,7 @@
 #ifndef DSV4_ENGINE_H
 #define DSV4_ENGINE_H
 
+#include "comm.h"
 #include "core.h"
 #include "model.h"
 
@@ -45,6 +46,15 @@ typedef struct dsv4_engine_options {
      * a line about every GB and a last one with the time and the GB/s reached; NULL: silent. */
     void (*progress)(void *user, const char *line);
     void *progress_user;
+    /* Sharding (docs/engine.md §9): NULL or a group of size 1: the whole model here. Else this
+     * engine is shard dsv4_comm_rank(comm) of dsv4_comm_size(comm) engines over the same checkpoint,
+     * each driven by its own thread (or process) with the same calls in the same order: a shard
+     * runs its contiguous range of routed experts (rank r: [r·E/N, (r+1)·E/N)), the last one the
+     * shared expert too, and its slice of the vocabulary rows of the head; attention, routing and
+     * everything else run replicated. The MoE sums are all-reduced in fp32, the logits all-gathered,
+     * so every shard returns the same logits and tokens. A CPU backend only (the collectives read
+     * host memory); 1 <= N <= min(n_routed_experts, vocab). */
+    dsv4_comm *comm;
 } dsv4_engine_options;
 
 /* Open the checkpoint in `model_dir` (dsv4_model_open) and plan every buffer. ctx NULL = default. */
