@@ -170,6 +170,7 @@ static void test_moe_partial(dsv4_ctx *ctx, const char *name)
             } while (dup);
             ids[t * MK + s] = e;
             w[t * MK + s] = 0.2f + (float)(test_rand_u64() % 100) / 100.0f;
+            w[t * MK + s] = ldexpf(w[t * MK + s], -11 * s); /* terms 2^-11 apart: fp32 rounds most sums */
         }
     size_t bytes = 0;
     CHECK_STATUS(dsv4_moe_workspace_size(ctx, MT, MK, ME, &f[0], &f[ME], &bytes), DSV4_OK);
@@ -182,29 +183,37 @@ static void test_moe_partial(dsv4_ctx *ctx, const char *name)
     for (int i = 0; i < MT * MD; i++) part[i] = NAN;
     CHECK_STATUS(dsv4_moe_partial(ctx, &tx, &ti, &tw, f, ME, 0, ME, &f[ME], 10.0f, &tp, ws, bytes), DSV4_OK);
     int full = 1;
+    static float whole[MT * MD];
+    memcpy(whole, part, sizeof part);
     for (int i = 0; i < MT * MD; i++) full &= dsv4_bf16_from_f32(part[i]) == y[i];
     CHECK(full, "%s: moe_partial over every expert is not moe's sum", name);
-    /* the ranges of N shards */
+    /* the ranges of N shards, the shared expert with the last */
     for (int N = 2; N <= 4; N++) {
         int ranges = 1, close = 1;
-        for (int i = 0; i < MT * MD; i++) acc[i] = NAN;
         for (int r = 0; r < N; r++) {
             const int lo = r * ME / N, n = (r + 1) * ME / N - lo;
+            const dsv4_ffn_weights *sh = r == N - 1 ? &f[ME] : NULL;
             for (int i = 0; i < MT * MD; i++) part[i] = NAN;
-            CHECK_STATUS(dsv4_moe_partial(ctx, &tx, &ti, &tw, f + lo, ME, lo, n, NULL, 10.0f, &tp, ws, bytes), DSV4_OK);
+            CHECK_STATUS(dsv4_moe_partial(ctx, &tx, &ti, &tw, f + lo, ME, lo, n, sh, 10.0f, &tp, ws, bytes), DSV4_OK);
             for (int i = 0; i < MT * MK; i++) wz[i] = ids[i] >= lo && ids[i] < lo + n ? w[i] : 0.0f;
-            CHECK_STATUS(dsv4_moe(ctx, &tx, &ti, &twz, f, ME, NULL, 10.0f, &tyz, ws, bytes), DSV4_OK);
+            CHECK_STATUS(dsv4_moe(ctx, &tx, &ti, &twz, f, ME, sh, 10.0f, &tyz, ws, bytes), DSV4_OK);
             for (int i = 0; i < MT * MD; i++) ranges &= dsv4_bf16_from_f32(part[i]) == yz[i];
-            for (int i = 0; i < MT * MD; i++) acc[i] = r ? acc[i] + part[i] : part[i];
+            for (int i = 0; i < MT * MD; i++) {
+                acc[i] = r ? acc[i] + part[i] : part[i]; /* the loopback's order */
+            }
         }
-        /* the shared expert alone (a range of the last shard with it, minus that range) */
-        const int lo = (N - 1) * ME / N, n = ME - lo;
-        static float sh[MT * MD];
-        dsv4_tensor ts = view(sh, DSV4_F32, MT, MD);
-        CHECK_STATUS(dsv4_moe_partial(ctx, &tx, &ti, &tw, f + lo, ME, lo, n, &f[ME], 10.0f, &ts, ws, bytes), DSV4_OK);
-        CHECK_STATUS(dsv4_moe_partial(ctx, &tx, &ti, &tw, f + lo, ME, lo, n, NULL, 10.0f, &tp, ws, bytes), DSV4_OK);
-        for (int i = 0; i < MT * MD; i++) acc[i] += sh[i] - part[i];
-        for (int i = 0; i < MT * MD; i++) close &= bf16_step(dsv4_bf16_from_f32(acc[i]), y[i]);
+        /* the fp32 sums of the two orders differ by rounding (the terms of a token span 2^-22: many
+         * sums are inexact), a few ulps of the terms; rounded to BF16 they are one step apart at most
+         * (barring a cancellation of 2^16, which random terms do not show) */
+        int differ = 0, differ16 = 0;
+        for (int i = 0; i < MT * MD; i++) {
+            close &= bf16_step(dsv4_bf16_from_f32(acc[i]), y[i]);
+            differ16 += dsv4_bf16_from_f32(acc[i]) != y[i];
+            differ += acc[i] != whole[i];
+        }
+        printf("%s: moe over %d shards: %d of %d fp32 sums differ from the unsharded order's (%d after the BF16 "
+               "rounding)\n", name, N, differ, MT * MD, differ16);
+        CHECK(differ > 0, "%s: %d shards: no sum order shows (the test lost its inexact sums)", name, N);
         CHECK(ranges, "%s: %d shards: a range's sum is not moe's with the other slots' weights 0", name, N);
         CHECK(close, "%s: %d shards: the sum of the ranges is more than one BF16 step from moe's", name, N);
     }
@@ -222,14 +231,19 @@ static void test_moe_partial(dsv4_ctx *ctx, const char *name)
 /* ---- the sharded engine --------------------------------------------------------------------- */
 enum { PROMPT = 24, STEPS = 16, LEN = PROMPT + STEPS, MAXN = 3 };
 
-/* The bounds. A shard adds its experts' outputs (BF16 rows) in fp32 and the sums of the shards are
- * added in rank order, where the unsharded MoE adds all of them in one run: a few fp32 ulps of the
- * sum, so the MoE output rounds to the neighbouring BF16 value now and then (2^-8 relative), and
- * downstream an FP8 code or a routing / indexer near-tie may flip. That is the cpu-vs-cpu-ref
- * difference of tests/c/test_engine.c (other fp32 sum orders), smaller, and bounded the same way.
- * Measured (tiny model and hf-tiny-a, N = 2 and 3, DSV4_TEST_SEED 1-10, docs/engine.md §9):
- * see the numbers there. Bounds: relative L2 per position <= 0.1, median <= 0.02, position 0
- * <= 0.01, |logit difference| <= GREEDY_DELTA / 2. */
+/* The bounds. A shard adds its experts' outputs (BF16 values) in fp32 and the shards' sums are
+ * added in rank order, where the unsharded MoE adds them all in one run. A sum of a few BF16 values
+ * is exact in fp32 unless their exponents lie far apart (8 significant bits each, 24 in the sum), and
+ * then the two orders agree bit for bit; otherwise they differ by an fp32 ulp of the sum, and the
+ * MoE output can round to the neighbouring BF16 value (2^-8 relative), after which an FP8 code or a
+ * routing / indexer near-tie downstream may flip, as between the cpu backend and cpu-ref
+ * (tests/c/test_engine.c: every op's sum order differs there; median <= 0.0053, worst position
+ * 0.042, position 0 <= 1.3e-4, |difference| <= 0.27 measured).
+ * Measured here (tiny model on cpu and cpu-ref, hf-tiny-a on cpu, N = 2 and 3, DSV4_TEST_SEED 1-10
+ * and others): every logit equal bit for bit. Bounds: the cpu-vs-ref measurements, rounded up:
+ * median <= 0.005, every position <= 0.1 (a near-tie flipped: one branch moved), position 0 <= 0.01,
+ * |logit difference| <= GREEDY_DELTA / 2. A shard that skips its last expert gives a median of
+ * 0.034-0.040 on the tiny model and 0.21-0.26 on hf-tiny-a (caught). */
 #define GREEDY_DELTA 1.0f
 
 static char tiny_dir[64];
@@ -396,16 +410,19 @@ static void test_sharded(const char *dir, const char *what, int64_t V, const cha
             } else {
                 double med, worst, first, maxabs;
                 compare_rows(s->logits, ref.logits, LEN, V, &med, &worst, &first, &maxabs);
-                printf("%s %s, %d shards: logits rel L2 median %.2e, worst %.2e, position 0 %.2e, |diff| <= %.3f\n",
-                       what, backend, N, med, worst, first, maxabs);
-                CHECK(med <= 0.02 && worst <= 0.1 && first <= 0.01 && maxabs <= GREEDY_DELTA / 2,
+                int equal = 0;
+                for (int p = 0; p < LEN; p++) equal += !memcmp(s->logits + p * V, ref.logits + p * V, (size_t)V * 4);
+                printf("%s %s, %d shards: logits rel L2 median %.2e, worst %.2e, position 0 %.2e, |diff| <= %.3f; "
+                       "%d of %d positions equal bit for bit\n",
+                       what, backend, N, med, worst, first, maxabs, equal, LEN);
+                CHECK(med <= 0.005 && worst <= 0.1 && first <= 0.01 && maxabs <= GREEDY_DELTA / 2,
                       "%s %s, %d shards: logits median %.3g, worst %.3g, position 0 %.3g, |diff| %.3g", what, backend, N,
                       med, worst, first, maxabs);
                 if (ref.has_mtp) {
                     compare_rows(s->mtp, ref.mtp, PROMPT - 1, V, &med, &worst, &first, &maxabs);
                     printf("%s %s, %d shards: MTP logits rel L2 median %.2e, worst %.2e, |diff| <= %.3f\n", what,
                            backend, N, med, worst, maxabs);
-                    CHECK(med <= 0.02 && worst <= 0.1 && maxabs <= GREEDY_DELTA / 2,
+                    CHECK(med <= 0.005 && worst <= 0.1 && maxabs <= GREEDY_DELTA / 2,
                           "%s %s, %d shards: MTP logits median %.3g, worst %.3g, |diff| %.3g", what, backend, N, med,
                           worst, maxabs);
                 }
