@@ -53,7 +53,8 @@ typedef struct dsv4_engine_options {
      * shared expert too, and its slice of the vocabulary rows of the head; attention, routing and
      * everything else run replicated. The MoE sums are all-reduced in fp32, the logits all-gathered,
      * so every shard returns the same logits and tokens. A CPU backend only (the collectives read
-     * host memory); 1 <= N <= min(n_routed_experts, vocab). */
+     * host memory); 1 <= N <= min(n_routed_experts, vocab). The engine does not own comm: it must outlive
+     * the engine. */
     dsv4_comm *comm;
 } dsv4_engine_options;
 

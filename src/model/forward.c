@@ -548,8 +548,10 @@ static dsv4_status blocks(fwd *f)
     dsv4_engine *e = f->e;
     const int64_t nl = e->cfg->n_layers;
     TRY(shard_status(e, eng_wrap(first_hc_pre(f, &e->layers[0].hc_attn), "block", 0)));
-    for (int64_t l = 0; l < nl; l++)
-        TRY(shard_status(e, eng_wrap(block(f, &e->layers[l], l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL), "block", (int)l)));
+    for (int64_t l = 0; l < nl; l++) {
+        const dsv4_hc_site *next = l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL;
+        TRY(shard_status(e, eng_wrap(block(f, &e->layers[l], next), "block", (int)l)));
+    }
     return DSV4_OK;
 }
 
