@@ -17,7 +17,7 @@ _P = ctypes.c_void_p
 class EngineOptions(ctypes.Structure):
     _fields_ = [("max_context", ctypes.c_int64), ("max_seqs", ctypes.c_int), ("max_batch", ctypes.c_int),
                 ("max_mtp", ctypes.c_int), ("logits_rows", ctypes.c_int), ("load", ctypes.c_int),
-                ("progress", _P), ("progress_user", _P), ("comm", _P)]
+                ("progress", _P), ("progress_user", _P)]
 
 
 @c_struct("dsv4_engine_memory")

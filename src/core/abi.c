@@ -32,7 +32,7 @@
     X(dsv4_tensor_entry, name, canonical, file, st_dtype, dtype, ndim, shape, nbytes, file_offset, data)            \
     X(dsv4_model_issue_info, kind, name, message)                                                                   \
     X(dsv4_model_open_options, allow_issues, load)                                                                      \
-    X(dsv4_engine_options, max_context, max_seqs, max_batch, max_mtp, logits_rows, load, progress, progress_user, comm) \
+    X(dsv4_engine_options, max_context, max_seqs, max_batch, max_mtp, logits_rows, load, progress, progress_user) \
     X(dsv4_engine_memory, weights_mapped, weights_converted, kv_cache, state, scratch, planned, kv_used,           \
       weights_device)                                                                                             \
     X(dsv4_sampling, temperature, top_p, seed)                                                                      \

@@ -659,11 +659,11 @@ static dsv4_status resolve_options(dsv4_engine *e, const dsv4_engine_options *o)
  * (the router's ids stay global; a range keeps the sum of a shard a run of the unsharded order,
  * and the weights a shard reads one run of the checkpoint's expert tensors) and a slice of the
  * vocabulary rows of the head, ceil(V/N) wide (the all-gather moves equal parts). */
-static dsv4_status shard_setup(dsv4_engine *e)
+static dsv4_status shard_setup(dsv4_engine *e, dsv4_comm *comm)
 {
     const int64_t E = e->cfg->n_routed_experts, V = e->cfg->vocab_size;
-    const int N = e->opt.comm ? dsv4_comm_size(e->opt.comm) : 1, r = e->opt.comm ? dsv4_comm_rank(e->opt.comm) : 0;
-    e->comm = N > 1 ? e->opt.comm : NULL;
+    const int N = comm ? dsv4_comm_size(comm) : 1, r = comm ? dsv4_comm_rank(comm) : 0;
+    e->comm = N > 1 ? comm : NULL;
     e->rank = r;
     e->n_ranks = N;
     e->e_lo = 0;
@@ -771,14 +771,14 @@ static void upload_progress(void *user, const eng_dev_progress *p)
     e->opt.progress(e->opt.progress_user, line);
 }
 
-static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
+static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options, dsv4_comm *comm)
 {
     e->cfg = dsv4_model_get_config(e->model);
     e->w = e->dw = dsv4_model_get_weights(e->model);
     DSV4_TRY(host_context(e));
     const dsv4_model_config *c = e->cfg;
     DSV4_TRY(resolve_options(e, options));
-    DSV4_TRY(shard_setup(e));
+    DSV4_TRY(shard_setup(e, comm));
     e->n_blocks = (int)c->n_layers + (e->opt.max_mtp ? 1 : 0);
     DSV4_TRY(check_config(e));
     e->D = c->dim;
@@ -865,13 +865,19 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
 
 dsv4_status dsv4_engine_create(dsv4_ctx *ctx, const char *model_dir, const dsv4_engine_options *options, dsv4_engine **out)
 {
+    return dsv4_engine_create_sharded(ctx, model_dir, options, NULL, out);
+}
+
+dsv4_status dsv4_engine_create_sharded(dsv4_ctx *ctx, const char *model_dir, const dsv4_engine_options *options,
+                                       dsv4_comm *comm, dsv4_engine **out)
+{
     DSV4_CHECK_ARG(model_dir && out, "engine_create: null argument");
     dsv4_engine *e = calloc(1, sizeof *e);
     if (!e) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
     e->ctx = ctx;
     const dsv4_model_open_options mo = {0, options ? options->load : DSV4_LOAD_MAP};
     dsv4_status st = dsv4_model_open(model_dir, &mo, &e->model);
-    if (st == DSV4_OK) st = setup(e, options);
+    if (st == DSV4_OK) st = setup(e, options, comm);
     if (st != DSV4_OK) {
         dsv4_engine_destroy(e);
         return st;

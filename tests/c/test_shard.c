@@ -203,11 +203,14 @@ static void test_moe_partial(dsv4_ctx *ctx, const char *name)
             }
         }
         /* the fp32 sums of the two orders differ by rounding (the terms of a token span 2^-22: many
-         * sums are inexact), a few ulps of the terms; rounded to BF16 they are one step apart at most
-         * (barring a cancellation of 2^16, which random terms do not show) */
+         * sums are inexact), a few fp32 ulps of the terms: rounded to BF16 one step apart at most,
+         * or where terms cancel, a few ulps of the token's largest output apart */
         int differ = 0, differ16 = 0;
         for (int i = 0; i < MT * MD; i++) {
-            close &= bf16_step(dsv4_bf16_from_f32(acc[i]), y[i]);
+            float big = 0.0f;
+            for (int d = 0; d < MD; d++) big = fmaxf(big, fabsf(whole[i / MD * MD + d]));
+            const float a16 = dsv4_bf16_to_f32(dsv4_bf16_from_f32(acc[i])), y16 = dsv4_bf16_to_f32(y[i]);
+            close &= bf16_step(dsv4_bf16_from_f32(acc[i]), y[i]) || fabsf(a16 - y16) <= 0x1p-20f * big;
             differ16 += dsv4_bf16_from_f32(acc[i]) != y[i];
             differ += acc[i] != whole[i];
         }
@@ -215,7 +218,7 @@ static void test_moe_partial(dsv4_ctx *ctx, const char *name)
                "rounding)\n", name, N, differ, MT * MD, differ16);
         CHECK(differ > 0, "%s: %d shards: no sum order shows (the test lost its inexact sums)", name, N);
         CHECK(ranges, "%s: %d shards: a range's sum is not moe's with the other slots' weights 0", name, N);
-        CHECK(close, "%s: %d shards: the sum of the ranges is more than one BF16 step from moe's", name, N);
+        CHECK(close, "%s: %d shards: the sum of the ranges is further from moe's than its rounding allows", name, N);
     }
     /* arguments */
     memcpy(acc, part, sizeof part);
@@ -282,10 +285,10 @@ static void *run_engine(void *v)
     dsv4_ctx *ctx = NULL;
     dsv4_engine *e = NULL;
     dsv4_ctx_options co = {.backend = r->backend, .threads = 1};
-    dsv4_engine_options eo = {64, 1, 32, 1, 0, DSV4_LOAD_MAP, NULL, NULL, r->comm};
+    dsv4_engine_options eo = {64, 1, 32, 1, 0, DSV4_LOAD_MAP, NULL, NULL};
     int seq = -1;
     r->st = dsv4_ctx_create(&co, &ctx);
-    if (r->st == DSV4_OK) r->st = dsv4_engine_create(ctx, r->dir, &eo, &e);
+    if (r->st == DSV4_OK) r->st = dsv4_engine_create_sharded(ctx, r->dir, &eo, r->comm, &e);
     if (r->st == DSV4_OK) r->st = dsv4_engine_seq_create(e, &seq);
     if (r->st == DSV4_OK) {
         r->has_mtp = dsv4_engine_get_options(e).max_mtp > 0;
@@ -364,7 +367,7 @@ static void test_sharded(const char *dir, const char *what, int64_t V, const cha
         dsv4_ctx *ctx = NULL;
         dsv4_engine *e = NULL;
         dsv4_ctx_options co = {.backend = backend, .threads = 1};
-        dsv4_engine_options eo = {64, 1, 32, 1, 0, DSV4_LOAD_MAP, NULL, NULL, NULL};
+        dsv4_engine_options eo = {64, 1, 32, 1, 0, DSV4_LOAD_MAP, NULL, NULL};
         int seq = -1;
         CHECK_STATUS(dsv4_ctx_create(&co, &ctx), DSV4_OK);
         CHECK_STATUS(dsv4_engine_create(ctx, dir, &eo, &e), DSV4_OK);
@@ -456,7 +459,7 @@ static void test_refused(const char *dir)
     dsv4_ctx_options co = {.backend = "cpu", .threads = 1};
     CHECK_STATUS(dsv4_ctx_create(&co, &ctx), DSV4_OK);
     dsv4_engine *e = NULL;
-    dsv4_engine_options eo = {64, 1, 32, 0, 0, DSV4_LOAD_MAP, NULL, NULL, NULL};
+    dsv4_engine_options eo = {64, 1, 32, 0, 0, DSV4_LOAD_MAP, NULL, NULL};
     CHECK_STATUS(dsv4_engine_create(ctx, dir, &eo, &e), DSV4_OK);
     if (!e) return;
     const int n = (int)dsv4_engine_config(e)->n_routed_experts + 1;
@@ -464,14 +467,12 @@ static void test_refused(const char *dir)
     e = NULL;
     dsv4_comm **c = calloc((size_t)n, sizeof *c);
     CHECK_STATUS(dsv4_comm_loopback_create(n, c), DSV4_OK);
-    eo.comm = c[0];
-    CHECK_STATUS(dsv4_engine_create(ctx, dir, &eo, &e), DSV4_ERR_INVALID_ARG);
+    CHECK_STATUS(dsv4_engine_create_sharded(ctx, dir, &eo, c[0], &e), DSV4_ERR_INVALID_ARG);
     CHECK(!e && strstr(dsv4_last_error(), "shards"), "engine made for %d shards: %s", n, dsv4_last_error());
     setenv("DSV4_ENGINE_DEVICE_PATH", "1", 1);
     dsv4_comm *two[2];
     CHECK_STATUS(dsv4_comm_loopback_create(2, two), DSV4_OK);
-    eo.comm = two[0];
-    CHECK_STATUS(dsv4_engine_create(ctx, dir, &eo, &e), DSV4_ERR_UNSUPPORTED);
+    CHECK_STATUS(dsv4_engine_create_sharded(ctx, dir, &eo, two[0], &e), DSV4_ERR_UNSUPPORTED);
     unsetenv("DSV4_ENGINE_DEVICE_PATH");
     for (int r = 0; r < 2; r++) dsv4_comm_destroy(two[r]);
     for (int r = 0; r < n; r++) dsv4_comm_destroy(c[r]);
