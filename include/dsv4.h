@@ -9,6 +9,7 @@
 #define DSV4_H
 
 #include "dsv4/attention.h"
+#include "dsv4/comm.h"
 #include "dsv4/core.h"
 #include "dsv4/device.h"
 #include "dsv4/engine.h"

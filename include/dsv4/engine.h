@@ -22,6 +22,7 @@
 #ifndef DSV4_ENGINE_H
 #define DSV4_ENGINE_H
 
+#include "comm.h"
 #include "core.h"
 #include "model.h"
 
@@ -50,6 +51,17 @@ typedef struct dsv4_engine_options {
 /* Open the checkpoint in `model_dir` (dsv4_model_open) and plan every buffer. ctx NULL = default. */
 DSV4_API dsv4_status dsv4_engine_create(dsv4_ctx *ctx, const char *model_dir, const dsv4_engine_options *options,
                                         dsv4_engine **out);
+/* One shard of a sharded engine (docs/engine.md §9); comm NULL or a group of size 1: the whole model,
+ * as dsv4_engine_create. Else this engine is shard dsv4_comm_rank(comm) of dsv4_comm_size(comm)
+ * engines over the same checkpoint and options, each driven by its own thread (or process) with the
+ * same calls in the same order: a shard runs its contiguous range of routed experts (rank r:
+ * [r·E/N, (r+1)·E/N)), the last one the shared expert too, and its slice of the vocabulary rows of
+ * the head; attention, routing and everything else run replicated. The MoE sums are all-reduced in
+ * fp32 and the logits all-gathered, so every shard returns the same logits and tokens. A CPU backend
+ * only (the collectives read host memory); 1 <= N <= min(n_routed_experts, vocab). The engine does
+ * not own comm: it must outlive the engine. */
+DSV4_API dsv4_status dsv4_engine_create_sharded(dsv4_ctx *ctx, const char *model_dir, const dsv4_engine_options *options,
+                                                dsv4_comm *comm, dsv4_engine **out);
 DSV4_API void dsv4_engine_destroy(dsv4_engine *e);
 DSV4_API const dsv4_model_config *dsv4_engine_config(const dsv4_engine *e);
 /* The options in effect (defaults resolved, max_mtp 0 when the checkpoint has no MTP block). */

@@ -125,6 +125,22 @@ DSV4_API dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_te
                               const dsv4_ffn_weights *shared, float swiglu_limit, dsv4_tensor *y, void *workspace,
                               size_t workspace_bytes);
 
+/* The MoE block of one shard (docs/engine.md §9): the experts with ids e_lo .. e_lo + e_n - 1 only
+ * (experts[e - e_lo] is expert e; the others are not read), the shared expert when given, and no
+ * rounding:
+ *   y[t] = Σ over the token's slots whose id is in the range, in ascending (expert, slot), of
+ *          expert_{ids[t,s]}(x[t], weights[t,s]), + shared(x[t]) last             (fp32)
+ * i.e. dsv4_moe's sum before its rounding, restricted to those experts: with e_lo = 0 and
+ * e_n = n_experts, bf16(y) is dsv4_moe's y bit for bit; and bf16(y) of a range equals dsv4_moe's y
+ * with the weights of the other slots set to 0 (no shared expert). Every id is checked against
+ * [0, n_experts) as dsv4_moe checks it. 0 <= e_lo, 1 <= e_n, e_lo + e_n <= n_experts; y: F32
+ * [T, D]; the work space is dsv4_moe_workspace_size's for (T, topk, n_experts, experts, shared).
+ * A backend without it (a device backend today) returns DSV4_ERR_UNSUPPORTED. */
+DSV4_API dsv4_status dsv4_moe_partial(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids,
+                                      const dsv4_tensor *weights, const dsv4_ffn_weights *experts, int n_experts,
+                                      int e_lo, int e_n, const dsv4_ffn_weights *shared, float swiglu_limit,
+                                      dsv4_tensor *y, void *workspace, size_t workspace_bytes);
+
 #ifdef __cplusplus
 }
 #endif

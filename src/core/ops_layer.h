@@ -134,6 +134,14 @@ typedef struct dsv4_moe_args {
     uint16_t *sg, *su, *sout;    /* shared expert: [T, Is], [T, Is], [T, D] (NULL: no shared) */
     void *lin;                   /* the linear products' work space */
     size_t lin_bytes;            /* >= the linear family's workspace_size of R (and T) rows, k = D, I, Is */
+    /* The experts run: ids e_lo .. e_lo + e_n - 1, expert e at experts[e - e_lo]; pairs of other
+     * ids (still checked against [0, E)) contribute nothing. yf: NULL, or F32 [T, D] (row stride
+     * ldyf) that takes the sums unrounded, in the same order, instead of y (dsv4_moe_partial).
+     * The `moe` entry is only called with e_lo = 0, e_n = E and yf NULL (dsv4_moe); a backend
+     * that implements the general case sets `moe_partial` too. */
+    int e_lo, e_n;
+    float *yf;
+    int64_t ldyf;
 } dsv4_moe_args;
 
 struct dsv4_layer_ops {
@@ -145,6 +153,7 @@ struct dsv4_layer_ops {
     dsv4_status (*route)(const dsv4_exec *ex, const dsv4_route_args *a);
     dsv4_status (*swiglu)(const dsv4_exec *ex, const dsv4_swiglu_args *a);
     dsv4_status (*moe)(const dsv4_exec *ex, const dsv4_moe_args *a);
+    dsv4_status (*moe_partial)(const dsv4_exec *ex, const dsv4_moe_args *a); /* NULL: DSV4_ERR_UNSUPPORTED */
 };
 
 #endif

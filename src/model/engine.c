@@ -578,6 +578,11 @@ static dsv4_status layout(dsv4_engine *e, arena *A)
     const int64_t draft_rows = T < (int64_t)S * e->opt.max_mtp ? T : (int64_t)S * e->opt.max_mtp;
     const int64_t logits_rows = e->opt.logits_rows > step_rows ? e->opt.logits_rows : step_rows;
     x->logits = take(&A[A_HOST], (uint64_t)(logits_rows * V) * 4);
+    if (e->comm) { /* the MoE sums and the head's slices of a shard (forward.c) */
+        x->moe_sum = take(s, (uint64_t)(T * D) * 4);
+        x->head_part_rows = logits_rows;
+        x->head_parts = take(s, (uint64_t)(e->n_ranks * logits_rows * e->v_slice) * 4);
+    }
     x->qlogits = take(&A[A_HOST], (uint64_t)(draft_rows * V) * 4);
     x->dlogits_rows = e->on_device ? logits_rows : 0;
     x->dlogits = e->on_device ? take(s, (uint64_t)(logits_rows * V) * 4) : NULL;
@@ -647,6 +652,36 @@ static dsv4_status resolve_options(dsv4_engine *e, const dsv4_engine_options *o)
         dsv4_warn("engine: max_context %lld exceeds the model's max_position_embeddings %lld: positions past it are "
                   "beyond what the model was trained for", (long long)r.max_context, (long long)c->max_position_embeddings);
     e->opt = r;
+    return DSV4_OK;
+}
+
+/* The shard's part of the model (docs/engine.md §9): a contiguous range of the routed experts
+ * (the router's ids stay global; a range keeps the sum of a shard a run of the unsharded order,
+ * and the weights a shard reads one run of the checkpoint's expert tensors) and a slice of the
+ * vocabulary rows of the head, ceil(V/N) wide (the all-gather moves equal parts). */
+static dsv4_status shard_setup(dsv4_engine *e, dsv4_comm *comm)
+{
+    const int64_t E = e->cfg->n_routed_experts, V = e->cfg->vocab_size;
+    const int N = comm ? dsv4_comm_size(comm) : 1, r = comm ? dsv4_comm_rank(comm) : 0;
+    e->comm = N > 1 ? comm : NULL;
+    e->rank = r;
+    e->n_ranks = N;
+    e->e_lo = 0;
+    e->e_n = (int)E;
+    e->v_lo = 0;
+    e->v_n = e->v_slice = V;
+    if (N == 1) return DSV4_OK;
+    if (e->on_device)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "engine: a sharded engine runs on a CPU backend (its collectives read "
+                                               "host memory)");
+    if (N > E || N > V)
+        return dsv4_fail(DSV4_ERR_INVALID_ARG, "engine: %d shards for %lld routed experts and a vocabulary of %lld", N,
+                         (long long)E, (long long)V);
+    e->e_lo = (int)(r * E / N);
+    e->e_n = (int)((r + 1) * E / N) - e->e_lo;
+    e->v_slice = (V + N - 1) / N;
+    e->v_lo = r * e->v_slice < V ? r * e->v_slice : V;
+    e->v_n = (e->v_lo + e->v_slice < V ? e->v_lo + e->v_slice : V) - e->v_lo;
     return DSV4_OK;
 }
 
@@ -736,13 +771,14 @@ static void upload_progress(void *user, const eng_dev_progress *p)
     e->opt.progress(e->opt.progress_user, line);
 }
 
-static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
+static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options, dsv4_comm *comm)
 {
     e->cfg = dsv4_model_get_config(e->model);
     e->w = e->dw = dsv4_model_get_weights(e->model);
     DSV4_TRY(host_context(e));
     const dsv4_model_config *c = e->cfg;
     DSV4_TRY(resolve_options(e, options));
+    DSV4_TRY(shard_setup(e, comm));
     e->n_blocks = (int)c->n_layers + (e->opt.max_mtp ? 1 : 0);
     DSV4_TRY(check_config(e));
     e->D = c->dim;
@@ -829,13 +865,19 @@ static dsv4_status setup(dsv4_engine *e, const dsv4_engine_options *options)
 
 dsv4_status dsv4_engine_create(dsv4_ctx *ctx, const char *model_dir, const dsv4_engine_options *options, dsv4_engine **out)
 {
+    return dsv4_engine_create_sharded(ctx, model_dir, options, NULL, out);
+}
+
+dsv4_status dsv4_engine_create_sharded(dsv4_ctx *ctx, const char *model_dir, const dsv4_engine_options *options,
+                                       dsv4_comm *comm, dsv4_engine **out)
+{
     DSV4_CHECK_ARG(model_dir && out, "engine_create: null argument");
     dsv4_engine *e = calloc(1, sizeof *e);
     if (!e) return dsv4_fail(DSV4_ERR_NO_MEMORY, "engine: out of memory");
     e->ctx = ctx;
     const dsv4_model_open_options mo = {0, options ? options->load : DSV4_LOAD_MAP};
     dsv4_status st = dsv4_model_open(model_dir, &mo, &e->model);
-    if (st == DSV4_OK) st = setup(e, options);
+    if (st == DSV4_OK) st = setup(e, options, comm);
     if (st != DSV4_OK) {
         dsv4_engine_destroy(e);
         return st;

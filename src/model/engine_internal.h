@@ -140,6 +140,9 @@ typedef struct eng_scratch {
     int32_t *order;             /* [vocab] right after it (dsv4_sample_workspace_size of a row) */
     void *ws;                   /* one workspace for every op */
     size_t ws_bytes;
+    float *moe_sum;             /* sharded: [T, D] F32, this shard's MoE sums, then every shard's (§9) */
+    float *head_parts;          /* sharded: [n_ranks, head_part_rows, v_slice] F32, the head's slices */
+    int64_t head_part_rows;
 } eng_scratch;
 
 /* The shaped decode step's modes (forward.c; DSV4_CUDA_GRAPH) and its recorded graphs: one per
@@ -183,6 +186,11 @@ struct dsv4_engine {
     eng_graph graphs[ENG_GRAPHS];
     int graph_next;              /* the place the next recorded graph takes */
     int host_pinned;             /* mem[A_HOST] is the device's pinned staging memory */
+    /* sharding (docs/engine.md §9): comm NULL when this engine holds the whole model */
+    dsv4_comm *comm;
+    int rank, n_ranks;
+    int e_lo, e_n;               /* the routed experts this shard runs: e_lo .. e_lo + e_n - 1 */
+    int64_t v_lo, v_n, v_slice;  /* its head rows v_lo .. v_lo + v_n - 1; every slice is v_slice wide */
     void *mem[5];                /* converted, kv, state, scratch (the context's memory); host bookkeeping */
     uint64_t mem_bytes[5];
     uint64_t weights_mapped;

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "dsv4/device.h"
 #include "dsv4/tensor_ops.h"
+#include "formats/codec.h"
 
 #include <math.h>
 #include <string.h>
@@ -42,6 +43,14 @@ typedef struct fwd {
                           built, seg holds no positions and every launch is a function of the
                           segments' count and sequences */
 } fwd;
+
+/* A shard that fails aborts its group (dsv4_comm_abort): the other shards then fail in their next
+ * collective instead of waiting for this one. */
+static dsv4_status shard_status(const dsv4_engine *e, dsv4_status st)
+{
+    if (st != DSV4_OK && e->comm) dsv4_comm_abort(e->comm);
+    return st;
+}
 
 /* ---- op wrappers ---------------------------------------------------------------------------- */
 static dsv4_status linear(const dsv4_engine *e, const dsv4_linear_weight *w, const dsv4_tensor *x, dsv4_tensor *y)
@@ -412,8 +421,19 @@ static dsv4_status moe(fwd *f, const eng_layer *L)
     TRY(dsv4_route(e->ctx, &x, &w->gate_weight, L->hash || !L->gate_bias.data ? NULL : &L->gate_bias,
                    L->hash ? &w->tid2eid : NULL, L->hash ? &f->tok : NULL, (float)c->route_scale, &ids, &rw));
     float limit = c->swiglu_limit > 0 ? (float)c->swiglu_limit : INFINITY;
-    return dsv4_moe(e->ctx, &x, &ids, &rw, L->experts, (int)c->n_routed_experts, L->has_shared ? &L->shared : NULL, limit,
-                    &y, e->s.ws, e->s.ws_bytes);
+    if (!e->comm)
+        return dsv4_moe(e->ctx, &x, &ids, &rw, L->experts, (int)c->n_routed_experts, L->has_shared ? &L->shared : NULL,
+                        limit, &y, e->s.ws, e->s.ws_bytes);
+    /* a shard (docs/engine.md §9): its experts' sum (the last shard adds the shared expert), the
+     * sums of all shards added in rank order, then the one rounding dsv4_moe does (RNE, in host
+     * memory: a sharded engine runs on a CPU backend) */
+    const int last = e->rank == e->n_ranks - 1;
+    dsv4_tensor acc = eng_v2(e, s->moe_sum, DSV4_F32, T, e->D);
+    TRY(dsv4_moe_partial(e->ctx, &x, &ids, &rw, L->experts + e->e_lo, (int)c->n_routed_experts, e->e_lo, e->e_n,
+                         L->has_shared && last ? &L->shared : NULL, limit, &acc, e->s.ws, e->s.ws_bytes));
+    TRY(dsv4_comm_all_reduce_f32(e->comm, s->moe_sum, T * e->D));
+    for (int64_t i = 0; i < T * e->D; i++) s->a[i] = dsv4_bf16_from_f32(s->moe_sum[i]);
+    return DSV4_OK;
 }
 
 /* ---- a block (§3) --------------------------------------------------------------------------
@@ -476,6 +496,28 @@ static dsv4_status first_hc_pre(fwd *f, const dsv4_hc_site *site)
     return dsv4_hc_pre(f->e->ctx, site, &X, &xin, &post, &comb);
 }
 
+/* The head of a shard (docs/engine.md §9), n <= s.head_part_rows: its vocabulary rows into its part
+ * [n, v_slice] of s.head_parts, the parts all-gathered, then every part's columns into out [n, V]. */
+static dsv4_status shard_head(dsv4_engine *e, const dsv4_tensor *y, int64_t n, float *out)
+{
+    const int64_t V = e->V, vs = e->v_slice;
+    float *parts = e->s.head_parts;
+    if (e->v_n) {
+        const dsv4_tensor *w = &e->dw->head;
+        dsv4_tensor rows = *w;
+        rows.data = (char *)w->data + (size_t)(e->v_lo * w->stride[0]) * dsv4_dtype_size(w->dtype);
+        rows.shape[0] = e->v_n;
+        dsv4_tensor lg = rows_view(e, parts + e->rank * n * vs, DSV4_F32, n, e->v_n, vs);
+        TRY(linear_t(e, &rows, y, &lg));
+    }
+    TRY(dsv4_comm_all_gather(e->comm, parts, (size_t)(n * vs) * 4));
+    for (int r = 0; r < e->n_ranks; r++) {
+        const int64_t lo = r * vs < V ? r * vs : V, w = (lo + vs < V ? lo + vs : V) - lo;
+        for (int64_t i = 0; i < n && w; i++) memcpy(out + i * V + lo, parts + (r * n + i) * vs, (size_t)w * 4);
+    }
+    return DSV4_OK;
+}
+
 /* The head of the streams X [n, hc, D] (L: as eng_logits) into out [n, V] in the context's memory. */
 static dsv4_status head(dsv4_engine *e, const eng_layer *L, const uint16_t *X, int64_t n, float *out)
 {
@@ -483,7 +525,7 @@ static dsv4_status head(dsv4_engine *e, const eng_layer *L, const uint16_t *X, i
     dsv4_tensor lg = eng_v2(e, out, DSV4_F32, n, e->V);
     TRY(dsv4_hc_head(e->ctx, L ? &L->hc_head : &e->hc_head, &Xv, &y));
     TRY(rmsnorm(e, &y, L ? &L->w->norm : &e->dw->norm, &y));
-    return linear_t(e, &e->dw->head, &y, &lg);
+    return e->comm ? shard_head(e, &y, n, out) : linear_t(e, &e->dw->head, &y, &lg);
 }
 
 /* ---- the shaped decode step (docs/engine.md §2.2) ---------------------------------------------
@@ -505,9 +547,11 @@ static dsv4_status blocks(fwd *f)
 {
     dsv4_engine *e = f->e;
     const int64_t nl = e->cfg->n_layers;
-    TRY(eng_wrap(first_hc_pre(f, &e->layers[0].hc_attn), "block", 0));
-    for (int64_t l = 0; l < nl; l++)
-        TRY(eng_wrap(block(f, &e->layers[l], l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL), "block", (int)l));
+    TRY(shard_status(e, eng_wrap(first_hc_pre(f, &e->layers[0].hc_attn), "block", 0)));
+    for (int64_t l = 0; l < nl; l++) {
+        const dsv4_hc_site *next = l + 1 < nl ? &e->layers[l + 1].hc_attn : NULL;
+        TRY(shard_status(e, eng_wrap(block(f, &e->layers[l], next), "block", (int)l)));
+    }
     return DSV4_OK;
 }
 
@@ -620,14 +664,14 @@ dsv4_status eng_main_forward(dsv4_engine *e, const eng_seg *segs, int n_seg, con
  * logits NULL (a device, n <= dlogits_rows): they stay there, for the sampling on the device. */
 dsv4_status eng_logits(dsv4_engine *e, const eng_layer *L, const uint16_t *X, int64_t n, float *logits)
 {
-    const int64_t D = e->D, V = e->V, piece = e->on_device ? e->s.dlogits_rows : n;
+    const int64_t D = e->D, V = e->V, piece = e->on_device ? e->s.dlogits_rows : e->comm ? e->s.head_part_rows : n;
     if (!logits && (!e->on_device || n > piece))
         return dsv4_fail(DSV4_ERR_CAPACITY, "engine: %lld logits rows kept on the device (room for %lld)", (long long)n,
                          (long long)piece);
     for (int64_t r0 = 0; r0 < n; r0 += piece) {
         const int64_t m = n - r0 < piece ? n - r0 : piece;
         float *out = e->on_device ? e->s.dlogits : logits + r0 * V;
-        TRY(head(e, L, X + r0 * e->hc * D, m, out));
+        TRY(shard_status(e, head(e, L, X + r0 * e->hc * D, m, out)));
         if (e->on_device && logits) TRY(dsv4_device_download(e->ctx, logits + r0 * V, out, (size_t)(m * V) * 4));
     }
     return DSV4_OK;
@@ -672,7 +716,7 @@ dsv4_status eng_mtp_rows(dsv4_engine *e, const eng_seg *segs, int n_seg, const i
     dsv4_tensor X = eng_v3(e, s->X, DSV4_BF16, T, hc, D);
     TRY(dsv4_add_bf16(e->ctx, &X, &ep, &X));
     TRY(first_hc_pre(&f, &L->hc_attn));
-    return eng_wrap(block(&f, L, NULL), "MTP block", 0);
+    return shard_status(e, eng_wrap(block(&f, L, NULL), "MTP block", 0));
 }
 
 /* ---- rollback after rejected drafts ---------------------------------------------------------- */

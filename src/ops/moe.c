@@ -214,14 +214,20 @@ static dsv4_status check_experts(const char *op, const dsv4_ffn_weights *experts
     return DSV4_OK;
 }
 
-dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids, const dsv4_tensor *weights,
-                     const dsv4_ffn_weights *experts, int n_experts, const dsv4_ffn_weights *shared, float swiglu_limit,
-                     dsv4_tensor *y, void *workspace, size_t workspace_bytes)
+/* dsv4_moe (yf NULL: y BF16, every expert) and dsv4_moe_partial (y F32, experts e_lo .. e_lo+e_n-1
+ * at experts[0 ..]): the same checks, the backend entry of each. */
+static dsv4_status moe_call(dsv4_ctx *ctx, const char *name, const dsv4_tensor *x, const dsv4_tensor *ids,
+                            const dsv4_tensor *weights, const dsv4_ffn_weights *experts, int n_experts, int e_lo,
+                            int e_n, const dsv4_ffn_weights *shared, float swiglu_limit, dsv4_tensor *y, int partial,
+                            void *workspace, size_t workspace_bytes)
 {
-    DSV4_OP_BEGIN("moe", LAYER);
+    DSV4_OP_BEGIN(name, LAYER);
+    if (partial && (n_experts < 1 || e_lo < 0 || e_n < 1 || e_lo > n_experts - e_n))
+        return dsv4_fail(DSV4_ERR_RANGE, "%s: experts %d .. %d + %d - 1 are not a range of [0, %d)", op, e_lo, e_lo, e_n,
+                         n_experts);
     DSV4_TRY(dsv4_layer_arg(op, "x", x, DSV4_DT(DSV4_BF16), 2, NULL, b));
     int64_t T = x->shape[0], D = x->shape[1], I = 0, Is = 0;
-    DSV4_TRY(moe_shapes(op, n_experts, experts, shared, &D, &I, &Is));
+    DSV4_TRY(moe_shapes(op, partial ? e_n : n_experts, experts, shared, &D, &I, &Is));
     DSV4_TRY(dsv4_layer_arg(op, "ids", ids, DSV4_DT(DSV4_I32), 2, NULL, b));
     int64_t k = ids->shape[1];
     if (ids->shape[0] != T || k < 1 || k > DSV4_ROUTE_MAX_TOPK || T * k > INT32_MAX)
@@ -229,7 +235,7 @@ dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids
                          (long long)ids->shape[0], (long long)k, (long long)T, DSV4_ROUTE_MAX_TOPK);
     const int64_t wshape[2] = {T, k}, yshape[2] = {T, D};
     DSV4_TRY(dsv4_layer_arg(op, "weights", weights, DSV4_DT(DSV4_F32), 2, wshape, b));
-    DSV4_TRY(dsv4_layer_out(op, "y", y, DSV4_DT(DSV4_BF16), 2, yshape, b));
+    DSV4_TRY(dsv4_layer_out(op, "y", y, DSV4_DT(partial ? DSV4_F32 : DSV4_BF16), 2, yshape, b));
     DSV4_TRY(check_limit(op, swiglu_limit));
     const dsv4_layer_io outs[1] = {{y, "y", NULL}};
     const dsv4_layer_io ins[3] = {{x, "x", NULL}, {ids, "ids", NULL}, {weights, "weights", NULL}};
@@ -246,15 +252,16 @@ dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids
         dsv4_tensor_span(all[i], &lo, &hi);
         if (lo < whi && wlo < hi) return dsv4_fail(DSV4_ERR_INVALID_ARG, "%s: the work space overlaps an argument", op);
     }
-    DSV4_TRY(check_experts(op, experts, n_experts, D, I, b, wlo, whi));
+    DSV4_TRY(check_experts(op, experts, partial ? e_n : n_experts, D, I, b, wlo, whi));
     if (shared) DSV4_TRY(check_expert(op, "shared expert", shared, D, Is, b, wlo, whi));
-    DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe, op));
+    if (partial) DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe_partial, op));
+    else DSV4_TRY(DSV4_BACKEND_ENTRY_CHECK(b, layer, moe, op));
     if (!T) return DSV4_OK;
 
     char *base = (char *)(((uintptr_t)workspace + 63) & ~(uintptr_t)63);
     const dsv4_moe_args a = {
         .x = x->data, .ldx = x->stride[0], .ids = ids->data, .ldids = ids->stride[0],
-        .weights = weights->data, .ldweights = weights->stride[0], .y = y->data, .ldy = y->stride[0],
+        .weights = weights->data, .ldweights = weights->stride[0], .y = partial ? NULL : y->data, .ldy = y->stride[0],
         .T = T, .D = D, .I = I, .Is = Is, .k = (int)k, .E = n_experts, .experts = experts, .shared = shared,
         .limit = swiglu_limit,
         .offsets = (int32_t *)(base + p.offsets), .order = (int32_t *)(base + p.order), .pos = (int32_t *)(base + p.pos),
@@ -262,6 +269,25 @@ dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids
         .u = (uint16_t *)(base + p.u), .out = (uint16_t *)(base + p.out),
         .sg = shared ? (uint16_t *)(base + p.sg) : NULL, .su = shared ? (uint16_t *)(base + p.su) : NULL,
         .sout = shared ? (uint16_t *)(base + p.sout) : NULL, .lin = base + p.lin, .lin_bytes = p.lin_bytes,
+        .e_lo = partial ? e_lo : 0, .e_n = partial ? e_n : n_experts, .yf = partial ? y->data : NULL,
+        .ldyf = partial ? y->stride[0] : 0,
     };
-    return b->layer->moe(&ex, &a);
+    return partial ? b->layer->moe_partial(&ex, &a) : b->layer->moe(&ex, &a);
+}
+
+dsv4_status dsv4_moe(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids, const dsv4_tensor *weights,
+                     const dsv4_ffn_weights *experts, int n_experts, const dsv4_ffn_weights *shared, float swiglu_limit,
+                     dsv4_tensor *y, void *workspace, size_t workspace_bytes)
+{
+    return moe_call(ctx, "moe", x, ids, weights, experts, n_experts, 0, n_experts, shared, swiglu_limit, y, 0, workspace,
+                    workspace_bytes);
+}
+
+dsv4_status dsv4_moe_partial(dsv4_ctx *ctx, const dsv4_tensor *x, const dsv4_tensor *ids, const dsv4_tensor *weights,
+                             const dsv4_ffn_weights *experts, int n_experts, int e_lo, int e_n,
+                             const dsv4_ffn_weights *shared, float swiglu_limit, dsv4_tensor *y, void *workspace,
+                             size_t workspace_bytes)
+{
+    return moe_call(ctx, "moe_partial", x, ids, weights, experts, n_experts, e_lo, e_n, shared, swiglu_limit, y, 1,
+                    workspace, workspace_bytes);
 }

@@ -5,6 +5,7 @@
 #include "backends/cpu/cpu_linear.h"
 #include "core/error.h"
 #include "core/pool.h"
+#include "formats/codec.h"
 
 #include <math.h>
 #include <string.h>
@@ -310,10 +311,14 @@ static void gather_rows(void *v, int64_t lo, int64_t hi)
     for (int64_t i = lo; i < hi; i++) memcpy(a->xg + i * a->D, a->x + (a->order[i] / a->k) * a->ldx, (size_t)a->D * 2);
 }
 
+/* the sorted rows of the experts run (all R rows when they are all run) */
 static void moe_gather(const dsv4_exec *ex, const dsv4_moe_args *a)
 {
-    const int64_t n = a->T * a->k;
-    dsv4_par_for(ex, n, grain_for(n, n * a->D, ROW_PAR_MIN), gather_rows, (void *)a);
+    const int64_t r0 = a->offsets[a->e_lo], n = a->offsets[a->e_lo + a->e_n] - r0;
+    dsv4_moe_args b = *a;
+    b.order = a->order + r0;
+    b.xg = a->xg + r0 * a->D;
+    dsv4_par_for(ex, n, grain_for(n, n * a->D, ROW_PAR_MIN), gather_rows, &b);
 }
 
 static void combine_items(void *v, int64_t lo, int64_t hi)
@@ -335,8 +340,23 @@ static void combine_items(void *v, int64_t lo, int64_t hi)
             slot[q] = s;
         }
         const uint16_t *rows[DSV4_ROUTE_MAX_TOPK];
-        for (int s = 0; s < a->k; s++) rows[s] = a->out + (int64_t)a->pos[t * a->k + slot[s]] * a->D;
-        kn->sum_rows(rows, a->k, shared ? shared + t * a->D : NULL, a->y + t * a->ldy, d0, d1);
+        int n = 0;
+        for (int s = 0; s < a->k; s++)
+            if (ids[slot[s]] >= a->e_lo && ids[slot[s]] < a->e_lo + a->e_n)
+                rows[n++] = a->out + (int64_t)a->pos[t * a->k + slot[s]] * a->D;
+        const uint16_t *sh = shared ? shared + t * a->D : NULL;
+        if (!a->yf) {
+            kn->sum_rows(rows, n, sh, a->y + t * a->ldy, d0, d1);
+            continue;
+        }
+        /* unrounded (dsv4_moe_partial): the kernels' order, the same loop on every ISA */
+        float *yf = a->yf + t * a->ldyf;
+        for (int64_t d = d0; d < d1; d++) {
+            float v = 0.0f;
+            for (int r = 0; r < n; r++) v += dsv4_bf16_to_f32(rows[r][d]);
+            if (sh) v += dsv4_bf16_to_f32(sh[d]);
+            yf[d] = v;
+        }
     }
 }
 
@@ -387,10 +407,10 @@ static dsv4_status moe_with(const dsv4_cpu_layer_kernels *kn, const struct dsv4_
     DSV4_TRY(moe_group(a));
     moe_gather(ex, a);
     /* each expert: one product over all of its rows (one gather and one staging shared by w1 and w3) */
-    for (int e = 0; e < a->E; e++) {
+    for (int e = a->e_lo; e < a->e_lo + a->e_n; e++) {
         const int64_t r0 = a->offsets[e], n = a->offsets[e + 1] - r0;
         if (!n) continue;
-        DSV4_TRY(moe_ffn(kn, lin, ex, a, &a->experts[e], a->I, a->xg + r0 * a->D, a->D, n, a->wsorted + r0,
+        DSV4_TRY(moe_ffn(kn, lin, ex, a, &a->experts[e - a->e_lo], a->I, a->xg + r0 * a->D, a->D, n, a->wsorted + r0,
                          a->g + r0 * a->I, a->u + r0 * a->I, a->out + r0 * a->D));
     }
     if (a->shared) DSV4_TRY(moe_ffn(kn, lin, ex, a, a->shared, a->Is, a->x, a->ldx, a->T, NULL, a->sg, a->su, a->sout));
@@ -423,6 +443,7 @@ static dsv4_status moe_with(const dsv4_cpu_layer_kernels *kn, const struct dsv4_
         .route = prefix##_route,                                                                                 \
         .swiglu = prefix##_swiglu,                                                                               \
         .moe = prefix##_moe,                                                                                     \
+        .moe_partial = prefix##_moe,                                                                             \
     };
 
 DEFINE_LAYER_OPS(dsv4_cpu_ref, &dsv4_cpu_layer_kernels_scalar)
