@@ -157,12 +157,18 @@ static void moe_make(dsv4_ctx *c, moe_set *m)
         }
     m->routed_bytes = wexp[0] + sexp[0], m->shared_bytes = wexp[1] + sexp[1];
     const size_t wall = MOE_POOL * wexp[0] + MOE_CALLS * wexp[1], sall = MOE_POOL * sexp[0] + MOE_CALLS * sexp[1];
-    /* one host source for every matrix's upload: as large as the largest weight and scale of either
-     * kind (the FP4 experts' scales, one per 32 values, outgrow the FP8 expert's 128x128 blocks) */
-    const size_t hw = wexp[0] > wexp[1] ? wexp[0] : wexp[1], hsb = sexp[0] > sexp[1] ? sexp[0] : sexp[1];
-    uint8_t *h = bench_alloc(hw), *hs = bench_alloc(hsb);
-    bench_fill_random_u8(h, hw, 11);
-    for (size_t i = 0; i < hw; i++)
+    /* one host source for every upload: the largest matrix's weight bytes (the FP8 shared expert's)
+     * and the largest scale bytes (the FP4 experts' 32-blocks: far more than the FP8 128-blocks) */
+    size_t hb = 0, hsb = 0;
+    for (int kind = 0; kind < 2; kind++)
+        for (int j = 0; j < 2; j++) {
+            if (wb[kind][j] > hb) hb = wb[kind][j];
+            if (sbb[kind][j] > hsb) hsb = sbb[kind][j];
+        }
+    uint8_t *h = bench_alloc(hb), *hs = bench_alloc(hsb);
+    if (!h || !hs) die("host buffers");
+    bench_fill_random_u8(h, hb, 11);
+    for (size_t i = 0; i < hb; i++)
         if ((h[i] & 0x7F) == 0x7F) h[i] ^= 1; /* no E4M3 NaN */
     for (size_t i = 0; i < hsb; i++) hs[i] = (uint8_t)(118 + i % 7);
     m->w = bench_device_alloc(c, wall), m->s = bench_device_alloc(c, sall);
@@ -188,8 +194,9 @@ static void moe_make(dsv4_ctx *c, moe_set *m)
     free(h), free(hs);
 }
 
-/* Seconds per call of T tokens (T * MOE_TOPK distinct experts per call, see above). */
-static double moe_time(dsv4_ctx *c, moe_set *m, int T)
+/* Seconds per call of T tokens (T * MOE_TOPK distinct experts per call, see above); *hash: FNV-1a
+ * of the last call's y, so that two runs (say $DSV4_CUDA_MOE_FUSE 0 and 1) can be compared bit for bit. */
+static double moe_time(dsv4_ctx *c, moe_set *m, int T, uint64_t *hash)
 {
     const int calls = T == 1 ? MOE_CALLS : 2;
     int32_t ids[MOE_CALLS * 8 * MOE_TOPK];
@@ -222,6 +229,11 @@ static double moe_time(dsv4_ctx *c, moe_set *m, int T)
         if (pass && dsv4_device_graph_end(c, &g)) die("graph_end");
     }
     const double t = graph_seconds(c, g, calls);
+    if (dsv4_device_download(c, hx, y, (size_t)T * MOE_D * 2)) die("download");
+    uint64_t hv = 1469598103934665603ull;
+    for (size_t i = 0; i < (size_t)T * MOE_D; i++)
+        hv = (hv ^ hx[i]) * 1099511628211ull;
+    *hash = hv;
     dsv4_device_free(c, x), dsv4_device_free(c, y), dsv4_device_free(c, di), dsv4_device_free(c, dw);
     dsv4_device_free(c, work);
     free(hx), free(fx);
@@ -233,12 +245,15 @@ static void moe_rows(dsv4_ctx *c, double copy)
     moe_set *m = bench_alloc(sizeof *m);
     moe_make(c, m);
     static const int toks[2] = {1, 8};
+    uint64_t hash[2];
     for (int i = 0; i < 2; i++) {
         const int T = toks[i];
-        const double t = moe_time(c, m, T), bytes = (double)(T * MOE_TOPK * m->routed_bytes + m->shared_bytes);
+        const double t = moe_time(c, m, T, &hash[i]), bytes = (double)(T * MOE_TOPK * m->routed_bytes + m->shared_bytes);
         printf("%-26s %-8s %4d %10.2f %9.0f %7.1f%% %9s\n", T == 1 ? "moe 6 of 256 + shared" : "moe 48 of 256 + shared",
                "fp4+fp8", T, t * 1e6, bytes / t * 1e-9, 100.0 * bytes / t * 1e-9 / copy, "-");
     }
+    printf("moe y (FNV-1a of the last call's BF16 output): 1 token %016llx, 8 tokens %016llx\n",
+           (unsigned long long)hash[0], (unsigned long long)hash[1]);
     dsv4_device_free(c, m->w), dsv4_device_free(c, m->s);
     free(m);
 }

@@ -48,6 +48,9 @@ dsv4_status dsv4_cu_moe_product(const dsv4_exec *ex, const dsv4_ffn_weights *exp
 struct dsv4_linear_args;
 dsv4_status dsv4_cu_linear_pair(const dsv4_exec *ex, const struct dsv4_linear_args *a, const dsv4_tensor *w3,
                                 const dsv4_tensor *s3, void *y3);
+/* The plain product a (quantized formats, groups 1, no bias) on the staging of its x that the
+ * launch before wrote into a->workspace (dsv4_cu_stage_*_launch; nothing checks it, linear_cuda.c). */
+dsv4_status dsv4_cu_linear_prestaged(const dsv4_exec *ex, const struct dsv4_linear_args *a);
 /* The MoE block (moe_cuda.c). */
 struct dsv4_moe_args;
 dsv4_status dsv4_cu_moe(const dsv4_exec *ex, const struct dsv4_moe_args *a);

@@ -54,6 +54,15 @@ DSV4_CU_HOST_DEVICE static inline long long dsv4_cu_stage_bytes(long long rows, 
 int dsv4_cu_stage_launch(const void *x, int x_bf16, long long xs_m, long long xs_g, long long m, long long groups,
                          long long k, int mx32, void *head, void *stream);
 
+/* The MoE's stagings fused with the kernel before them (linear_cuda.cu stage_kernel's sources):
+ * sorted row i of x [.., k] gathered from token order[i] / topk's row (order[i] < 0: a zero row),
+ * the rows moe_cuda.cu's gather would write; or row i of swiglu(g, u)·w[i] (w NULL: 1, clamp at
+ * limit), the rows layer_cuda.cu's swiglu kernel would write. Bit for bit the staging of those. */
+int dsv4_cu_stage_gather_launch(const uint16_t *x, long long ldx, const int32_t *order, int topk, long long R,
+                                long long k, int mx32, void *head, void *stream);
+int dsv4_cu_stage_swiglu_launch(const uint16_t *g, long long ldg, const uint16_t *u, long long ldu, const float *w,
+                                float limit, long long rows, long long n, int mx32, void *head, void *stream);
+
 typedef struct dsv4_cu_linear {
     int fmt; /* dsv4_linear_format */
     long long groups, m, n, k;

@@ -177,4 +177,22 @@ dsv4_status dsv4_cu_linear_pair(const dsv4_exec *ex, const dsv4_linear_args *a, 
     return dsv4_cu_status(e, op);
 }
 
+dsv4_status dsv4_cu_linear_prestaged(const dsv4_exec *ex, const dsv4_linear_args *a)
+{
+    const char *op = "linear";
+    if (!quantized(a->fmt) || a->groups != 1 || a->bias)
+        return dsv4_fail(DSV4_ERR_UNSUPPORTED, "%s: a prestaged product takes quantized weights, one group, no bias", op);
+    dsv4_cu_guard g;
+    DSV4_TRY(dsv4_cu_enter(ex, op, &g));
+    dsv4_cu_linear l = {
+        .fmt = (int)a->fmt, .groups = 1, .m = a->m, .n = a->n, .k = a->k,
+        .w = a->w, .ws_r_bytes = a->ws_r * (int64_t)elem_bytes(a->fmt),
+        .scale = a->scale, .ss0 = a->ss0, .ss1 = a->ss1, .y = a->y, .y_bf16 = a->y_bf16, .ys_m = a->ys_m,
+    };
+    use_staging(&l, head_of(a->workspace), a->m);
+    const int e = dsv4_cu_linear_launch(&l, dsv4_cu_stream(ex));
+    dsv4_cu_leave(&g);
+    return dsv4_cu_status(e, op);
+}
+
 const struct dsv4_linear_ops dsv4_cuda_linear_ops = {workspace_size, cu_linear, cu_stage};

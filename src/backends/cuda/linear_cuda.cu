@@ -65,9 +65,40 @@ extern "C" int dsv4_cu_linear_pdl(void) { return linear_pdl() ? 1 : 0; }
 /* ---- staging ----------------------------------------------------------------------------------- */
 /* One warp per (row, group): codec.h dsv4_quantize_group with the act128 or mx32 parameters, each
  * code then stored dequantized (e4m3(code)·scale, exact in BF16). */
+/* Where a staged row's values come from: plain rows of x (STAGE_PLAIN); the MoE's gathered rows,
+ * sorted row i being token order[i] / topk's row of x, a zero row where order[i] < 0 (STAGE_GATHER,
+ * the rows moe_cuda.cu's gather writes); or the MoE's SwiGLU rows, row i of x as g and of u
+ * times w[i] (w NULL: 1), rounded to BF16 (STAGE_SWIGLU, the values layer_cuda.cu's swiglu_kernel
+ * writes, the same operations in the same order). Each reads exactly the BF16 values the
+ * separate kernel would have stored, so the staging is bit for bit that of its output. */
+enum { STAGE_PLAIN = 0, STAGE_GATHER = 1, STAGE_SWIGLU = 2 };
+struct stage_src {
+    const int32_t *order; /* STAGE_GATHER */
+    int topk;
+    const uint16_t *u; /* STAGE_SWIGLU */
+    long long ldu;
+    const float *w;
+    float limit;
+};
+
+template <int SRC>
+DSV4_CU_INLINE float stage_value(const void *x, int x_bf16, long long off, long long mi, long long kk,
+                                 const stage_src &src)
+{
+    if (SRC == STAGE_SWIGLU) {
+        float gv = cu_bf16_f32(((const uint16_t *)x)[off + kk]), uv = cu_bf16_f32(src.u[mi * src.ldu + kk]);
+        gv = gv > src.limit ? src.limit : gv;
+        uv = uv > src.limit ? src.limit : uv < -src.limit ? -src.limit : uv;
+        const float s = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+        return cu_bf16_f32((uint16_t)cu_f32_bf16(__fmul_rn(s, src.w ? src.w[mi] : 1.0f)));
+    }
+    return x_bf16 ? cu_bf16_f32(((const uint16_t *)x)[off + kk]) : ((const float *)x)[off + kk];
+}
+
+template <int SRC>
 __global__ void __launch_bounds__(THREADS) stage_kernel(const void *x, int x_bf16, long long xs_m, long long xs_g,
                                                         long long m, long long groups, long long k, int mx32,
-                                                        dsv4_cu_stage_head *head)
+                                                        dsv4_cu_stage_head *head, const stage_src src)
 {
     const int G = mx32 ? 32 : 128, per = G / 32;
     const long long ngr = (k + G - 1) / G;
@@ -84,7 +115,13 @@ __global__ void __launch_bounds__(THREADS) stage_kernel(const void *x, int x_bf1
     if (wid >= m * groups * ngr) return;
     const long long row = wid / ngr, k0 = (wid % ngr) * G, len = k - k0 < G ? k - k0 : G;
     const long long mi = row / groups, gi = row % groups;
-    const long long off = mi * xs_m + gi * xs_g;
+    long long off = mi * xs_m + gi * xs_g;
+    bool zero = false;
+    if (SRC == STAGE_GATHER) {
+        const int pr = src.order[mi];
+        zero = pr < 0;
+        off = zero ? 0 : (long long)(pr / src.topk) * xs_m;
+    }
     float v[4];
     float amax = 0.0f;
 #pragma unroll
@@ -92,7 +129,7 @@ __global__ void __launch_bounds__(THREADS) stage_kernel(const void *x, int x_bf1
         v[i] = 0.0f;
         const long long kk = k0 + lane * per + i;
         if (i < per && lane * per + i < len) {
-            v[i] = x_bf16 ? cu_bf16_f32(((const uint16_t *)x)[off + kk]) : ((const float *)x)[off + kk];
+            v[i] = zero ? 0.0f : stage_value<SRC>(x, x_bf16, off, mi, kk, src);
             const float a = fabsf(v[i]);
             if (a > amax) amax = a; /* NaN is skipped, as codec.h dsv4_absmax does */
         }
@@ -136,8 +173,42 @@ extern "C" int dsv4_cu_stage_launch(const void *x, int x_bf16, long long xs_m, l
     const long long blocks = (warps + WARPS - 1) / WARPS;
     if (blocks == 0) return 0;
     if (blocks > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
-    return (int)cu_launch_dependent(stage_kernel, dim3((unsigned)blocks), THREADS, (cudaStream_t)stream, linear_pdl(), x,
-                                    x_bf16, xs_m, xs_g, m, groups, k, mx32, (dsv4_cu_stage_head *)head);
+    return (int)cu_launch_dependent(stage_kernel<STAGE_PLAIN>, dim3((unsigned)blocks), THREADS, (cudaStream_t)stream,
+                                    linear_pdl(), x, x_bf16, xs_m, xs_g, m, groups, k, mx32,
+                                    (dsv4_cu_stage_head *)head, stage_src{});
+}
+
+static long long stage_blocks(long long m, long long k, int mx32)
+{
+    const long long G = mx32 ? 32 : 128;
+    return (m * ((k + G - 1) / G) + WARPS - 1) / WARPS;
+}
+
+extern "C" int dsv4_cu_stage_gather_launch(const uint16_t *x, long long ldx, const int32_t *order, int topk,
+                                           long long R, long long k, int mx32, void *head, void *stream)
+{
+    const long long blocks = stage_blocks(R, k, mx32);
+    if (blocks == 0) return 0;
+    if (blocks > 0x7FFFFFFFll || topk < 1) return (int)cudaErrorInvalidConfiguration;
+    stage_src src{};
+    src.order = order, src.topk = topk;
+    return (int)cu_launch_dependent(stage_kernel<STAGE_GATHER>, dim3((unsigned)blocks), THREADS, (cudaStream_t)stream,
+                                    linear_pdl(), (const void *)x, 1, ldx, 0ll, R, 1ll, k, mx32,
+                                    (dsv4_cu_stage_head *)head, src);
+}
+
+extern "C" int dsv4_cu_stage_swiglu_launch(const uint16_t *g, long long ldg, const uint16_t *u, long long ldu,
+                                           const float *w, float limit, long long rows, long long n, int mx32,
+                                           void *head, void *stream)
+{
+    const long long blocks = stage_blocks(rows, n, mx32);
+    if (blocks == 0) return 0;
+    if (blocks > 0x7FFFFFFFll) return (int)cudaErrorInvalidConfiguration;
+    stage_src src{};
+    src.u = u, src.ldu = ldu, src.w = w, src.limit = limit;
+    return (int)cu_launch_dependent(stage_kernel<STAGE_SWIGLU>, dim3((unsigned)blocks), THREADS, (cudaStream_t)stream,
+                                    linear_pdl(), (const void *)g, 1, ldg, 0ll, rows, 1ll, n, mx32,
+                                    (dsv4_cu_stage_head *)head, src);
 }
 
 /* ---- the product --------------------------------------------------------------------------------- */

@@ -11,6 +11,8 @@
 #include "core/ops_layer.h"
 #include "core/ops_linear.h"
 
+#include <stdlib.h>
+
 /* y [m, n] (BF16) = x [m, k] (BF16, row stride ldx) times w (scale s) in fmt; with gate_up (the
  * shared expert, w = its w1) also su = x times its w3, on the same staging. */
 static dsv4_status shared_product(const dsv4_exec *ex, const dsv4_moe_args *a, dsv4_linear_format fmt,
@@ -27,6 +29,22 @@ static dsv4_status shared_product(const dsv4_exec *ex, const dsv4_moe_args *a, d
                    : dsv4_cuda_linear_ops.linear(ex, &la);
 }
 
+static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
+
+/* 1 (default): for quantized weights the gather and each SwiGLU run inside the staging that
+ * follows them (cuda_ops.h dsv4_cu_stage_gather_launch, _swiglu_launch), three launches fewer,
+ * the same bits; $DSV4_CUDA_MOE_FUSE = 0 keeps the separate kernels (the A/B of
+ * BENCHMARKS.md "Linear layers on the GPU"). Read once. */
+static int moe_fuse(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("DSV4_CUDA_MOE_FUSE");
+        on = v && *v ? atoi(v) != 0 : 1;
+    }
+    return on;
+}
+
 static dsv4_status moe_run(const dsv4_exec *ex, const dsv4_moe_args *a)
 {
     const char *op = "moe";
@@ -38,18 +56,40 @@ static dsv4_status moe_run(const dsv4_exec *ex, const dsv4_moe_args *a)
     DSV4_TRY(dsv4_cu_status(dsv4_cu_moe_group_launch(a->ids, a->ldids, a->weights, a->ldweights, a->T, a->k, a->E,
                                                      a->offsets, a->order, a->pos, a->wsorted, s),
                             op));
-    DSV4_TRY(dsv4_cu_status(dsv4_cu_moe_gather_launch(a->x, a->ldx, a->order, a->k, R, a->D, a->xg, s), op));
+    const dsv4_linear_format rf = a->experts[0].fmt;
+    const int fuse = moe_fuse() && quantized(rf), mx = rf == DSV4_LINEAR_MXFP8;
     /* every expert's rows at once: g = w1·xg and u = w3·xg in one launch, h = swiglu(g, u)·w, out = w2·h */
-    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 0, a->offsets, a->xg, R, a->D, a->g, a->u, a->I, a->lin, 1));
-    DSV4_TRY(dsv4_cu_status(
-        dsv4_cu_swiglu_launch(a->g, a->I, a->u, a->I, a->wsorted, a->g, a->I, R, a->I, a->limit, s), op));
-    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 2, a->offsets, a->g, R, a->I, a->out, NULL, a->D, a->lin, 1));
+    if (fuse)
+        DSV4_TRY(dsv4_cu_status(dsv4_cu_stage_gather_launch(a->x, a->ldx, a->order, a->k, R, a->D, mx, a->lin, s), op));
+    else
+        DSV4_TRY(dsv4_cu_status(dsv4_cu_moe_gather_launch(a->x, a->ldx, a->order, a->k, R, a->D, a->xg, s), op));
+    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 0, a->offsets, a->xg, R, a->D, a->g, a->u, a->I, a->lin, !fuse));
+    if (fuse)
+        DSV4_TRY(dsv4_cu_status(
+            dsv4_cu_stage_swiglu_launch(a->g, a->I, a->u, a->I, a->wsorted, a->limit, R, a->I, mx, a->lin, s), op));
+    else
+        DSV4_TRY(dsv4_cu_status(
+            dsv4_cu_swiglu_launch(a->g, a->I, a->u, a->I, a->wsorted, a->g, a->I, R, a->I, a->limit, s), op));
+    DSV4_TRY(dsv4_cu_moe_product(ex, a->experts, a->E, 2, a->offsets, a->g, R, a->I, a->out, NULL, a->D, a->lin, !fuse));
     if (a->shared) {
         const dsv4_ffn_weights *f = a->shared;
         DSV4_TRY(shared_product(ex, a, f->fmt, f->w1, f->w1_scale, a->x, a->ldx, a->D, a->sg, a->Is, f));
-        DSV4_TRY(dsv4_cu_status(
-            dsv4_cu_swiglu_launch(a->sg, a->Is, a->su, a->Is, NULL, a->sg, a->Is, a->T, a->Is, a->limit, s), op));
-        DSV4_TRY(shared_product(ex, a, f->fmt, f->w2, f->w2_scale, a->sg, a->Is, a->Is, a->sout, a->D, NULL));
+        if (moe_fuse() && quantized(f->fmt) && a->T) {
+            DSV4_TRY(dsv4_cu_status(dsv4_cu_stage_swiglu_launch(a->sg, a->Is, a->su, a->Is, NULL, a->limit, a->T, a->Is,
+                                                                f->fmt == DSV4_LINEAR_MXFP8, a->lin, s),
+                                    op));
+            const dsv4_linear_args la = {
+                .fmt = f->fmt, .groups = 1, .m = a->T, .n = a->D, .k = a->Is, .x = a->sg, .x_bf16 = 1,
+                .xs_m = a->Is, .w = f->w2->data, .ws_r = f->w2->stride[0], .scale = f->w2_scale->data,
+                .ss0 = f->w2_scale->stride[0], .ss1 = f->w2_scale->stride[1], .y = a->sout, .y_bf16 = 1,
+                .ys_m = a->D, .workspace = a->lin, .workspace_bytes = a->lin_bytes,
+            };
+            DSV4_TRY(dsv4_cu_linear_prestaged(ex, &la));
+        } else {
+            DSV4_TRY(dsv4_cu_status(
+                dsv4_cu_swiglu_launch(a->sg, a->Is, a->su, a->Is, NULL, a->sg, a->Is, a->T, a->Is, a->limit, s), op));
+            DSV4_TRY(shared_product(ex, a, f->fmt, f->w2, f->w2_scale, a->sg, a->Is, a->Is, a->sout, a->D, NULL));
+        }
     }
     return dsv4_cu_status(dsv4_cu_moe_combine_launch(a->ids, a->ldids, a->pos, a->k, a->E, a->out,
                                                      a->shared ? a->sout : NULL, a->T, a->D, a->y, a->ldy, s),
