@@ -318,16 +318,6 @@ static const struct {
     const char *backend, *isa;
 } compared[] = {{"cpu", "scalar"}, {"cpu", "avx2"}, {"cpu", "avx512"}, {"cuda", NULL}};
 
-static int argmax_row(const float *x, int64_t n, float *margin)
-{
-    int best = 0;
-    for (int64_t v = 1; v < n; v++) best = x[v] > x[best] ? (int)v : best;
-    float second = -INFINITY;
-    for (int64_t v = 0; v < n; v++) second = v != best && x[v] > second ? x[v] : second;
-    *margin = x[best] - second;
-    return best;
-}
-
 /* generate's logits rows, by position */
 typedef struct pos_rows {
     float *logits; /* [GREEDY_LEN, vocab] */
@@ -399,7 +389,7 @@ static void test_cpu_vs_ref(dsv4_ctx *cr, const int32_t *prompt, int64_t vocab)
             want = feed(er, ids, N, 32, vocab);
             memcpy(first, ids, sizeof ids);
             for (int i = 0; i < NG; i++) {
-                ref_top[i] = argmax_row(want.logits + (int64_t)(NP - 1 + i) * vocab, vocab, &margin[i]);
+                ref_top[i] = test_argmax(want.logits + (int64_t)(NP - 1 + i) * vocab, vocab, &margin[i]);
                 near_ties += margin[i] <= GREEDY_DELTA;
                 if (margin[i] <= GREEDY_DELTA && first_tie == NG) first_tie = i;
             }
@@ -426,7 +416,7 @@ static void test_cpu_vs_ref(dsv4_ctx *cr, const int32_t *prompt, int64_t vocab)
         int agree = 0;
         for (int i = 0; i < NG; i++) {
             float m;
-            int top = argmax_row(rows.logits + (int64_t)(NP - 1 + i) * vocab, vocab, &m);
+            int top = test_argmax(rows.logits + (int64_t)(NP - 1 + i) * vocab, vocab, &m);
             agree += top == ref_top[i];
             CHECK(margin[i] <= GREEDY_DELTA || top == ref_top[i], "cpu (%s) step %d: token %d, cpu-ref's %d by a margin of %g",
                   isa, i, top, ref_top[i], margin[i]);

@@ -15,18 +15,6 @@
 static char tmp_root[64];
 static char hf_tiny[1024]; /* shared/testdata/hf-tiny-a next to the checkout, or under $DSV4_SHARED */
 
-static int find_hf_tiny(void)
-{
-    const char *env = getenv("DSV4_SHARED"), *f = __FILE__, *slash = strrchr(f, '/');
-    if (env) snprintf(hf_tiny, sizeof hf_tiny, "%s/testdata/hf-tiny-a", env);
-    else if (slash) snprintf(hf_tiny, sizeof hf_tiny, "%.*s/../../../shared/testdata/hf-tiny-a", (int)(slash - f), f);
-    else snprintf(hf_tiny, sizeof hf_tiny, "../shared/testdata/hf-tiny-a");
-    struct stat sb;
-    if (stat(hf_tiny, &sb) == 0 && S_ISDIR(sb.st_mode)) return 1;
-    printf("skipped the hf-tiny-a checks: %s not found (set DSV4_SHARED)\n", hf_tiny);
-    return 0;
-}
-
 static void path_of(char *out, size_t cap, const char *fmt, ...)
 {
     va_list ap;
@@ -206,7 +194,7 @@ static void test_config_namings(void)
 static void test_config_hf_tiny(void)
 {
     dsv4_model_config c;
-    if (!find_hf_tiny()) return;
+    if (!test_find_hf_tiny(hf_tiny, sizeof hf_tiny)) return;
     CHECK_STATUS(dsv4_config_load(hf_tiny, &c), DSV4_OK);
     static const int kinds[5] = {DSV4_ATTN_SWA, DSV4_ATTN_HCA, DSV4_ATTN_CSA, DSV4_ATTN_HCA, DSV4_ATTN_CSA};
     static const int ratios[5] = {0, 8, 4, 8, 4};
@@ -764,7 +752,7 @@ static void test_hf_layout(void)
 {
     /* the Hugging Face checkpoint written by transformers */
     dsv4_model *m = NULL;
-    if (find_hf_tiny()) CHECK_STATUS(dsv4_model_open(hf_tiny, NULL, &m), DSV4_OK);
+    if (test_find_hf_tiny(hf_tiny, sizeof hf_tiny)) CHECK_STATUS(dsv4_model_open(hf_tiny, NULL, &m), DSV4_OK);
     if (m) {
         const dsv4_model_weights *w = dsv4_model_get_weights(m);
         CHECK(w->layout == DSV4_LAYOUT_HF && w->n_layers == 5 && w->n_mtp == 0 && w->expert_format == DSV4_WFMT_BF16,

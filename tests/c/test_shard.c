@@ -252,18 +252,6 @@ enum { PROMPT = 24, STEPS = 16, LEN = PROMPT + STEPS, MAXN = 3 };
 static char tiny_dir[64];
 static char hf_tiny[1024];
 
-static int find_hf_tiny(void)
-{
-    const char *env = getenv("DSV4_SHARED"), *f = __FILE__, *slash = strrchr(f, '/');
-    if (env) snprintf(hf_tiny, sizeof hf_tiny, "%s/testdata/hf-tiny-a", env);
-    else if (slash) snprintf(hf_tiny, sizeof hf_tiny, "%.*s/../../../shared/testdata/hf-tiny-a", (int)(slash - f), f);
-    else snprintf(hf_tiny, sizeof hf_tiny, "../shared/testdata/hf-tiny-a");
-    struct stat sb;
-    if (stat(hf_tiny, &sb) == 0 && S_ISDIR(sb.st_mode)) return 1;
-    printf("skipped the hf-tiny-a checks: %s not found (set DSV4_SHARED)\n", hf_tiny);
-    return 0;
-}
-
 /* One engine's run: the prompt in one call (logits of every position, MTP logits of every MTP
  * row), then STEPS decode steps fed the tokens of `feed` (teacher forcing: every run sees the same
  * positions), the logits of each; `greedy` receives the run's own argmax of each step's input row. */
@@ -304,16 +292,6 @@ static void *run_engine(void *v)
     dsv4_engine_destroy(e);
     dsv4_ctx_destroy(ctx);
     return NULL;
-}
-
-static int argmax_row(const float *x, int64_t n, float *margin)
-{
-    int best = 0;
-    for (int64_t v = 1; v < n; v++) best = x[v] > x[best] ? (int)v : best;
-    float second = -INFINITY;
-    for (int64_t v = 0; v < n; v++) second = v != best && x[v] > second ? x[v] : second;
-    *margin = x[best] - second;
-    return best;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -379,7 +357,7 @@ static void test_sharded(const char *dir, const char *what, int64_t V, const cha
                      DSV4_OK);
         for (int s = 0; s < STEPS; s++) {
             float m;
-            feed[s] = argmax_row(ref.logits + (PROMPT - 1 + s) * V, V, &m);
+            feed[s] = test_argmax(ref.logits + (PROMPT - 1 + s) * V, V, &m);
             CHECK_STATUS(dsv4_engine_forward(e, seq, &feed[s], 1, ref.logits + (PROMPT + s) * V, 1, NULL, 0), DSV4_OK);
         }
         dsv4_engine_destroy(e);
@@ -432,7 +410,7 @@ static void test_sharded(const char *dir, const char *what, int64_t V, const cha
                 int greedy = 1, clear = 0;
                 for (int p = PROMPT - 1; p < LEN; p++) {
                     float m, ms;
-                    const int want = argmax_row(ref.logits + p * V, V, &m), got = argmax_row(s->logits + p * V, V, &ms);
+                    const int want = test_argmax(ref.logits + p * V, V, &m), got = test_argmax(s->logits + p * V, V, &ms);
                     if (m > GREEDY_DELTA) {
                         clear++;
                         greedy &= want == got;
@@ -499,6 +477,6 @@ int main(void)
     test_sharded(tiny_dir, "tiny", 512, "cpu-ref");
     test_refused(tiny_dir);
     test_rm_dir(tiny_dir);
-    if (find_hf_tiny()) test_sharded(hf_tiny, "hf-tiny-a", 512, "cpu");
+    if (test_find_hf_tiny(hf_tiny, sizeof hf_tiny)) test_sharded(hf_tiny, "hf-tiny-a", 512, "cpu");
     TEST_DONE();
 }

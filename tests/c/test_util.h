@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,6 +157,31 @@ static inline void test_on_warning(void *user, const char *msg)
     (void)user;
     test_caught()->n++;
     snprintf(test_caught()->last, sizeof test_caught()->last, "%s", msg);
+}
+
+/* The shared test checkpoint hf-tiny-a: $DSV4_SHARED/testdata/hf-tiny-a, else shared/testdata next to
+ * the checkout. 1 with its path in `out` when it is a folder; else 0, having said what is skipped. */
+static inline int test_find_hf_tiny(char *out, size_t cap)
+{
+    const char *env = getenv("DSV4_SHARED"), *f = __FILE__, *slash = strrchr(f, '/');
+    if (env) snprintf(out, cap, "%s/testdata/hf-tiny-a", env);
+    else if (slash) snprintf(out, cap, "%.*s/../../../shared/testdata/hf-tiny-a", (int)(slash - f), f);
+    else snprintf(out, cap, "../shared/testdata/hf-tiny-a");
+    struct stat sb;
+    if (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode)) return 1;
+    printf("skipped the hf-tiny-a checks: %s not found (set DSV4_SHARED)\n", out);
+    return 0;
+}
+
+/* The index of the largest of x[0..n) (the first of equals) and its margin over the next largest. */
+static inline int test_argmax(const float *x, int64_t n, float *margin)
+{
+    int best = 0;
+    for (int64_t v = 1; v < n; v++) best = x[v] > x[best] ? (int)v : best;
+    float second = -INFINITY;
+    for (int64_t v = 0; v < n; v++) second = v != best && x[v] > second ? x[v] : second;
+    *margin = x[best] - second;
+    return best;
 }
 
 #endif
