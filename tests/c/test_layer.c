@@ -3,6 +3,7 @@
  * (status, message, outputs untouched). The float64 oracles are in tests/python/test_layer.py. */
 #include "dsv4.h"
 #include "formats/codec.h"
+#include "test_fp4_expert.h"
 #include "test_util.h"
 
 static dsv4_ctx *ref_ctx, *cpu1, *cpu2;
@@ -241,25 +242,7 @@ static void test_swiglu(void)
     CHECK(!memcmp(h, h2, sizeof h), "swiglu wrote its output on error");
 }
 
-enum { MT = 7, ME = 5, MK = 2, MD = 256, MI = 128 };
-
-typedef struct {
-    uint8_t w1[MI * MD / 2], s1[MI * MD / 32], w3[MI * MD / 2], s3[MI * MD / 32], w2[MD * MI / 2], s2[MD * MI / 32];
-    dsv4_tensor t[6];
-    dsv4_ffn_weights f;
-} fp4_expert;
-
-static void make_fp4_expert(fp4_expert *e)
-{
-    uint8_t *bufs[6] = {e->w1, e->s1, e->w3, e->s3, e->w2, e->s2};
-    const int64_t rows[6] = {MI, MI, MI, MI, MD, MD}, cols[6] = {MD / 2, MD / 32, MD / 2, MD / 32, MI / 2, MI / 32};
-    for (int m = 0; m < 6; m++) {
-        for (int64_t i = 0; i < rows[m] * cols[m]; i++)
-            bufs[m][i] = (uint8_t)(m % 2 ? 121 + test_rand_u64() % 4 : test_rand_u64() & 0xFF);
-        e->t[m] = view(bufs[m], m % 2 ? DSV4_E8M0 : DSV4_FP4X2, 2, rows[m], cols[m], 0);
-    }
-    e->f = (dsv4_ffn_weights){DSV4_LINEAR_FP4, &e->t[0], &e->t[1], &e->t[2], &e->t[3], &e->t[4], &e->t[5]};
-}
+enum { MT = 7, ME = 5, MK = 2, MD = TEST_FP4_MD, MI = TEST_FP4_MI };
 
 static void test_moe(void)
 {

@@ -11,6 +11,7 @@
  *     a group of 1 is the unsharded engine bit for bit; bad shard counts and a device path refused. */
 #include "dsv4.h"
 #include "formats/codec.h"
+#include "test_fp4_expert.h"
 #include "test_util.h"
 
 #include <pthread.h>
@@ -117,30 +118,13 @@ static void test_comm(void)
 }
 
 /* ---- dsv4_moe_partial -------------------------------------------------------------------------- */
-enum { MT = 9, ME = 7, MK = 3, MD = 256, MI = 128 };
+enum { MT = 9, ME = 7, MK = 3, MD = TEST_FP4_MD, MI = TEST_FP4_MI };
 
 static dsv4_tensor view(void *data, dsv4_dtype dt, int64_t a, int64_t b)
 {
     dsv4_tensor t;
     dsv4_tensor_init(&t, data, dt, 2, (const int64_t[]){a, b});
     return t;
-}
-
-typedef struct {
-    uint8_t w1[MI * MD / 2], s1[MI * MD / 32], w3[MI * MD / 2], s3[MI * MD / 32], w2[MD * MI / 2], s2[MD * MI / 32];
-    dsv4_tensor t[6];
-} fp4_expert;
-
-static dsv4_ffn_weights make_fp4_expert(fp4_expert *e)
-{
-    uint8_t *bufs[6] = {e->w1, e->s1, e->w3, e->s3, e->w2, e->s2};
-    const int64_t rows[6] = {MI, MI, MI, MI, MD, MD}, cols[6] = {MD / 2, MD / 32, MD / 2, MD / 32, MI / 2, MI / 32};
-    for (int m = 0; m < 6; m++) {
-        for (int64_t i = 0; i < rows[m] * cols[m]; i++)
-            bufs[m][i] = (uint8_t)(m % 2 ? 121 + test_rand_u64() % 4 : test_rand_u64() & 0xFF);
-        e->t[m] = view(bufs[m], m % 2 ? DSV4_E8M0 : DSV4_FP4X2, rows[m], cols[m]);
-    }
-    return (dsv4_ffn_weights){DSV4_LINEAR_FP4, &e->t[0], &e->t[1], &e->t[2], &e->t[3], &e->t[4], &e->t[5]};
 }
 
 /* a and b BF16 are equal or neighbours (one BF16 step apart, same sign) */
@@ -157,7 +141,10 @@ static void test_moe_partial(dsv4_ctx *ctx, const char *name)
     static uint16_t x[MT * MD], y[MT * MD], yz[MT * MD];
     static float part[MT * MD], acc[MT * MD], w[MT * MK], wz[MT * MK];
     static int32_t ids[MT * MK];
-    for (int e = 0; e <= ME; e++) f[e] = make_fp4_expert(&ex[e]); /* f[ME]: the shared expert */
+    for (int e = 0; e <= ME; e++) { /* f[ME]: the shared expert */
+        make_fp4_expert(&ex[e]);
+        f[e] = ex[e].f;
+    }
     for (int i = 0; i < MT * MD; i++) x[i] = dsv4_bf16_from_f32(3.0f * test_randn());
     for (int t = 0; t < MT; t++)
         for (int s = 0; s < MK; s++) { /* distinct experts, in any slot order */
