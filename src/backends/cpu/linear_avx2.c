@@ -293,27 +293,57 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
     }
 }
 
-/* BF16 / F32 weights, MT x NT: the x rows (BF16 or F32) read once per tile; per output one 8-lane
- * sum over K in order, as dot() does. */
-static inline __attribute__((always_inline)) void tile_plain(const dsv4_lin_tile *t,
-                                                              float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT,
-                                                              const int NT)
+/* BF16 / F32 weights, MT x NT: per output one 8-lane sum over K in order, as dot() does, the
+ * MT * NT sums in registers. Each step of 8 reads every x row and weight row of the tile once:
+ * the x rows (BF16 or F32) kept in registers while the weight rows stream past them, or, where
+ * the registers do not hold both (4 x 3), the weight rows kept and the x rows streamed. */
+INLINE void tile_plain(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT, const int NT)
 {
+    const int keep_x = MT * NT + MT + 1 <= 16;
     __m256 acc[DSV4_LIN_MT][DSV4_LIN_NT];
+#pragma GCC unroll 8
     for (int i = 0; i < MT; i++)
+#pragma GCC unroll 8
         for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t k = 0; k < t->k; k += 8) {
-        __m256 x[DSV4_LIN_MT];
-        for (int i = 0; i < MT; i++)
-            x[i] = t->x_bf16 ? bf16x8((const uint16_t *)t->act[i] + k) : _mm256_loadu_ps((const float *)t->act[i] + k);
-        for (int j = 0; j < NT; j++) {
-            const __m256 w = plain8(t->fmt, t->w[j], k);
-            for (int i = 0; i < MT; i++) acc[i][j] = _mm256_fmadd_ps(x[i], w, acc[i][j]);
+        __m256 x[DSV4_LIN_MT], w[DSV4_LIN_NT];
+        if (keep_x) {
+#pragma GCC unroll 8
+            for (int i = 0; i < MT; i++)
+                x[i] = t->x_bf16 ? bf16x8((const uint16_t *)t->act[i] + k) : _mm256_loadu_ps((const float *)t->act[i] + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NT; j++) {
+                const __m256 wj = plain8(t->fmt, t->w[j], k);
+#pragma GCC unroll 8
+                for (int i = 0; i < MT; i++) acc[i][j] = _mm256_fmadd_ps(x[i], wj, acc[i][j]);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int j = 0; j < NT; j++) w[j] = plain8(t->fmt, t->w[j], k);
+#pragma GCC unroll 8
+            for (int i = 0; i < MT; i++) {
+                const __m256 xi = t->x_bf16 ? bf16x8((const uint16_t *)t->act[i] + k)
+                                            : _mm256_loadu_ps((const float *)t->act[i] + k);
+#pragma GCC unroll 8
+                for (int j = 0; j < NT; j++) acc[i][j] = _mm256_fmadd_ps(xi, w[j], acc[i][j]);
+            }
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < MT; i++)
+#pragma GCC unroll 8
         for (int j = 0; j < NT; j++) out[i][j] = hsum(acc[i][j]);
 }
+
+/* The BF16 / F32 tile shapes, MT x NT (one function per weight format and x type). */
+#define PLAIN_SHAPES(X) X(1, 4) X(2, 6) X(3, 4) X(4, 3)
+
+#define DEFINE_PLAIN(MT, NT)                                                                                  \
+    static void plain_##MT##x##NT(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])                \
+    {                                                                                                         \
+        tile_plain(t, out, MT, NT);                                                                           \
+    }
+PLAIN_SHAPES(DEFINE_PLAIN)
 
 /* The tile shapes of the block-scaled formats, MT x NT. */
 #define SHAPES(X) X(1, 8) X(1, 4) X(2, 4) X(3, 2) X(4, 2)
@@ -332,12 +362,12 @@ SHAPES(DEFINE_TILES)
 /* Block-scaled formats: M = 1 one x eight weight rows (eight independent FMA chains; FP4, whose
  * decoding is the heavier part, one x four), M = 2 two x four, M = 3 three x two, then four x two:
  * the best of the shapes measured on the 2-core EPYC (BENCHMARKS.md, AVX2 path). BF16 / F32
- * weights: one x four, or two x two. */
+ * weights: one x four, two x six, three x four, then four x three (12 sums in registers). */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 {
     if (fmt > DSV4_LINEAR_FP4) {
-        *mt = m > 1 ? 2 : 1;
-        *nt = m > 1 ? 2 : 4;
+        *mt = m < 4 ? (int)m : 4;
+        *nt = m == 1 ? 4 : m == 2 ? 6 : m == 3 ? 4 : 3;
         return;
     }
     *mt = m < 4 ? (int)m : 4;
@@ -347,7 +377,12 @@ static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
 {
     if (t->fmt > DSV4_LINEAR_FP4) {
-        t->mt == 1 ? tile_plain(t, out, 1, 4) : tile_plain(t, out, 2, 2);
+        switch (t->mt) {
+        case 1: plain_1x4(t, out); break;
+        case 2: plain_2x6(t, out); break;
+        case 3: plain_3x4(t, out); break;
+        default: plain_4x3(t, out);
+        }
         return;
     }
     switch (t->mt * 10 + t->nt) {
