@@ -150,7 +150,13 @@ static void test_rows_independent(void)
             wcase_make(&c, (dsv4_linear_format)f, n, k, 0, 0);
             float *x = malloc(sizeof(float) * (size_t)(16 * k)), *y = malloc(sizeof(float) * (size_t)(16 * n));
             float *y1 = malloc(sizeof(float) * (size_t)n);
-            for (int64_t i = 0; i < 16 * k; i++) x[i] = test_randn() * (i % 7 == 0 ? 8.0f : 1.0f);
+            /* rows 1, 4, 7, ... of amplitude 2^12 and rows 3, 8, 13 of 2^-118: their act128 scales
+             * leave [2^-109, 1], so the AVX2 FP4 staging does not fold them (linear_avx2.c folded)
+             * and tiles mix both kinds of rows */
+            for (int64_t i = 0; i < 16 * k; i++) {
+                const int64_t r = i / k;
+                x[i] = test_randn() * (i % 7 == 0 ? 8.0f : 1.0f) * (r % 3 == 1 ? 0x1p12f : r % 5 == 3 ? 0x1p-118f : 1.0f);
+            }
             for (int mi = 0; mi < 5; mi++) {
                 const int64_t m = ms[mi];
                 for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
@@ -568,18 +574,23 @@ static int off_float64(const wcase *c, const float *x, int64_t m, const char *wh
     return all;
 }
 
-/* s_x * s_w = 2^127 (x group 0 of scale 1, weight scale byte 254): twice the scale overflows, so
- * the AVX2 FP8 / MXFP8 path doubles the block sum instead (linear_avx2.c pair_scales). One small
- * product per row in that block keeps y finite (2^117 and less). */
+/* s_x * s_w = 2^127 (x group 0 of scale 1, weight scale byte 254): twice the scale (2^7 times it
+ * for FP4) overflows, so the AVX2 path multiplies the block sum instead (linear_avx2.c
+ * pair_scales). One small product per row in that block keeps y finite (2^118 and less). */
 static void test_scale_overflow(void)
 {
     enum { N = 9, K = 256, M = 2 };
-    for (int f = 0; f < DSV4_LINEAR_FP4; f++) {
+    for (int f = 0; f <= DSV4_LINEAR_FP4; f++) {
+        const int fp4 = f == DSV4_LINEAR_FP4;
         wcase c;
         wcase_make(&c, (dsv4_linear_format)f, N, K, 0, 0);
         for (int64_t r = 0; r < N; r++) {
             memset(c.w + r * c.wld, 0, 32);
-            c.w[r * c.wld + 5 + r % 3] = (uint8_t)(0x01 + 8 * (r % 4)); /* 2^-9 up to 1.125 * 2^-4 */
+            const int q = 5 + (int)(r % 3);
+            if (fp4) /* +-0.5 */
+                c.w[r * c.wld + q / 2] = (uint8_t)((r % 4 == 0 ? 0x9 : 0x1) << (4 * (q & 1)));
+            else
+                c.w[r * c.wld + q] = (uint8_t)(0x01 + 8 * (r % 4)); /* 2^-9 up to 1.125 * 2^-4 */
         }
         for (int64_t r = 0; r < c.srows; r++) c.s[r * c.scols] = 254;
         wq_again(&c);
@@ -587,7 +598,8 @@ static void test_scale_overflow(void)
         for (int i = 0; i < M * K; i++) x[i] = i % K < 128 ? 0.0f : test_randn();
         for (int i = 0; i < M; i++) {
             x[i * K] = 400.0f; /* the group's scale: 1 */
-            for (int q = 5; q < 8; q++) x[i * K + q] = 0.5f + (float)(q + i);
+            for (int q = 5; q < 8; q++) /* FP4: E4M3 subnormals, up to 2^-7 */
+                x[i * K + q] = fp4 ? 0x1p-9f * (float)(q - 4 + i) : 0.5f + (float)(q + i);
         }
         off_float64(&c, x, M, "s_x * s_w = 2^127");
         wcase_free(&c);

@@ -1,8 +1,8 @@
 /* AVX2 linear kernels (no BF16 dot products): weights decoded to fp32 (exact), the staged
  * activations are F32 (exact; read by the FMAs straight from memory), fp32 FMAs; each 32- or
- * 128-element block sum is scaled by its scale with one FMA. FP8 and MXFP8: activation codes
- * times 2^119 and weight codes times 2^-120, the block sum scaled by 2 * s_x * s_w; FP4: x_q * s_x
- * and the E2M1 values, scaled by s_w (see stage_row). Tiles of MT activation
+ * 128-element block sum is scaled by its scale with one FMA: activation codes times 2^119, weight
+ * codes times 2^-120 (FP8, MXFP8) or E2M1 values times 2^-126 (FP4), the block sum scaled by
+ * 2 * s_x * s_w or 2^7 * s_x * s_w (see pair_scales). Tiles of MT activation
  * rows x NT weight rows (1 x 8 at M = 1, up to 4 x 2 for batches, see shape) decode each 32
  * weights of a row once for the MT rows; per output the operation sequence is fixed, so results
  * do not depend on the tiling, the other rows of the call or the thread count. */
@@ -39,29 +39,25 @@ static float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Weight decoding with in-lane moves only (vpshufb, 128-bit unpacks, shifts: two a cycle on the
- * cores measured, where lane-crossing ones, vpmovzx/sx, vextracti128, vpermps, take 1-1.5 cycles):
- * E4M3 codes straight into fp32 bit patterns (e4m3x32), E2M1 values into FP16 words, then F16C
- * (vcvtph2ps, exact; fp4x32). */
+/* Weight decoding with in-lane moves only (vpshufb, shifts, logic: two a cycle or more on the cores
+ * measured, where lane-crossing ones, vpmovzx/sx, vextracti128, vpermps, take 1-1.5 cycles, and
+ * vcvtph2ps 1): codes go straight into fp32 bit patterns, with no conversion. E4M3 codes
+ * (e4m3x32) and E2M1 ones (fp4x32) both land at a fixed power of two of their value. */
 typedef struct dec_consts {
-    __m128i nib, lut;
-    __m256i place[2], keep;
+    __m256i place[2], keep, keep4;
 } dec_consts;
 
 INLINE dec_consts dec_init(void)
 {
     dec_consts d;
-    d.nib = _mm_set1_epi8(0x0F);
-    /* codes 8e..8e+3 (128-bit lane 0) and 8e+4..8e+7 (lane 1) of 16 to the top bytes of the words */
+    /* bytes 8e..8e+3 (128-bit lane 0) and 8e+4..8e+7 (lane 1) of 16 to the top bytes of the words */
     for (int e = 0; e < 2; e++)
         d.place[e] = _mm256_setr_epi8(-1, -1, -1, (char)(8 * e), -1, -1, -1, (char)(8 * e + 1), -1, -1, -1,
                                       (char)(8 * e + 2), -1, -1, -1, (char)(8 * e + 3), -1, -1, -1, (char)(8 * e + 4),
                                       -1, -1, -1, (char)(8 * e + 5), -1, -1, -1, (char)(8 * e + 6), -1, -1, -1,
                                       (char)(8 * e + 7));
     d.keep = _mm256_set1_epi32((int)0x87F00000);
-    /* E2M1 nibble -> the high byte of its FP16 value (the low byte is zero for all of them) */
-    d.lut = _mm_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, (char)0x80, (char)0xB8, (char)0xBC,
-                          (char)0xBE, (char)0xC0, (char)0xC2, (char)0xC4, (char)0xC6);
+    d.keep4 = _mm256_set1_epi32((int)0x81C00000);
     return d;
 }
 
@@ -85,19 +81,25 @@ INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i 
     }
 }
 
-/* 16 packed bytes (32 E2M1 values) -> four vectors of 8 values: each nibble's FP16 high byte from a
- * 16-entry table (vpshufb), widened to words, the low nibbles (elements 0, 2, ..., 30) giving the
- * first two vectors and the high ones (1, 3, ..., 31) the last two: the order the FP4 staging
- * puts its activations in (fp4_pos), so no interleaving is needed. */
+/* 16 packed bytes (32 E2M1 values, element 2b in the low nibble of byte b, 2b + 1 in the high one)
+ * -> four vectors of 8 values times 2^-126, the even elements (low nibbles) giving the first two
+ * vectors and the odd ones the last two: the order the FP4 staging puts its activations in
+ * (fp4_pos), so no interleaving is needed. The bytes in both 128-bit lanes (vbroadcasti128), a
+ * vpshufb puts 8 of them in the top bytes of the 32-bit words; a high nibble (s e e m) is then in
+ * bits 28-31, a low one after a shift left by 4; an arithmetic shift right by 6 keeps the sign in
+ * bit 31 and puts e e in the low end of fp32's exponent field and m on top of its mantissa, and
+ * clearing the other bits leaves value * 2^-126 (the subnormal E2M1 0.5 on the fp32 subnormal
+ * 2^-127, exactly). 12 single-uop instructions per 32 weights, where the FP16 path (a table, 128-bit
+ * unpacks, F16C) took 17. */
 INLINE void fp4x32(const dec_consts *d, const uint8_t *p, __m256 v[4])
 {
-    const __m128i z = _mm_setzero_si128(), c = _mm_loadu_si128((const __m128i *)p);
-    const __m128i lo = _mm_shuffle_epi8(d->lut, _mm_and_si128(c, d->nib));                     /* even elements */
-    const __m128i hi = _mm_shuffle_epi8(d->lut, _mm_and_si128(_mm_srli_epi16(c, 4), d->nib)); /* odd elements */
-    v[0] = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, lo));
-    v[1] = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, lo));
-    v[2] = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, hi));
-    v[3] = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, hi));
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+#pragma GCC unroll 2
+    for (int e = 0; e < 2; e++) {
+        const __m256i w = _mm256_shuffle_epi8(b, d->place[e]);
+        v[e] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(w, 4), 6), d->keep4));
+        v[2 + e] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(w, 6), d->keep4));
+    }
 }
 
 /* Prefetch of the weight line at byte ob of each row (see PREFETCH_FAR); prefetches never fault. */
@@ -120,7 +122,7 @@ INLINE void prefetch_rows(const dsv4_lin_tile *t, const int NT, int64_t ob, int6
 static inline const float *row_scales(const float *row, int64_t k) { return row + (k + 127) / 128 * 128; }
 static inline uint8_t *row_codes(float *row, int64_t k) { return (uint8_t *)(row + (k + 127) / 128 * 128 + (k + 31) / 32); }
 
-#define ACT_UP 0x1p119f /* FP8 and MXFP8 staged values: code * 2^119 (448 * 2^119 < 2^128) */
+#define ACT_UP 0x1p119f /* staged values: code * 2^119 (448 * 2^119 < 2^128) */
 
 /* Weight scales of blocks [b0, b0 + nb) of the NT rows as fp32 (contiguous scale rows decoded
  * eight at a time, v256_e8m0_decode). */
@@ -135,39 +137,55 @@ INLINE void chunk_scales(const dsv4_lin_tile *t, const int NT, int64_t b0, int n
     }
 }
 
-/* FP8 and MXFP8 (one activation group per weight block): the scale of block b0 + b of output
- * (i, j), sc[i][j][b] = 2 * (s_x * s_w), the product rounded as the contract's (s_x * s_w), the 2
- * undoing the 2^119 * 2^-120 of the staged values: (sum * 2^-1) * (2 * s) is then sum * s. When a
- * product s_x * s_w of the chunk is 2^127 (2 * s would overflow) the scales stay s_x * s_w and
- * the block sums are doubled first (returns 1). */
-INLINE int pair_scales(const float *const *act, int64_t k, const int MT, const int NT, int64_t b0, int nb,
-                       const float sw[DSV4_LIN_NT][KC / 32], float sc[DSV4_LIN_MT][DSV4_LIN_NT][KC / 32])
+/* FP4 rows whose group scales all lie in [2^-109, 1] are staged with s_x folded into the values
+ * (x_q * s_x * 2^119, exact, and their products with the decoded E2M1 values stay normal:
+ * stage_values), marked by the sign bit of the row's first scale; the others as x_q * 2^119. */
+#define FOLD_MIN 0x1p-109f
+static inline int folded(const float *row, int64_t k) { return signbit(row_scales(row, k)[0]) != 0; }
+
+/* The scale of block b0 + b of output (i, j), sc[i][j][b] = up * (s_x * s_w), the product rounded
+ * as the contract's (s_x * s_w), up undoing the powers of two of the staged values and the decoded
+ * weights: FP8 and MXFP8 2 (2^119 * 2^-120; one activation group per weight block), FP4 2^7
+ * (2^119 * 2^-126; activation group b / 4 of 128; s_x = 1 for a folded row): (sum / up) * (up * s)
+ * is then sum * s, both scalings exact. shared (FP4 tiles of folded rows only): the scales of row
+ * 0 serve every row. When a product s_x * s_w of the chunk is 2^128 / up or more (up * s would
+ * overflow) the scales stay s_x * s_w and the block sums are multiplied by up first (returns 1). */
+INLINE int pair_scales(const float *const *act, int64_t k, const int MT, const int NT, const int fp4, int shared,
+                       int64_t b0, int nb, const float sw[DSV4_LIN_NT][KC / 32],
+                       float sc[DSV4_LIN_MT][DSV4_LIN_NT][KC / 32])
 {
-    const __m256 lim = _mm256_set1_ps(0x1p127f), two = _mm256_set1_ps(2.0f);
+    const float upf = fp4 ? 0x1p7f : 2.0f;
+    const __m256 lim = _mm256_set1_ps(fp4 ? 0x1p121f : 0x1p127f), up = _mm256_set1_ps(upf);
+    const int rows = shared ? 1 : MT;
     __m256 bigv = _mm256_setzero_ps();
     int big = 0;
-    for (int i = 0; i < MT; i++) {
-        const float *sx = row_scales(act[i], k) + b0;
+    for (int i = 0; i < rows; i++) {
+        const float *sx = row_scales(act[i], k);
+        const int one = fp4 && folded(act[i], k);
         for (int j = 0; j < NT; j++) {
             int b = 0;
             for (; b + 8 <= nb; b += 8) {
-                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(sx + b), _mm256_loadu_ps(sw[j] + b));
-                bigv = _mm256_or_ps(bigv, _mm256_cmp_ps(v, lim, _CMP_EQ_OQ));
+                const int64_t g = fp4 ? (b0 + b) / 4 : b0 + b; /* fp4: b0 and b are multiples of 8 */
+                const __m256 x = one   ? _mm256_set1_ps(1.0f)
+                                 : fp4 ? _mm256_set_m128(_mm_set1_ps(sx[g + 1]), _mm_set1_ps(sx[g]))
+                                       : _mm256_loadu_ps(sx + g);
+                const __m256 v = _mm256_mul_ps(x, _mm256_loadu_ps(sw[j] + b));
+                bigv = _mm256_or_ps(bigv, _mm256_cmp_ps(v, lim, _CMP_GE_OQ));
                 _mm256_storeu_ps(sc[i][j] + b, v);
             }
             for (; b < nb; b++) {
-                sc[i][j][b] = sx[b] * sw[j][b];
-                big |= sc[i][j][b] == 0x1p127f;
+                sc[i][j][b] = (one ? 1.0f : sx[fp4 ? (b0 + b) / 4 : b0 + b]) * sw[j][b];
+                big |= sc[i][j][b] >= (fp4 ? 0x1p121f : 0x1p127f);
             }
         }
     }
     big |= !_mm256_testz_ps(bigv, bigv);
     if (!big)
-        for (int i = 0; i < MT; i++)
+        for (int i = 0; i < rows; i++)
             for (int j = 0; j < NT; j++) {
                 int b = 0;
-                for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(sc[i][j] + b, _mm256_mul_ps(_mm256_loadu_ps(sc[i][j] + b), two));
-                for (; b < nb; b++) sc[i][j][b] *= 2.0f;
+                for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(sc[i][j] + b, _mm256_mul_ps(_mm256_loadu_ps(sc[i][j] + b), up));
+                for (; b < nb; b++) sc[i][j][b] *= upf;
             }
     return big;
 }
@@ -184,33 +202,43 @@ static int row_has_nan(const uint8_t *w, int64_t n)
 /* The block-scaled formats (FP8 128-blocks, MXFP8, FP4 32-blocks), MT activation rows x NT weight
  * rows: each 32 weights of a row are decoded once for the MT rows; per output, one 8-lane partial
  * sum per block over K in order (lane l: elements l, l + 8, l + 16, l + 24 of each 32; FP4: 2l,
- * 16 + 2l, 2l + 1, 17 + 2l, see fp4x32), scaled by the block's scale into
- * an 8-lane total, whatever the tile shape (FP8 and MXFP8 partial sums are taken at 2^-1
- * scale: see pair_scales). The totals live in memory (one load and store per block), the partial sums in
- * registers; a NaN code anywhere in a weight row makes its outputs NaN (one running maximum of
- * the code magnitudes for the whole tile, the rows looked at again only when it finds one). */
+ * 16 + 2l, 2l + 1, 17 + 2l, see fp4x32), taken at the scale 1 / up of pair_scales and scaled by
+ * the block's scale into an 8-lane total, whatever the tile shape. The partial sums live in
+ * registers, the totals too in tiles of up to 4 outputs (else in memory, one load and store per
+ * block: the same operations); a NaN code anywhere in a weight row makes its outputs NaN (one
+ * running maximum of the code magnitudes for the whole tile, the rows looked at again only when it
+ * finds one). */
 INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT, const int NT,
                         const dsv4_linear_format fmt)
 {
-    const int fp4 = fmt == DSV4_LINEAR_FP4;
+    const int fp4 = fmt == DSV4_LINEAR_FP4, regs = MT * NT <= 4;
     const int64_t wb = fmt == DSV4_LINEAR_FP8_B128 ? 128 : 32, k = t->k;
     const int64_t row_bytes = fp4 ? k / 2 : k, line = fp4 ? 128 : 64; /* elements per 64-byte line */
     const float *const *act = (const float *const *)t->act;
     const uint8_t *const *w = (const uint8_t *const *)t->w;
     const dec_consts dc = dec_init();
     float acc[DSV4_LIN_MT][DSV4_LIN_NT][8] __attribute__((aligned(32)));
+    __m256 racc[DSV4_LIN_MT][DSV4_LIN_NT]; /* the totals when regs */
 #pragma GCC unroll 8
     for (int i = 0; i < MT; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < NT; j++) _mm256_store_ps(acc[i][j], _mm256_setzero_ps());
-    float sw[DSV4_LIN_NT][KC / 32], sc[DSV4_LIN_MT][DSV4_LIN_NT][KC / 32]; /* sc: FP8 and MXFP8 */
+        for (int j = 0; j < NT; j++) {
+            if (regs)
+                racc[i][j] = _mm256_setzero_ps();
+            else
+                _mm256_store_ps(acc[i][j], _mm256_setzero_ps());
+        }
+    float sw[DSV4_LIN_NT][KC / 32], sc[DSV4_LIN_MT][DSV4_LIN_NT][KC / 32];
     __m256i mag = _mm256_setzero_si256(); /* FP8: the largest code magnitudes of the tile (0x7F: a NaN) */
+    int shared = fp4; /* FP4 rows all folded: one scale per weight row and block (pair_scales) */
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; i++) shared &= folded(act[i], k);
     for (int64_t c0 = 0; c0 < k; c0 += KC) {
         const int64_t ce = k - c0 < KC ? k : c0 + KC;
         const int nb = (int)((ce - c0 + wb - 1) / wb);
         chunk_scales(t, NT, c0 / wb, nb, sw);
-        const int big = fp4 ? 0 : pair_scales(act, k, MT, NT, c0 / wb, nb, sw, sc);
-        const __m256 up = _mm256_set1_ps(2.0f);
+        const int big = pair_scales(act, k, MT, NT, fp4, shared, c0 / wb, nb, sw, sc);
+        const __m256 up = _mm256_set1_ps(fp4 ? 0x1p7f : 2.0f);
         for (int bi = 0; bi < nb; bi++) {
             const int64_t b0 = c0 + (int64_t)bi * wb;
             const int64_t end = wb == 32 || ce - b0 >= wb ? b0 + wb : ce; /* a 32-block: one step */
@@ -228,23 +256,30 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
                         fp4x32(&dc, w[j] + kk / 2, v);
                     else
                         e4m3x32(&dc, w[j] + kk, v, &mag);
+                    /* with the totals in registers, the x rows read again for each weight row
+                     * (FMAs from memory): an empty asm hides that they were read already */
+                    /* with the totals in registers, the x row read again for each weight row
+                     * (FMAs from memory): an empty asm hides that it was read already */
+                    const float *x0 = act[0] + kk;
+                    if (regs) __asm__ volatile("" : "+r"(x0));
 #pragma GCC unroll 8
                     for (int q = 0; q < 4; q++)
 #pragma GCC unroll 8
                         for (int i = 0; i < MT; i++)
-                            p[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(act[i] + kk + 8 * q), v[q], p[i][j]);
+                            p[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps((regs && i == 0 ? x0 : act[i] + kk) + 8 * q), v[q], p[i][j]);
                 }
             }
 #pragma GCC unroll 8
-            for (int j = 0; j < NT; j++) {
-                const __m256 s4 = _mm256_set1_ps(sw[j][bi]);
+            for (int j = 0; j < NT; j++)
 #pragma GCC unroll 8
                 for (int i = 0; i < MT; i++) {
-                    const __m256 v = fp4 || !big ? p[i][j] : _mm256_mul_ps(p[i][j], up);
-                    const __m256 s = fp4 ? s4 : _mm256_set1_ps(sc[i][j][bi]);
-                    _mm256_store_ps(acc[i][j], _mm256_fmadd_ps(v, s, _mm256_load_ps(acc[i][j])));
+                    const __m256 v = !big ? p[i][j] : _mm256_mul_ps(p[i][j], up);
+                    const __m256 s = _mm256_set1_ps(sc[shared ? 0 : i][j][bi]);
+                    if (regs)
+                        racc[i][j] = _mm256_fmadd_ps(v, s, racc[i][j]);
+                    else
+                        _mm256_store_ps(acc[i][j], _mm256_fmadd_ps(v, s, _mm256_load_ps(acc[i][j])));
                 }
-            }
         }
     }
     const __m256i isnan = _mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F));
@@ -254,31 +289,61 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
         const int has_nan = tile_nan && row_has_nan(w[j], k);
 #pragma GCC unroll 8
         for (int i = 0; i < MT; i++) /* a NaN weight makes the row's products, so the output, NaN */
-            out[i][j] = has_nan ? NAN : hsum(_mm256_load_ps(acc[i][j]));
+            out[i][j] = has_nan ? NAN : hsum(regs ? racc[i][j] : _mm256_load_ps(acc[i][j]));
     }
 }
 
-/* BF16 / F32 weights, MT x NT: the x rows (BF16 or F32) read once per tile; per output one 8-lane
- * sum over K in order, as dot() does. */
-static inline __attribute__((always_inline)) void tile_plain(const dsv4_lin_tile *t,
-                                                              float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT,
-                                                              const int NT)
+/* BF16 / F32 weights, MT x NT: per output one 8-lane sum over K in order, as dot() does, the
+ * MT * NT sums in registers. Each step of 8 reads every x row and weight row of the tile once:
+ * the x rows (BF16 or F32) kept in registers while the weight rows stream past them, or, where
+ * the registers do not hold both (4 x 3), the weight rows kept and the x rows streamed. */
+INLINE void tile_plain(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT], const int MT, const int NT)
 {
+    const int keep_x = MT * NT + MT + 1 <= 16;
     __m256 acc[DSV4_LIN_MT][DSV4_LIN_NT];
+#pragma GCC unroll 8
     for (int i = 0; i < MT; i++)
+#pragma GCC unroll 8
         for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t k = 0; k < t->k; k += 8) {
-        __m256 x[DSV4_LIN_MT];
-        for (int i = 0; i < MT; i++)
-            x[i] = t->x_bf16 ? bf16x8((const uint16_t *)t->act[i] + k) : _mm256_loadu_ps((const float *)t->act[i] + k);
-        for (int j = 0; j < NT; j++) {
-            const __m256 w = plain8(t->fmt, t->w[j], k);
-            for (int i = 0; i < MT; i++) acc[i][j] = _mm256_fmadd_ps(x[i], w, acc[i][j]);
+        __m256 x[DSV4_LIN_MT], w[DSV4_LIN_NT];
+        if (keep_x) {
+#pragma GCC unroll 8
+            for (int i = 0; i < MT; i++)
+                x[i] = t->x_bf16 ? bf16x8((const uint16_t *)t->act[i] + k) : _mm256_loadu_ps((const float *)t->act[i] + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NT; j++) {
+                const __m256 wj = plain8(t->fmt, t->w[j], k);
+#pragma GCC unroll 8
+                for (int i = 0; i < MT; i++) acc[i][j] = _mm256_fmadd_ps(x[i], wj, acc[i][j]);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int j = 0; j < NT; j++) w[j] = plain8(t->fmt, t->w[j], k);
+#pragma GCC unroll 8
+            for (int i = 0; i < MT; i++) {
+                const __m256 xi = t->x_bf16 ? bf16x8((const uint16_t *)t->act[i] + k)
+                                            : _mm256_loadu_ps((const float *)t->act[i] + k);
+#pragma GCC unroll 8
+                for (int j = 0; j < NT; j++) acc[i][j] = _mm256_fmadd_ps(xi, w[j], acc[i][j]);
+            }
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < MT; i++)
+#pragma GCC unroll 8
         for (int j = 0; j < NT; j++) out[i][j] = hsum(acc[i][j]);
 }
+
+/* The BF16 / F32 tile shapes, MT x NT (one function per weight format and x type). */
+#define PLAIN_SHAPES(X) X(1, 4) X(2, 6) X(3, 4) X(4, 3)
+
+#define DEFINE_PLAIN(MT, NT)                                                                                  \
+    static void plain_##MT##x##NT(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])                \
+    {                                                                                                         \
+        tile_plain(t, out, MT, NT);                                                                           \
+    }
+PLAIN_SHAPES(DEFINE_PLAIN)
 
 /* The tile shapes of the block-scaled formats, MT x NT. */
 #define SHAPES(X) X(1, 8) X(1, 4) X(2, 4) X(3, 2) X(4, 2)
@@ -297,12 +362,12 @@ SHAPES(DEFINE_TILES)
 /* Block-scaled formats: M = 1 one x eight weight rows (eight independent FMA chains; FP4, whose
  * decoding is the heavier part, one x four), M = 2 two x four, M = 3 three x two, then four x two:
  * the best of the shapes measured on the 2-core EPYC (BENCHMARKS.md, AVX2 path). BF16 / F32
- * weights: one x four, or two x two. */
+ * weights: one x four, two x six, three x four, then four x three (12 sums in registers). */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 {
     if (fmt > DSV4_LINEAR_FP4) {
-        *mt = m > 1 ? 2 : 1;
-        *nt = m > 1 ? 2 : 4;
+        *mt = m < 4 ? (int)m : 4;
+        *nt = m == 1 ? 4 : m == 2 ? 6 : m == 3 ? 4 : 3;
         return;
     }
     *mt = m < 4 ? (int)m : 4;
@@ -312,7 +377,12 @@ static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
 {
     if (t->fmt > DSV4_LINEAR_FP4) {
-        t->mt == 1 ? tile_plain(t, out, 1, 4) : tile_plain(t, out, 2, 2);
+        switch (t->mt) {
+        case 1: plain_1x4(t, out); break;
+        case 2: plain_2x6(t, out); break;
+        case 3: plain_3x4(t, out); break;
+        default: plain_4x3(t, out);
+        }
         return;
     }
     switch (t->mt * 10 + t->nt) {
@@ -328,17 +398,20 @@ static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
  * then the odd ones. */
 static inline int fp4_pos(int e) { return (e & 1) * 16 + e / 2; }
 
-/* The values of a staged row from its codes and scales, arranged for fmt: e4m3(code) * s_x for FP4
- * (the E2M1 products stay at their own scale), each 32 in fp4_pos order; e4m3(code) * 2^119 for
- * FP8 and MXFP8, in K order (s_x goes into the block scale, pair_scales); both exact. Zeros from
- * K to the next multiple of 128. */
+/* The values of a staged row from its codes (and for a folded FP4 row its scales), arranged for
+ * fmt: e4m3(code) * 2^119, times s_x for folded FP4 rows (see folded; s_x otherwise goes into the
+ * block scale, pair_scales), exact; in K order for FP8 and MXFP8, each 32 in fp4_pos order for FP4.
+ * Zeros from K to the next multiple of 128. */
 static void stage_values(dsv4_linear_format fmt, float *row, int64_t k)
 {
-    const int64_t kp = (k + 127) / 128 * 128, g = fmt == DSV4_LINEAR_MXFP8 ? 32 : 128;
-    const float *sx = row_scales(row, k);
+    const int64_t kp = (k + 127) / 128 * 128;
     const uint8_t *codes = row_codes(row, k);
+    float *sx = (float *)row_scales(row, k);
+    int fold = fmt == DSV4_LINEAR_FP4;
+    sx[0] = fabsf(sx[0]);
+    for (int64_t g = 0; g < (k + 127) / 128; g++) fold &= sx[g] >= FOLD_MIN && sx[g] <= 1.0f; /* NaN: no */
     for (int64_t i = 0; i < k; i += 32) {
-        const __m256 s = _mm256_set1_ps(fmt == DSV4_LINEAR_FP4 ? sx[i / g] : ACT_UP);
+        const __m256 s = _mm256_set1_ps(fold ? ACT_UP * sx[i / 128] : ACT_UP);
         float v[32];
         for (int q = 0; q < 32; q += 8) _mm256_storeu_ps(v + q, _mm256_mul_ps(v256_e4m3_decode(codes + i + q), s));
         if (fmt == DSV4_LINEAR_FP4)
@@ -347,6 +420,7 @@ static void stage_values(dsv4_linear_format fmt, float *row, int64_t k)
             memcpy(row + i, v, sizeof v);
     }
     for (int64_t i = k; i < kp; i += 8) _mm256_storeu_ps(row + i, _mm256_setzero_ps());
+    if (fold) sx[0] = -sx[0];
 }
 
 /* One row of x quantized group by group (act128 or mx32) with the AVX2 format kernels, as
