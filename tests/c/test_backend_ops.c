@@ -377,28 +377,33 @@ static void linear_formats(void)
         }
 }
 
-/* On a device backend a row's result does not depend on the other rows of the call: 3, 5 and 13
- * rows (the cuda backend's tensor-core product, one or two n8 tiles) with the same first row give
- * its bytes. */
+/* On a device backend a row's result does not depend on the other rows of the call, in every
+ * format: calls of 1, 2, 3, 5, 13, 17 and 40 rows (one or two n8 tiles of the cuda backend's
+ * tensor-core product, more than one CTA row of 16) give the bytes of the same rows of the
+ * 40-row call. The engine's logits of a token must not depend on the batch it is decoded in. */
 static void linear_rows_independent(void)
 {
     if (tb->device == DSV4_DEVICE_CPU || missing("linear.linear", HAS(linear, linear))) return;
-    enum { N = 40, K = 256 };
-    static const int64_t ms[3] = {3, 5, 13};
-    for (int f = DSV4_LINEAR_FP8_B128; f <= DSV4_LINEAR_FP4; f++) {
+    enum { N = 40, K = 256, MS = 7 };
+    static const int64_t ms[MS] = {40, 1, 2, 3, 5, 13, 17};
+    for (int f = 0; f < DSV4_LINEAR_FORMAT_COUNT; f++) {
         wcase w;
         wcase_make(&w, (dsv4_linear_format)f, N, K, 0, 0);
-        float *xf = f32_rand(13 * K, 2.0f, 0.0f), *bias = f32_rand(N, 1.0f, 0.0f), *y[3];
+        float *xf = f32_rand(40 * K, 2.0f, 0.0f), *bias = f32_rand(N, 1.0f, 0.0f), *y[MS];
         const dsv4_tensor hb = view(bias, DSV4_F32, 1, N, 0, 0);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < MS; i++) {
             const dsv4_tensor hx = view(xf, DSV4_F32, 2, ms[i], K, 0);
             y[i] = poisoned(4 * (size_t)(ms[i] * N));
             CHECK_STATUS(linear_on(tc, &w, &hx, &hb, y[i], 0), DSV4_OK);
             release();
         }
-        same("linear (5 rows vs 3)", dsv4_linear_format_name(w.fmt), y[1], y[0], 4 * N);
-        same("linear (13 rows vs 3)", dsv4_linear_format_name(w.fmt), y[2], y[0], 4 * N);
-        free(xf), free(bias), free(y[0]), free(y[1]), free(y[2]);
+        for (int i = 1; i < MS; i++) {
+            char what[48];
+            snprintf(what, sizeof what, "linear (%lld rows vs 40)", (long long)ms[i]);
+            same(what, dsv4_linear_format_name(w.fmt), y[i], y[0], 4 * (size_t)(ms[i] * N));
+        }
+        free(xf), free(bias);
+        for (int i = 0; i < MS; i++) free(y[i]);
         wcase_free(&w);
     }
 }

@@ -1,7 +1,7 @@
 /* Linear layers on the GPU (include/dsv4/linear.h, docs/kernels.md §5 and §12): the activation
  * staging (act128 / mx32, bit for bit the rules of src/formats/codec.h), the tensor-core product
- * of the quantized formats for few rows (mma_kernel below, which says when it runs) and one fp32
- * streaming product kernel for every weight format (the rest).
+ * of the quantized formats (mma_kernel below, which says when it runs: at every row count) and
+ * one fp32 streaming product kernel for every weight format (the rest: BF16, F32, odd shapes).
  *
  * The fp32 product reads each weight byte once, in 16-byte loads that bypass L1 (the activations,
  * re-read by every CTA, stay there), decodes in registers and multiply-adds in fp32:
@@ -56,6 +56,18 @@ static long long moe_fp32_rows()
     static int r = -1;
     if (r < 0) {
         const int v = env_int("DSV4_CUDA_MOE_FP32_ROWS", 0);
+        r = v < 0 ? 0 : v;
+    }
+    return r;
+}
+/* Plain quantized products of at most this many rows take the fp32 kernel ($DSV4_CUDA_FP32_ROWS,
+ * default 0). For timing only: the two kernels sum in different orders, so any other value makes
+ * a row's bytes depend on the call's row count, which the engine's batches rely on not to. */
+static long long fp32_rows()
+{
+    static int r = -1;
+    if (r < 0) {
+        const int v = env_int("DSV4_CUDA_FP32_ROWS", 0);
         r = v < 0 ? 0 : v;
     }
     return r;
@@ -505,8 +517,8 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
 }
 
 /* ---- the tensor-core product ------------------------------------------------------------------ */
-/* FP8_B128, MXFP8 and FP4 weights against at most 16 activation rows (an MoE expert: any rows,
- * in passes of 8), when K holds whole pieces: the weight codes decoded to FP16 (exact: E4M3 by
+/* FP8_B128, MXFP8 and FP4 weights against any number of activation rows (a CTA takes 8 or 16 of
+ * them, blockIdx.z the next 16; an MoE expert: any rows, in passes of 8), when K holds whole pieces: the weight codes decoded to FP16 (exact: E4M3 by
  * cvt, E2M1 as its value times 2^-14) are the m16 operand of mma.sync m16n8k16, the staging's
  * FP16 codes (cuda_ops.h) the n8 operand, the fp32 accumulation on the tensor core.
  *   a warp owns 16 weight rows; lane (g, q) = (lane / 4, lane % 4) loads bytes 8q .. 8q+7 of each
@@ -521,8 +533,8 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
  * significands; FP4: 2 x 4 bits), a piece's sum (two mmas) is scaled by activation scale x
  * weight scale (powers of two: exact) and added to the lane's accumulator in piece order, the
  * K-splitting warps then in warp order: the order depends on K and the format only, never on the
- * other rows or the launch (mma_fits picks the path by M: 1-2 rows and 3-16 rows differ by
- * summation order, both within the bound). The tensor core adds with its own alignment and
+ * other rows or the launch — every row count takes this kernel when the format and K allow it,
+ * so a row's bytes do not depend on how many rows its call has. The tensor core adds with its own alignment and
  * rounding, within the bound of tests/c/test_linear_cases.h (tests/c/test_backend_ops.c). */
 
 /* 8 bytes of weights: no L1 allocation, the L2 fetches 256-byte lines. */
@@ -575,7 +587,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
     const long long gi = MOE ? 0 : blockIdx.y;
-    long long m0 = 0, mend = p.m;
+    long long m0 = MOE ? 0 : (long long)blockIdx.z * 16, mend = p.m;
     const uint8_t *wb = (const uint8_t *)p.w, *sb = p.scale;
     void *yout = p.y;
     cu_pdl_release();
@@ -754,15 +766,16 @@ template <int FMT, bool XF32> struct launcher {
 static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int a8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
-/* The tensor-core product takes a quantized format with the staging's codes, 3 to 16 rows (an
- * MoE: any, unless moe_fp32_rows says otherwise), K in
- * whole pieces, 8-byte aligned weight rows; the rest is the fp32 path's. One and two rows stay on
- * the fp32 path: measured (BENCHMARKS.md), its 16-byte loads along one row stream faster than
- * this kernel's 32-byte pieces of 8 rows a load, while from 3 rows on its multiply-adds cost more. */
+/* The tensor-core product takes a quantized format with the staging's codes, any number of rows
+ * (unless fp32_rows / moe_fp32_rows say otherwise), K in whole pieces, 8-byte aligned weight rows;
+ * the rest is the fp32 path's. The choice depends on the format and the shape of the weight
+ * alone, never on M: the two kernels sum in different orders, and a token's logits must not depend
+ * on the size of the batch it was decoded in. (One and two rows alone stream faster on the fp32
+ * kernel: BENCHMARKS.md "Linear layers on the GPU".) */
 static bool mma_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
 {
     if (a->fmt > FMT_FP4 || !a->xcodes || !a->xscales) return false;
-    if (!mo && (a->m < 3 || a->m > 16)) return false;
+    if (!mo && a->m <= fp32_rows()) return false;
     if (mo && a->m <= moe_fp32_rows()) return false;
     if (a->k % (a->fmt == FMT_FP4 ? 64 : 32) || !a8(a->w) || a->ws_r_bytes % 8) return false;
     for (int j = 0; mo && j < mo->sets; j++)
@@ -805,9 +818,9 @@ static int mma_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cuda
     /* an MoE: one slot per expert that can have rows (at most one per row), found on the device */
     const long long groups = mo ? (a->m < mo->n ? a->m : mo->n) : a->groups, vpp = a->fmt == FMT_FP4 ? 64 : 32;
     const int kw = k_split(a->n, mo ? 1 : groups, a->k / vpp, 16);
-    const long long gx = (a->n + (WARPS / kw) * 16 - 1) / ((WARPS / kw) * 16);
-    if (gx > 0x7FFFFFFFll || groups > 65535) return (int)cudaErrorInvalidConfiguration;
-    const dim3 grid((unsigned)gx, (unsigned)groups, mo ? (unsigned)mo->sets : 1);
+    const long long gx = (a->n + (WARPS / kw) * 16 - 1) / ((WARPS / kw) * 16), gz = mo ? mo->sets : (a->m + 15) / 16;
+    if (gx > 0x7FFFFFFFll || groups > 65535 || gz > 65535) return (int)cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)gx, (unsigned)groups, (unsigned)gz);
     switch (a->fmt) {
     case FMT_B128: return (int)mma_run<FMT_B128>(a, grid, kw, mo, s);
     case FMT_MX: return (int)mma_run<FMT_MX>(a, grid, kw, mo, s);
