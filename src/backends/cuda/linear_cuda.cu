@@ -521,9 +521,10 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
  * them, blockIdx.z the next 16; an MoE expert: any rows, in passes of 8), when K holds whole pieces: the weight codes decoded to FP16 (exact: E4M3 by
  * cvt, E2M1 as its value times 2^-14) are the m16 operand of mma.sync m16n8k16, the staging's
  * FP16 codes (cuda_ops.h) the n8 operand, the fp32 accumulation on the tensor core.
- *   a warp owns 16 weight rows; lane (g, q) = (lane / 4, lane % 4) loads bytes 8q .. 8q+7 of each
- *   32-byte piece of rows g and g+8 (a quad reads 32 contiguous bytes of a row), up to five pieces
- *   in flight; the KW warps of a set take pieces w, w + KW, ... (KW chosen as for the fp32 path);
+ *   a warp owns 16 weight rows; lane (g, q) = (lane / 4, lane % 4) takes bytes 8q .. 8q+7 of each
+ *   32-byte piece of rows g and g+8 — a plain product from its warp's ring in shared memory
+ *   (RING_STAGES - 1 pieces in flight, copied by cp.async), an MoE's straight from global memory
+ *   (a quad reads 32 contiguous bytes of a row, three pieces in flight); the KW warps of a set take pieces w, w + KW, ... (KW chosen as for the fp32 path);
  *   a piece is one scale block of both operands per mma: FP8 (32 values) lies in one 128-block or
  *   is one 32-block; FP4 (64 values, two 32-blocks) is regrouped so that a lane holds one word of
  *   each block (a swap of one word with lane q ^ 2), and each mma takes one block;
@@ -571,6 +572,11 @@ DSV4_CU_INLINE void mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* A plain product's weights pass through a ring of RING_STAGES pieces per warp in shared memory
+ * (cp.async, 16 bytes a lane: lane l copies half l & 1 of row l >> 1's 32 bytes), so the bytes in
+ * flight are not bounded by registers; its scales run RING_SCALES pieces ahead in registers. */
+enum { RING_STAGES = 16, RING_SCALES = 4, RING_BYTES = WARPS * RING_STAGES * 512 };
+
 template <int FMT> struct mma_fmt {
     static constexpr int VPP = FMT == FMT_FP4 ? 64 : 32;  /* k values per 32-byte piece */
     static constexpr int NS = FMT == FMT_FP4 ? 4 : 2;     /* weight scale bytes a lane needs per piece */
@@ -582,8 +588,10 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
                                                       const int32_t *off, int e0)
 {
     typedef mma_fmt<FMT> F;
-    /* pieces in a lane's ring, all but one in flight (an MoE's loop over passes costs registers) */
-    constexpr int PIPE = MOE ? 4 : 6;
+    /* RING: the weights through shared memory (plain products); else a lane's register ring of
+     * PIPE pieces, all but one in flight (an MoE's loop over passes costs registers) */
+    constexpr bool RING = !MOE;
+    constexpr int PIPE = RING ? RING_STAGES : 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int rsets = WARPS / kw, rs = warp / kw, kwi = warp % kw;
     const long long gi = MOE ? 0 : blockIdx.y;
@@ -632,12 +640,12 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[nt][c] = 0.0f;
 
-        uint2 wv[PIPE][2];
-        uint32_t sv[PIPE][F::NS];
-        auto fetch = [&](long long pc, uint2 *w, uint32_t *s) {
+        constexpr int WP = RING ? 1 : PIPE, SP = RING ? RING_SCALES : PIPE;
+        static_assert(PIPE % SP == 0, "the scale ring turns with the weight ring");
+        uint2 wv[WP][2];
+        uint32_t sv[SP][F::NS];
+        auto fetch_s = [&](long long pc, uint32_t *s) {
             if (pc >= npieces) return;
-#pragma unroll
-            for (int r = 0; r < 2; r++) w[r] = ldg8_weights(wr[r] + pc * 32);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 if (FMT == FMT_FP4) {
@@ -648,14 +656,59 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
                 }
             }
         };
-        /* One block's two mmas for every n8 tile, scaled into acc: A0/A1 the weight halves, xk
-         * the k offset of the lane's 8 activation codes, sw the weight scales of rows g, g+8. */
-        auto block = [&](const uint32_t *A0, const uint32_t *A1, long long xk, float sw0, float sw1) {
-            const long long grp = xk / F::G;
+        auto fetch = [&](long long pc, uint2 *w, uint32_t *s) {
+            if (pc >= npieces) return;
+#pragma unroll
+            for (int r = 0; r < 2; r++) w[r] = ldg8_weights(wr[r] + pc * 32);
+            fetch_s(pc, s);
+        };
+        /* the ring: this warp's stages, the lane's copy of each piece and where it reads its words */
+        extern __shared__ __align__(16) uint8_t wring[];
+        const uint32_t ring0 = (uint32_t)__cvta_generic_to_shared(wring) + (uint32_t)warp * (RING_STAGES * 512);
+        const uint8_t *csrc = nullptr;
+        if constexpr (RING) {
+            const long long cr = row0 + (lane >> 1) < p.n ? row0 + (lane >> 1) : p.n - 1;
+            csrc = wb + (gi * p.n + cr) * p.ws_r_bytes + 16 * (lane & 1);
+        }
+        auto issue = [&](long long pc, int slot) { /* one commit group per call, empty past the end */
+            if (pc < npieces) cu_cp_async16(ring0 + slot * 512 + (lane >> 1) * 32 + 16 * (lane & 1), csrc + pc * 32);
+            cu_cp_async_commit();
+        };
+        auto ring_words = [&](int slot, uint2 *w) { /* as fetch's registers: row g's, row g+8's */
+            const uint8_t *st = wring + warp * (RING_STAGES * 512) + slot * 512;
+#pragma unroll
+            for (int r = 0; r < 2; r++) w[r] = *(const uint2 *)(st + (g + 8 * r) * 32 + 8 * q);
+        };
+        /* The activation side of a piece, loaded XD pieces ahead of its use (L1 / L2 hits whose
+         * latency would otherwise stall every piece): the lane's 8 codes of each block for every
+         * n8 tile (xk the k offset of block b) and the scales of the lane's two columns. */
+        constexpr int XB = FMT == FMT_FP4 ? 2 : 1, XD = 2;
+        static_assert(PIPE % XD == 0, "the activation ring turns with the weight ring");
+        struct xpiece {
+            uint4 x[NT][XB];
+            float sx[NT][2];
+        };
+        auto fetch_x = [&](long long pc, xpiece &xp) {
+            if (pc >= npieces) return;
+            const long long xk0 = FMT == FMT_FP4 ? pc * 64 + 8 * j : pc * 32 + 8 * q, grp = xk0 / F::G;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                uint4 X = make_uint4(0, 0, 0, 0);
-                if (xc[nt]) X = __ldg((const uint4 *)(xc[nt] + xk));
+#pragma unroll
+                for (int b = 0; b < XB; b++)
+                    xp.x[nt][b] = xc[nt] ? __ldg((const uint4 *)(xc[nt] + xk0 + 32 * b)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    xp.sx[nt][c] = xs[nt][c] ? xs[nt][c][grp] : 0.0f;
+                    if (FMT == FMT_FP4) xp.sx[nt][c] *= 16384.0f; /* the decode's 2^-14 (exact) */
+                }
+            }
+        };
+        /* One block's two mmas for every n8 tile, scaled into acc: A0/A1 the weight halves, b the
+         * block of the piece, sw the weight scales of rows g, g+8. */
+        auto block = [&](const uint32_t *A0, const uint32_t *A1, const xpiece &xp, int b, float sw0, float sw1) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const uint4 X = xp.x[nt][b];
                 float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 if (FMT == FMT_FP4) {
                     mma_f16(part, A0, X.x, X.y);
@@ -664,17 +717,12 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
                     mma_f16(part, A0, __byte_perm(X.x, X.y, 0x5410), __byte_perm(X.z, X.w, 0x5410));
                     mma_f16(part, A1, __byte_perm(X.x, X.y, 0x7632), __byte_perm(X.z, X.w, 0x7632));
                 }
-                float sx[2];
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    sx[c] = xs[nt][c] ? xs[nt][c][grp] : 0.0f;
-                    if (FMT == FMT_FP4) sx[c] *= 16384.0f; /* the decode's 2^-14 (exact) */
-                }
-#pragma unroll
-                for (int c = 0; c < 4; c++) acc[nt][c] = fmaf(part[c] * sx[c & 1], c < 2 ? sw0 : sw1, acc[nt][c]);
+                for (int c = 0; c < 4; c++)
+                    acc[nt][c] = fmaf(part[c] * xp.sx[nt][c & 1], c < 2 ? sw0 : sw1, acc[nt][c]);
             }
         };
-        auto piece = [&](long long pc, const uint2 *w, const uint32_t *s) {
+        auto piece = [&](const uint2 *w, const uint32_t *s, const xpiece &xp) {
             if (FMT == FMT_FP4) {
                 uint32_t wq[2][2]; /* [row][block] */
 #pragma unroll
@@ -690,26 +738,54 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
                                             e2m1x2_f16x2(wq[0][b], 1), e2m1x2_f16x2(wq[1][b], 1)};
                     const uint32_t A1[4] = {e2m1x2_f16x2(wq[0][b], 2), e2m1x2_f16x2(wq[1][b], 2),
                                             e2m1x2_f16x2(wq[0][b], 3), e2m1x2_f16x2(wq[1][b], 3)};
-                    block(A0, A1, pc * 64 + 32 * b + 8 * j, cu_e8m0_f32(s[b]), cu_e8m0_f32(s[2 + b]));
+                    block(A0, A1, xp, b, cu_e8m0_f32(s[b]), cu_e8m0_f32(s[2 + b]));
                 }
             } else {
                 const uint32_t A0[4] = {e4m3x2_f16x2(w[0].x), e4m3x2_f16x2(w[1].x), e4m3x2_f16x2(w[0].x >> 16),
                                         e4m3x2_f16x2(w[1].x >> 16)};
                 const uint32_t A1[4] = {e4m3x2_f16x2(w[0].y), e4m3x2_f16x2(w[1].y), e4m3x2_f16x2(w[0].y >> 16),
                                         e4m3x2_f16x2(w[1].y >> 16)};
-                block(A0, A1, pc * 32 + 8 * q, cu_e8m0_f32(s[0]), cu_e8m0_f32(s[1]));
+                block(A0, A1, xp, 0, cu_e8m0_f32(s[0]), cu_e8m0_f32(s[1]));
             }
         };
+        xpiece xr[XD];
+        if constexpr (RING) {
 #pragma unroll
-        for (int i = 0; i < PIPE - 1; i++) fetch(kwi + i * kw, wv[i], sv[i]);
-        if (!MOE) cu_pdl_wait(); /* the staging just before (a no-op after the first pass) */
-        for (long long pc = kwi; pc < npieces; pc += PIPE * kw) {
+            for (int i = 0; i < PIPE - 1; i++) issue(kwi + i * kw, i);
 #pragma unroll
-            for (int st = 0; st < PIPE; st++) {
-                const long long cc = pc + st * kw;
-                if (cc >= npieces) break;
-                fetch(cc + (PIPE - 1) * kw, wv[(st + PIPE - 1) % PIPE], sv[(st + PIPE - 1) % PIPE]);
-                piece(cc, wv[st], sv[st]);
+            for (int i = 0; i < SP - 1; i++) fetch_s(kwi + i * kw, sv[i]);
+            cu_pdl_wait(); /* the staging just before */
+#pragma unroll
+            for (int i = 0; i < XD; i++) fetch_x(kwi + i * kw, xr[i]);
+            for (long long pc = kwi; pc < npieces; pc += PIPE * kw) {
+#pragma unroll
+                for (int st = 0; st < PIPE; st++) {
+                    const long long cc = pc + st * kw;
+                    if (cc >= npieces) break;
+                    cu_cp_async_wait<PIPE - 2>(); /* this lane's copy of piece cc has landed */
+                    __syncwarp();                 /* and every lane's; slot st - 1 is read */
+                    ring_words(st, wv[0]);
+                    issue(cc + (PIPE - 1) * kw, (st + PIPE - 1) % PIPE);
+                    fetch_s(cc + (SP - 1) * kw, sv[(st + SP - 1) % SP]);
+                    piece(wv[0], sv[st % SP], xr[st % XD]);
+                    fetch_x(cc + XD * kw, xr[st % XD]);
+                }
+            }
+            cu_cp_async_wait_all();
+        } else {
+#pragma unroll
+            for (int i = 0; i < PIPE - 1; i++) fetch(kwi + i * kw, wv[i], sv[i]);
+#pragma unroll
+            for (int i = 0; i < XD; i++) fetch_x(kwi + i * kw, xr[i]);
+            for (long long pc = kwi; pc < npieces; pc += PIPE * kw) {
+#pragma unroll
+                for (int st = 0; st < PIPE; st++) {
+                    const long long cc = pc + st * kw;
+                    if (cc >= npieces) break;
+                    fetch(cc + (PIPE - 1) * kw, wv[(st + PIPE - 1) % PIPE], sv[(st + PIPE - 1) % PIPE]);
+                    piece(wv[st], sv[st], xr[st % XD]);
+                    fetch_x(cc + XD * kw, xr[st % XD]);
+                }
             }
         }
 
@@ -767,7 +843,8 @@ static int a16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int a8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
 /* The tensor-core product takes a quantized format with the staging's codes, any number of rows
- * (unless fp32_rows / moe_fp32_rows say otherwise), K in whole pieces, 8-byte aligned weight rows;
+ * (unless fp32_rows / moe_fp32_rows say otherwise), K in whole pieces, 8-byte aligned weight rows
+ * (16-byte for a plain product's ring);
  * the rest is the fp32 path's. The choice depends on the format and the shape of the weight
  * alone, never on M: the two kernels sum in different orders, and a token's logits must not depend
  * on the size of the batch it was decoded in. (One and two rows alone stream faster on the fp32
@@ -778,26 +855,35 @@ static bool mma_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
     if (!mo && a->m <= fp32_rows()) return false;
     if (mo && a->m <= moe_fp32_rows()) return false;
     if (a->k % (a->fmt == FMT_FP4 ? 64 : 32) || !a8(a->w) || a->ws_r_bytes % 8) return false;
+    if (!mo && (!a16(a->w) || a->ws_r_bytes % 16)) return false; /* the ring's 16-byte copies */
     for (int j = 0; mo && j < mo->sets; j++)
         for (int i = 0; i < mo->n; i++)
             if (!a8(mo->w[j][i])) return false;
     return true;
 }
 
+/* A plain instance with its weight ring (RING_BYTES of dynamic shared memory, opted in once per
+ * device and instance). */
+template <int FMT, int NT> static cudaError_t mma_plain(const dsv4_cu_linear *a, dim3 grid, int kw, cudaStream_t s)
+{
+    static unsigned char configured[DSV4_CU_MAX_DEVICES];
+    int device = -1;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = (cudaError_t)cu_smem_opt_in(configured, device, mma_kernel<FMT, NT, false, no_tab>, RING_BYTES);
+    if (e != cudaSuccess) return e;
+    return cu_launch_dependent_smem(mma_kernel<FMT, NT, false, no_tab>, grid, THREADS, RING_BYTES, s, linear_pdl(), *a,
+                                    kw, no_tab{}, (const int32_t *)nullptr, 0);
+}
+
 template <int FMT> static cudaError_t mma_run(const dsv4_cu_linear *a, dim3 grid, int kw, const dsv4_cu_moe_chunk *mo,
                                               cudaStream_t s)
 {
-    const bool pdl = linear_pdl();
     if (mo) {
         const moe_tab t = moe_table(mo);
-        return cu_launch_dependent(mma_kernel<FMT, 1, true, moe_tab>, grid, THREADS, s, pdl, *a, kw, t, mo->offsets,
-                                   mo->e0);
+        return cu_launch_dependent(mma_kernel<FMT, 1, true, moe_tab>, grid, THREADS, s, linear_pdl(), *a, kw, t,
+                                   mo->offsets, mo->e0);
     }
-    if (a->m <= 8)
-        return cu_launch_dependent(mma_kernel<FMT, 1, false, no_tab>, grid, THREADS, s, pdl, *a, kw, no_tab{},
-                                   (const int32_t *)nullptr, 0);
-    return cu_launch_dependent(mma_kernel<FMT, 2, false, no_tab>, grid, THREADS, s, pdl, *a, kw, no_tab{},
-                               (const int32_t *)nullptr, 0);
+    return a->m <= 8 ? mma_plain<FMT, 1>(a, grid, kw, s) : mma_plain<FMT, 2>(a, grid, kw, s);
 }
 
 /* K is split over more warps only while the grid would not give every SM of an H200 two CTAs of
