@@ -30,11 +30,11 @@ static dsv4_ctx *cu, *ref, *cpu;
  * dependence on the kernel before them; then the variants that must give the bits of another
  * context (same_bits: -1 the default one, else that forced_kernels entry): combine_seq_kernel for
  * every split count, the release after the loop, v1 always launched as a dependent, and the
- * latency variants that must not move a bit: the sink read in the epilogue, no L2 prefetch, the
- * output in 4-byte stores, the 2-CTA clusters' half blocks copied by one thread after a barrier */
+ * latency variants that must not move a bit: the sink read in the epilogue, an L2 prefetch, the
+ * output in 16-byte stores, the 2-CTA clusters' half blocks copied by one thread after a barrier */
 static const char *const forced_kernels[13] = {"ws2",        "ws1",         "v1",           "no-split", "split2",
                                                "ws2,no-pdl", "seq-combine", "late-release", "v1,pdl",   "late-sink",
-                                               "no-prefetch", "narrow-store", "one-copy"};
+                                               "prefetch", "wide-store", "one-copy"};
 static const int same_bits[13] = {-2, -2, -2, -2, -2, -2, -1, -1, 2, -1, -1, -1, -1};
 enum { N_FORCED = (int)(sizeof forced_kernels / sizeof forced_kernels[0]) };
 static dsv4_ctx *cu_mma, *cu_forced[N_FORCED];

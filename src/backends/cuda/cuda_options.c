@@ -32,8 +32,8 @@ static const struct {
 } flag_names[] = {
     {"no-pair", DSV4_CU_NO_PAIR},         {"no-split", DSV4_CU_NO_SPLIT},         {"split2", DSV4_CU_SPLIT2},
     {"no-pdl", DSV4_CU_NO_PDL},           {"seq-combine", DSV4_CU_SEQ_COMBINE},   {"late-release", DSV4_CU_LATE_RELEASE},
-    {"pdl", DSV4_CU_PDL},                 {"late-sink", DSV4_CU_LATE_SINK},       {"no-prefetch", DSV4_CU_NO_PREFETCH},
-    {"narrow-store", DSV4_CU_NARROW_STORE}, {"one-copy", DSV4_CU_ONE_COPY},
+    {"pdl", DSV4_CU_PDL},                 {"late-sink", DSV4_CU_LATE_SINK},       {"prefetch", DSV4_CU_PREFETCH},
+    {"wide-store", DSV4_CU_WIDE_STORE}, {"one-copy", DSV4_CU_ONE_COPY},
 };
 enum { N_FLAGS = (int)(sizeof flag_names / sizeof flag_names[0]) };
 
@@ -45,8 +45,8 @@ static int flag_value(const char *word, size_t len)
 }
 
 #define DECODE_WORDS                                                                                       \
-    "KERNEL[,no-pair][,no-split][,split2][,no-pdl][,pdl][,seq-combine][,late-release][,late-sink][,no-prefetch]" \
-    "[,narrow-store][,one-copy]"
+    "KERNEL[,no-pair][,no-split][,split2][,no-pdl][,pdl][,seq-combine][,late-release][,late-sink][,prefetch]" \
+    "[,wide-store][,one-copy]"
 
 /* DECODE_WORDS (any word may be left out, in any order, none twice) -> variant; -1 if malformed. */
 static int parse_decode(const char *s)
