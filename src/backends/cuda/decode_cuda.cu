@@ -726,7 +726,8 @@ static DSV4_CU_INLINE void store_rows(const dsv4_cu_decode &p, const float *o, c
             /* the four lanes of a row (a quad) hold words jn of dims 8 jn + qcol, + 1: a 4 x 4
              * transpose per 4 jn (two exchange steps, lane bit b against word bit b) leaves lane q
              * with the 8 dims of jn = 4 k + q, one 16-byte store; each store of a warp then fills
-             * whole 32-byte sectors (64 bytes of each of 8 rows) instead of half of one */
+             * whole 32-byte sectors (64 bytes of each of 8 rows) instead of half of one. Only with
+             * ",wide-store": measured slower but at SWA 128 T = 128 (BENCHMARKS.md) */
             uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + dim0;
             const int q = lane & 3;
             const unsigned quad = 0xFu << (lane & 28);
@@ -1050,7 +1051,8 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
         /* rounds 2 and 3 (the second block; NCTA 2: the third and fourth) into L2 as soon as their
          * indices land: the registers hold two rounds, so their loads are issued only once round 0
          * is stored, and a CTA of two blocks (a SWA scope of 128) waits for them after its first
-         * block. The indices are read again by take (the ring's slots are kept). */
+         * block. The indices are read again by take (the ring's slots are kept). Only with ",prefetch":
+         * measured slower on every shape it changed (BENCHMARKS.md, "Latency variants ..."). */
         cu_cp_async_wait_all();
 #pragma unroll
         for (int R = 2; R < 4; R++)
