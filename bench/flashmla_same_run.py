@@ -30,7 +30,7 @@ stream set to the capture stream.
 Environment: OUT (the folder of same_run.log and results.json), FMLA_BUILD (the extension's build
 folder), DSV4_VARIANTS="w1;w2" (one more dsv4 context per word, created with $DSV4_CUDA_DECODE set
 to it, i.e. a cuda_decode option such as "v1" or "no-pdl" (include/dsv4/core.h), each timed on the
-decode shapes in the same process as the default), FMLA_PROFILE=1 (after the timing, the kernels of
+decode shapes in the same process as the default; with DSV4_VARIANTS_ALL=1 on the MODEL1 shapes too), FMLA_PROFILE=1 (after the timing, the kernels of
 one replay of a few shapes and their device times, through torch.profiler).
 """
 import ctypes
@@ -456,7 +456,7 @@ def main():
             E = W + K
             flop = 2.0 * T * h * E * 1024
             order = ["fm"] + (["fm_fresh"] if os.environ.get("FMLA_FRESH") == "1" else []) + ["dsv4"] + (
-                ["v:" + v for v in VARS] if sec == "decode" else [])
+                ["v:" + v for v in VARS] if sec == "decode" or os.environ.get("DSV4_VARIANTS_ALL") == "1" else [])
             if p == 2:
                 order = order[::-1]
             r = {"pass": p, "section": sec, "h": h, "s_q": s_q, "b": b, "T": T, "W": W, "K": K, "flop": flop}

@@ -164,6 +164,10 @@ static dsv4_status decode(const dsv4_exec *ex, const char *op, const dsv4_attn_a
     d.pdl = ex->variant & DSV4_CU_NO_PDL ? 0 : ex->variant & DSV4_CU_PDL ? 2 : 1;
     d.seq_combine = (ex->variant & DSV4_CU_SEQ_COMBINE) != 0;
     d.release_late = (ex->variant & DSV4_CU_LATE_RELEASE) != 0;
+    d.late_sink = (ex->variant & DSV4_CU_LATE_SINK) != 0;
+    d.prefetch = (ex->variant & DSV4_CU_PREFETCH) != 0;
+    d.wide_store = (ex->variant & DSV4_CU_WIDE_STORE) != 0;
+    d.warp_copy = (ex->variant & DSV4_CU_ONE_COPY) == 0;
     const int sms = dsv4_cu_sm_count(ex);
     d.sms = sms;
     int64_t splits = ex->variant & DSV4_CU_NO_SPLIT ? 1 : plan_splits(sms, a->t, a->h, width, (ex->variant & DSV4_CU_SPLIT2) != 0);

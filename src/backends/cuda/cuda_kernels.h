@@ -65,8 +65,12 @@ enum {
     DSV4_CU_SEQ_COMBINE = 128,    /* combine_seq_kernel whatever the split count */
     DSV4_CU_LATE_RELEASE = 256,   /* decode CTAs let the next launch start after their loop, not first */
     DSV4_CU_PDL = 512,            /* the decode always launched as a dependent (",no-pdl": never; else a rule) */
+    DSV4_CU_LATE_SINK = 1024,     /* the sink read in the epilogue, not when the CTA starts */
+    DSV4_CU_PREFETCH = 2048,      /* ws CTAs prefetch rounds 2 and 3 into L2 at the start (measured slower) */
+    DSV4_CU_WIDE_STORE = 4096,    /* the BF16 output in 16-byte stores (a quad transpose; measured slower) */
+    DSV4_CU_ONE_COPY = 8192,      /* H 128 clusters: one thread copies the half block after a barrier */
     DSV4_CU_FLAGS = DSV4_CU_NO_SPLIT | DSV4_CU_SPLIT2 | DSV4_CU_NO_PDL | DSV4_CU_SEQ_COMBINE | DSV4_CU_LATE_RELEASE |
-                    DSV4_CU_PDL
+                    DSV4_CU_PDL | DSV4_CU_LATE_SINK | DSV4_CU_PREFETCH | DSV4_CU_WIDE_STORE | DSV4_CU_ONE_COPY
 };
 
 /* Sparse MLA decode (FP8 pages, or BF16 rows for the two-pass design, docs/kernels.md §3.4). */
@@ -99,6 +103,10 @@ typedef struct dsv4_cu_decode {
     int sms;                /* the device's SM count */
     int release_late;       /* 1: decode CTAs release the next launch after their loop, 0: first */
     int seq_combine;        /* 1: combine_seq_kernel whatever the split count */
+    int late_sink;          /* 1: the sink is read in the epilogue (",late-sink"), 0: when the CTA starts */
+    int prefetch;           /* 1: ws CTAs prefetch rounds 2 and 3 into L2 at the start (",prefetch") */
+    int wide_store;         /* 1: BF16 output rows in 16-byte stores where aligned (",wide-store") */
+    int warp_copy;          /* 1: H 128 clusters copy each warp's rows to the peer (no ",one-copy") */
     int device;             /* the current device's ordinal (function attributes are per device) */
     int splits;             /* > 1: partial results in part_o/part_lse, then a combine launch */
     float *part_o;          /* [splits, t, h, 512] */

@@ -32,7 +32,8 @@ static const struct {
 } flag_names[] = {
     {"no-pair", DSV4_CU_NO_PAIR},         {"no-split", DSV4_CU_NO_SPLIT},         {"split2", DSV4_CU_SPLIT2},
     {"no-pdl", DSV4_CU_NO_PDL},           {"seq-combine", DSV4_CU_SEQ_COMBINE},   {"late-release", DSV4_CU_LATE_RELEASE},
-    {"pdl", DSV4_CU_PDL},
+    {"pdl", DSV4_CU_PDL},                 {"late-sink", DSV4_CU_LATE_SINK},       {"prefetch", DSV4_CU_PREFETCH},
+    {"wide-store", DSV4_CU_WIDE_STORE}, {"one-copy", DSV4_CU_ONE_COPY},
 };
 enum { N_FLAGS = (int)(sizeof flag_names / sizeof flag_names[0]) };
 
@@ -43,7 +44,9 @@ static int flag_value(const char *word, size_t len)
     return -1;
 }
 
-#define DECODE_WORDS "KERNEL[,no-pair][,no-split][,split2][,no-pdl][,pdl][,seq-combine][,late-release]"
+#define DECODE_WORDS                                                                                       \
+    "KERNEL[,no-pair][,no-split][,split2][,no-pdl][,pdl][,seq-combine][,late-release][,late-sink][,prefetch]" \
+    "[,wide-store][,one-copy]"
 
 /* DECODE_WORDS (any word may be left out, in any order, none twice) -> variant; -1 if malformed. */
 static int parse_decode(const char *s)

@@ -676,10 +676,24 @@ static DSV4_CU_INLINE void wg_pv(float *o, const float *alpha, uint32_t pa, uint
     for (int i = 0; i < 128; i++) cu_reg_fence(o[i]);
 }
 
+/* The sink of this thread's rows r0 and r0 + 8 of the tile at h0 (-inf: no sink, a row beyond H,
+ * or a split, whose combine applies it). Read when the CTA starts, so that the epilogue does not
+ * wait for a load (",late-sink": by the epilogue, as before; the same value either way). */
+static DSV4_CU_INLINE void sink_rows(const dsv4_cu_decode &p, int h0, int r0, float *sk)
+{
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int h = h0 + r0 + 8 * hf;
+        sk[hf] = p.splits == 1 && p.sink && h < p.h ? p.sink[h] : -INFINITY;
+    }
+}
+
 /* The factor of row h's output, given its row sum l and running maximum m (base 2), and its lse
  * (written by the caller's chosen thread, `writer`): with splits, 1/l (or -1: an empty row,
- * nothing to write) and the split's lse; otherwise 1/l times the sink's share, and the lse. */
-static DSV4_CU_INLINE float row_factor(const dsv4_cu_decode &p, float l, float m, int t, int h, int split, bool writer)
+ * nothing to write) and the split's lse; otherwise 1/l times the sink's share (sink: sink_rows),
+ * and the lse. */
+static DSV4_CU_INLINE float row_factor(const dsv4_cu_decode &p, float l, float m, int t, int h, int split, bool writer,
+                                       float sink)
 {
     const bool empty = !(l > 0.0f);
     const float lse = empty ? INFINITY : (m + log2f(l)) * 0.69314718055994531f;
@@ -689,7 +703,6 @@ static DSV4_CU_INLINE float row_factor(const dsv4_cu_decode &p, float l, float m
     }
     if (writer && p.lse) p.lse[t * p.lse_st + h * p.lse_sh] = lse;
     if (empty) return 0.0f;
-    const float sink = p.sink ? p.sink[h] : -INFINITY;
     return (1.0f / l) / (1.0f + expf(sink - lse));
 }
 
@@ -709,6 +722,34 @@ static DSV4_CU_INLINE void store_rows(const dsv4_cu_decode &p, const float *o, c
 #pragma unroll
             for (int jn = 0; jn < 32; jn++)
                 *(float2 *)(dst + jn * 8) = make_float2(o[4 * jn + 2 * hf] * f[hf], o[4 * jn + 2 * hf + 1] * f[hf]);
+        } else if (p.wide_store && ((uintptr_t)(p.out + t * p.o_st + h * p.o_sh + dim0) & 15) == 0) {
+            /* the four lanes of a row (a quad) hold words jn of dims 8 jn + qcol, + 1: a 4 x 4
+             * transpose per 4 jn (two exchange steps, lane bit b against word bit b) leaves lane q
+             * with the 8 dims of jn = 4 k + q, one 16-byte store; each store of a warp then fills
+             * whole 32-byte sectors (64 bytes of each of 8 rows) instead of half of one. Only with
+             * ",wide-store": measured slower but at SWA 128 T = 128 (BENCHMARKS.md) */
+            uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + dim0;
+            const int q = lane & 3;
+            const unsigned quad = 0xFu << (lane & 28);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                uint32_t a[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    a[i] = cu_f32_bf16(o[4 * (4 * k + i) + 2 * hf] * f[hf]) |
+                           (cu_f32_bf16(o[4 * (4 * k + i) + 2 * hf + 1] * f[hf]) << 16);
+#pragma unroll
+                for (int b = 1; b <= 2; b <<= 1)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        if (c & b) continue; /* c: the word pair {c, c + b} */
+                        const bool up = (q & b) != 0; /* this lane sends word c + b if not up, c if up */
+                        const uint32_t r = __shfl_xor_sync(quad, up ? a[c] : a[c + b], b);
+                        if (up) a[c] = r;
+                        else a[c + b] = r;
+                    }
+                cu_st16(dst + (4 * k + q) * 8, make_uint4(a[0], a[1], a[2], a[3]));
+            }
         } else {
             uint16_t *dst = p.out + t * p.o_st + h * p.o_sh + dim0 + qcol;
             const bool w4 = ((uintptr_t)dst & 3) == 0;
@@ -731,8 +772,9 @@ static DSV4_CU_INLINE void store_rows(const dsv4_cu_decode &p, const float *o, c
 template <bool WS = false>
 static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, const float *m_run,
                                        const float *l_part, float *sL, int t, int h0, int split, int wg, int r0,
-                                       int lane)
+                                       int lane, float *sk)
 {
+    if (p.late_sink) sink_rows(p, h0, r0, sk);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float l = l_part[hf];
@@ -746,7 +788,7 @@ static DSV4_CU_INLINE void wg_epilogue(const dsv4_cu_decode &p, const float *o, 
     for (int hf = 0; hf < 2; hf++) {
         const int row = r0 + 8 * hf;
         f[hf] = h0 + row < p.h ? row_factor(p, sL[row] + sL[64 + row], m_run[hf], t, h0 + row, split,
-                                            wg == 0 && (lane & 3) == 0)
+                                            wg == 0 && (lane & 3) == 0, sk[hf])
                                : 0.0f;
     }
     store_rows(p, o, f, t, h0, split, wg * 256, r0, lane);
@@ -779,7 +821,8 @@ template <bool FP8> struct wg_cfg {
     const cta_range rg = cta_entries(p, t, split);                                                      \
     const int nblk = rg.nblk;                                                                           \
     float o[128], s[16], alpha[2];                                                                      \
-    float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};                                  \
+    float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f}, sk[2];                           \
+    if (!p.late_sink) sink_rows(p, h0, r0, sk);                                                         \
     for (int i = 0; i < 128; i++) o[i] = 0.0f;                                                          \
     const uint32_t qa = cu_smem(sQ), pa = cu_smem(sP)
 
@@ -810,7 +853,7 @@ __global__ void __launch_bounds__(NT, 1) decode_wgmma_bf16_kernel(const dsv4_cu_
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
     decode_release(p, true);
-    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, sk);
 #else
     __trap(); /* only the sm_90a build has warpgroup MMA; the host picks the mma.sync kernel elsewhere */
 #endif
@@ -851,7 +894,7 @@ __global__ void __launch_bounds__(NT, 1) decode_fp8_kernel(const dsv4_cu_decode 
     }
     cu_cp_async_wait_all(); /* Q of a CTA without blocks lands before it leaves */
     decode_release(p, true);
-    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+    wg_epilogue(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, sk);
 #else
     __trap();
 #endif
@@ -957,6 +1000,16 @@ static DSV4_CU_INLINE void ws_load(const dsv4_cu_decode &p, const ent_pf &f, int
     }
 }
 
+/* The L2 lines of one entry (576 data bytes from `data`, 5 or 6 lines, and its scale row), shared
+ * by the four lanes q4 of the entry. Timing only: nothing reads what a prefetch brings. */
+static DSV4_CU_INLINE void ws_prefetch(const uint8_t *data, const uint8_t *scl, int q4)
+{
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(data + q4 * 128));
+    if (q4 == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(data + 512));
+    if (q4 == 1) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(data + DSV4_KVE_DATA_BYTES - 1));
+    if (q4 == 2) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(scl));
+}
+
 /* Dequantize into entry e of the tile at byte offset `tile`: lanes 8q .. 8q + 7 hold 8 entries,
  * so each 16-byte store of a warp hits 8 different bank groups of the swizzled rows. */
 static DSV4_CU_INLINE void ws_store(uint32_t base, uint32_t tile, uint32_t okoff, int e, int q4, const ws_raw &w)
@@ -994,6 +1047,21 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
     const ws_round<NCTA> rd = {rg, e0, base + WS_IDX_OFF + (32 * pw + lane) * 4};
 #pragma unroll 1
     for (int R = 0; R < WS_IDX_AHEAD; R++) rd.issue(p, t, R);
+    if (p.prefetch) {
+        /* rounds 2 and 3 (the second block; NCTA 2: the third and fourth) into L2 as soon as their
+         * indices land: the registers hold two rounds, so their loads are issued only once round 0
+         * is stored, and a CTA of two blocks (a SWA scope of 128) waits for them after its first
+         * block. The indices are read again by take (the ring's slots are kept). Only with ",prefetch":
+         * measured slower on every shape it changed (BENCHMARKS.md, "Latency variants ..."). */
+        cu_cp_async_wait_all();
+#pragma unroll
+        for (int R = 2; R < 4; R++)
+            if (R < nr && rd.in(R)) {
+                ent_pf f = {(int)cu_lds4(rd.slot(R)), rd.pos(R) >= rg.len0};
+                const uint8_t *src = NULL, *ssrc = NULL;
+                if (entry_source<true>(p, f, &src, &ssrc)) ws_prefetch(src, ssrc, q4);
+            }
+    }
     ws_raw wa, wb;
     WS_PROF_START;
     if (nr > 0) ws_load(p, rd.take(p, t, 0), q4, wa);
@@ -1024,7 +1092,23 @@ static DSV4_CU_INLINE void ws_producer(const dsv4_cu_decode &p, const cta_range 
             if (RR % RPB == RPB - 1) { /* this CTA's part of block j is in its tile */
                 const uint32_t full = WS_BAR_OFF + b * 8;
                 cu_fence_proxy_async();
-                if (NCTA == 2) {
+                if (NCTA == 2 && p.warp_copy) {
+                    /* each warp copies its own 8 rows (8 column blocks of 1 KB and 8 valid flags)
+                     * into the peer's tile as soon as they are stored, without waiting for the other
+                     * warps; thread 0 expects the peer's whole half (",one-copy": the path below) */
+                    __syncwarp();
+                    if (lane == 0) {
+                        const uint32_t rows = (32 * rank + 8 * pw) * 128;
+#pragma unroll 1
+                        for (int cb = 0; cb < 8; cb++)
+                            cu_bulk_copy_cluster(rbase + tile + cb * (KB * 128) + rows, base + tile + cb * (KB * 128) + rows,
+                                                 8 * 128, rbase + full);
+                        cu_bulk_copy_cluster(rbase + okoff + rows / 32, base + okoff + rows / 32, 32, rbase + full);
+                    }
+                    if (pw == 0 && lane == 0) cu_mbar_arrive_expect_tx(base + full, 8 * 32 * 128 + 128);
+                    else cu_mbar_arrive(base + full);
+                    WS_PROF(4);
+                } else if (NCTA == 2) {
                     /* all 32 rows of this half, then one thread copies them into the peer's tile
                      * (8 column blocks of 4 KB and the 32 valid flags) and expects the peer's half */
                     WS_PROF(1);
@@ -1133,7 +1217,7 @@ static DSV4_CU_INLINE void w2_pv_rs(float *o, const uint32_t *pf, uint32_t ka)
 
 template <int NCTA>
 static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int nblk, int t, int h0, int split,
-                                   int warp, int lane)
+                                   int warp, int lane, float *sk)
 {
     const uint32_t base = cu_smem(smem);
     const int r0 = 16 * (warp & 3) + (lane >> 2), qcol = 2 * (lane & 3);
@@ -1200,13 +1284,14 @@ static DSV4_CU_INLINE void w2_lead(const dsv4_cu_decode &p, uint8_t *smem, int n
     WS_PROF_END(1);
 
     float f[2];
+    if (p.late_sink) sink_rows(p, h0, r0, sk);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float l = l_part[hf];
         l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
         l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
         const int row = r0 + 8 * hf;
-        f[hf] = h0 + row < p.h ? row_factor(p, l, m_run[hf], t, h0 + row, split, (lane & 3) == 0) : 0.0f;
+        f[hf] = h0 + row < p.h ? row_factor(p, l, m_run[hf], t, h0 + row, split, (lane & 3) == 0, sk[hf]) : 0.0f;
         if ((lane & 3) == 0) sF[row] = f[hf];
     }
     cu_mbar_arrive(base + WS_EPI);
@@ -1294,8 +1379,10 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
     } else if (W2) {
         if (wg == 0) {
             cu_setmaxnreg_inc<216>();
+            float sk[2];
+            if (!p.late_sink) sink_rows(p, h0, 16 * (warp & 3) + (lane >> 2), sk);
             ws_consumer_q(p, t, h0, smem, tid);
-            w2_lead<NCTA>(p, smem, nblk, t, h0, split, warp, lane);
+            w2_lead<NCTA>(p, smem, nblk, t, h0, split, warp, lane, sk);
         } else {
             cu_setmaxnreg_dec<160>(); /* below the 168 of the launch: gives 8 back */
             ws_consumer_q(p, t, h0, smem, tid);
@@ -1304,8 +1391,10 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         if (NCTA == 2) cu_cluster_sync();
     } else {
         cu_setmaxnreg_inc<192>();
-        ws_consumer_q(p, t, h0, smem, tid);
         const int r0 = 16 * (warp & 3) + (lane >> 2); /* this thread's rows: r0 and r0 + 8 */
+        float sk[2];
+        if (!p.late_sink) sink_rows(p, h0, r0, sk);
+        ws_consumer_q(p, t, h0, smem, tid);
         const uint32_t qa = base + WS_Q_OFF, pa = base + WS_P_OFF, ka0 = base + WS_K_OFF;
         float *sRed = (float *)(smem + WS_RED_OFF), *sL = (float *)(smem + WS_L_OFF);
         float o[128], s[16], alpha[2];
@@ -1331,7 +1420,7 @@ template <int NCTA, bool W2> static DSV4_CU_INLINE void ws_body(const dsv4_cu_de
         }
         WS_PROF_END(1 + wg);
         decode_release(p, true);
-        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane);
+        wg_epilogue<true>(p, o, m_run, l_part, sL, t, h0, split, wg, r0, lane, sk);
         if (NCTA == 2) cu_cluster_sync();
     }
 }
