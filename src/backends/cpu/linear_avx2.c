@@ -44,7 +44,7 @@ static float hsum(__m256 v)
  * vcvtph2ps 1): codes go straight into fp32 bit patterns, with no conversion. E4M3 codes
  * (e4m3x32) and E2M1 ones (fp4x32) both land at a fixed power of two of their value. */
 typedef struct dec_consts {
-    __m256i place[2], keep, keep4;
+    __m256i place[2], pair, keep, keep4;
 } dec_consts;
 
 INLINE dec_consts dec_init(void)
@@ -56,6 +56,9 @@ INLINE dec_consts dec_init(void)
                                       (char)(8 * e + 2), -1, -1, -1, (char)(8 * e + 3), -1, -1, -1, (char)(8 * e + 4),
                                       -1, -1, -1, (char)(8 * e + 5), -1, -1, -1, (char)(8 * e + 6), -1, -1, -1,
                                       (char)(8 * e + 7));
+    /* bytes l and 8 + l (l = 0..3 in 128-bit lane 0, 4..7 in lane 1) of 16 to bytes 3 and 1 of word l */
+    d.pair = _mm256_setr_epi8(-1, 8, -1, 0, -1, 9, -1, 1, -1, 10, -1, 2, -1, 11, -1, 3, -1, 12, -1, 4, -1, 13, -1, 5, -1, 14,
+                              -1, 6, -1, 15, -1, 7);
     d.keep = _mm256_set1_epi32((int)0x87F00000);
     d.keep4 = _mm256_set1_epi32((int)0x81C00000);
     return d;
@@ -94,12 +97,12 @@ INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i 
 INLINE void fp4x32(const dec_consts *d, const uint8_t *p, __m256 v[4])
 {
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-#pragma GCC unroll 2
-    for (int e = 0; e < 2; e++) {
-        const __m256i w = _mm256_shuffle_epi8(b, d->place[e]);
-        v[e] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(w, 4), 6), d->keep4));
-        v[2 + e] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(w, 6), d->keep4));
-    }
+    const __m256i w = _mm256_shuffle_epi8(b, d->pair);
+    const __m256i hi = _mm256_srai_epi16(w, 6), lo = _mm256_srai_epi16(_mm256_slli_epi16(w, 4), 6);
+    v[0] = _mm256_castsi256_ps(_mm256_and_si256(lo, d->keep4));
+    v[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(lo, 16), d->keep4));
+    v[2] = _mm256_castsi256_ps(_mm256_and_si256(hi, d->keep4));
+    v[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(hi, 16), d->keep4));
 }
 
 /* Prefetch of the weight line at byte ob of each row (see PREFETCH_FAR); prefetches never fault. */
