@@ -87,13 +87,14 @@ INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i 
 /* 16 packed bytes (32 E2M1 values, element 2b in the low nibble of byte b, 2b + 1 in the high one)
  * -> four vectors of 8 values times 2^-126, the even elements (low nibbles) giving the first two
  * vectors and the odd ones the last two: the order the FP4 staging puts its activations in
- * (fp4_pos), so no interleaving is needed. The bytes in both 128-bit lanes (vbroadcasti128), a
- * vpshufb puts 8 of them in the top bytes of the 32-bit words; a high nibble (s e e m) is then in
- * bits 28-31, a low one after a shift left by 4; an arithmetic shift right by 6 keeps the sign in
- * bit 31 and puts e e in the low end of fp32's exponent field and m on top of its mantissa, and
- * clearing the other bits leaves value * 2^-126 (the subnormal E2M1 0.5 on the fp32 subnormal
- * 2^-127, exactly). 12 single-uop instructions per 32 weights, where the FP16 path (a table, 128-bit
- * unpacks, F16C) took 17. */
+ * (fp4_pos), so no interleaving is needed. The bytes in both 128-bit lanes (vbroadcasti128), one
+ * vpshufb puts bytes l and 8 + l in bytes 3 and 1 of word l; a high nibble (s e e m) is then at the
+ * top of each 16-bit half, a low one after a 16-bit shift left by 4; a 16-bit arithmetic shift right
+ * by 6 keeps the sign in the half's top bit and puts e e in the low end of fp32's exponent field and
+ * m on top of its mantissa (the bottom half lifted by a 32-bit shift left by 16), and clearing the
+ * other bits leaves value * 2^-126 (the subnormal E2M1 0.5 on the fp32 subnormal 2^-127, exactly).
+ * 10 single-uop instructions per 32 weights (6 shifts / shuffles), where one vpshufb per 8 values
+ * took 12 and the FP16 path (a table, 128-bit unpacks, F16C) 17. */
 INLINE void fp4x32(const dec_consts *d, const uint8_t *p, __m256 v[4])
 {
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
