@@ -44,7 +44,7 @@ static float hsum(__m256 v)
  * vcvtph2ps 1): codes go straight into fp32 bit patterns, with no conversion. E4M3 codes
  * (e4m3x32) and E2M1 ones (fp4x32) both land at a fixed power of two of their value. */
 typedef struct dec_consts {
-    __m256i place[2], keep, keep4;
+    __m256i place[2], pair, keep, keep4;
 } dec_consts;
 
 INLINE dec_consts dec_init(void)
@@ -56,6 +56,9 @@ INLINE dec_consts dec_init(void)
                                       (char)(8 * e + 2), -1, -1, -1, (char)(8 * e + 3), -1, -1, -1, (char)(8 * e + 4),
                                       -1, -1, -1, (char)(8 * e + 5), -1, -1, -1, (char)(8 * e + 6), -1, -1, -1,
                                       (char)(8 * e + 7));
+    /* bytes l and 8 + l (l = 0..3 in 128-bit lane 0, 4..7 in lane 1) of 16 to bytes 3 and 1 of word l */
+    d.pair = _mm256_setr_epi8(-1, 8, -1, 0, -1, 9, -1, 1, -1, 10, -1, 2, -1, 11, -1, 3, -1, 12, -1, 4, -1, 13, -1, 5, -1, 14,
+                              -1, 6, -1, 15, -1, 7);
     d.keep = _mm256_set1_epi32((int)0x87F00000);
     d.keep4 = _mm256_set1_epi32((int)0x81C00000);
     return d;
@@ -84,22 +87,23 @@ INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i 
 /* 16 packed bytes (32 E2M1 values, element 2b in the low nibble of byte b, 2b + 1 in the high one)
  * -> four vectors of 8 values times 2^-126, the even elements (low nibbles) giving the first two
  * vectors and the odd ones the last two: the order the FP4 staging puts its activations in
- * (fp4_pos), so no interleaving is needed. The bytes in both 128-bit lanes (vbroadcasti128), a
- * vpshufb puts 8 of them in the top bytes of the 32-bit words; a high nibble (s e e m) is then in
- * bits 28-31, a low one after a shift left by 4; an arithmetic shift right by 6 keeps the sign in
- * bit 31 and puts e e in the low end of fp32's exponent field and m on top of its mantissa, and
- * clearing the other bits leaves value * 2^-126 (the subnormal E2M1 0.5 on the fp32 subnormal
- * 2^-127, exactly). 12 single-uop instructions per 32 weights, where the FP16 path (a table, 128-bit
- * unpacks, F16C) took 17. */
+ * (fp4_pos), so no interleaving is needed. The bytes in both 128-bit lanes (vbroadcasti128), one
+ * vpshufb puts bytes l and 8 + l in bytes 3 and 1 of word l; a high nibble (s e e m) is then at the
+ * top of each 16-bit half, a low one after a 16-bit shift left by 4; a 16-bit arithmetic shift right
+ * by 6 keeps the sign in the half's top bit and puts e e in the low end of fp32's exponent field and
+ * m on top of its mantissa (the bottom half lifted by a 32-bit shift left by 16), and clearing the
+ * other bits leaves value * 2^-126 (the subnormal E2M1 0.5 on the fp32 subnormal 2^-127, exactly).
+ * 10 single-uop instructions per 32 weights (6 shifts / shuffles), where one vpshufb per 8 values
+ * took 12 and the FP16 path (a table, 128-bit unpacks, F16C) 17. */
 INLINE void fp4x32(const dec_consts *d, const uint8_t *p, __m256 v[4])
 {
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-#pragma GCC unroll 2
-    for (int e = 0; e < 2; e++) {
-        const __m256i w = _mm256_shuffle_epi8(b, d->place[e]);
-        v[e] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(w, 4), 6), d->keep4));
-        v[2 + e] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(w, 6), d->keep4));
-    }
+    const __m256i w = _mm256_shuffle_epi8(b, d->pair);
+    const __m256i hi = _mm256_srai_epi16(w, 6), lo = _mm256_srai_epi16(_mm256_slli_epi16(w, 4), 6);
+    v[0] = _mm256_castsi256_ps(_mm256_and_si256(lo, d->keep4));
+    v[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(lo, 16), d->keep4));
+    v[2] = _mm256_castsi256_ps(_mm256_and_si256(hi, d->keep4));
+    v[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(hi, 16), d->keep4));
 }
 
 /* Prefetch of the weight line at byte ob of each row (see PREFETCH_FAR); prefetches never fault. */
