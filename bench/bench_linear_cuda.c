@@ -242,7 +242,7 @@ static double moe_time(dsv4_ctx *c, moe_set *m, int T, uint64_t *hash)
 
 /* Each row twice in one run: the routed experts' products as the environment picks them (the
  * streaming kernel for few rows by default), then on the tensor-core kernel alone
- * ($DSV4_CUDA_MOE_STREAM_ROWS = 0, src/backends/cuda/linear_cuda.c), and whether the two gave
+ * ($DSV4_CUDA_MOE_STREAM_ROWS = 0, src/backends/cuda/linear_cuda.cu), and whether the two gave
  * the same bits. */
 static void moe_rows(dsv4_ctx *c, double copy)
 {
