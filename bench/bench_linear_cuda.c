@@ -240,20 +240,36 @@ static double moe_time(dsv4_ctx *c, moe_set *m, int T, uint64_t *hash)
     return t;
 }
 
+/* Each row twice in one run: the routed experts' products as the environment picks them (the
+ * streaming kernel for few rows by default), then on the tensor-core kernel alone
+ * ($DSV4_CUDA_MOE_STREAM_ROWS = 0, src/backends/cuda/linear_cuda.cu), and whether the two gave
+ * the same bits. */
 static void moe_rows(dsv4_ctx *c, double copy)
 {
     moe_set *m = bench_alloc(sizeof *m);
     moe_make(c, m);
     static const int toks[2] = {1, 8};
-    uint64_t hash[2];
-    for (int i = 0; i < 2; i++) {
-        const int T = toks[i];
-        const double t = moe_time(c, m, T, &hash[i]), bytes = (double)(T * MOE_TOPK * m->routed_bytes + m->shared_bytes);
-        printf("%-26s %-8s %4d %10.2f %9.0f %7.1f%% %9s\n", T == 1 ? "moe 6 of 256 + shared" : "moe 48 of 256 + shared",
-               "fp4+fp8", T, t * 1e6, bytes / t * 1e-9, 100.0 * bytes / t * 1e-9 / copy, "-");
+    const char *env = getenv("DSV4_CUDA_MOE_STREAM_ROWS");
+    char *saved = env ? strdup(env) : NULL;
+    uint64_t hash[2][2];
+    for (int v = 0; v < 2; v++) {
+        if (v) setenv("DSV4_CUDA_MOE_STREAM_ROWS", "0", 1);
+        for (int i = 0; i < 2; i++) {
+            const int T = toks[i];
+            const double t = moe_time(c, m, T, &hash[v][i]),
+                         bytes = (double)(T * MOE_TOPK * m->routed_bytes + m->shared_bytes);
+            char name[64];
+            snprintf(name, sizeof name, "moe %d of 256 + shared%s", T * MOE_TOPK, v ? " (mma)" : "");
+            printf("%-26s %-8s %4d %10.2f %9.0f %7.1f%% %9s\n", name, "fp4+fp8", T, t * 1e6, bytes / t * 1e-9,
+                   100.0 * bytes / t * 1e-9 / copy, "-");
+        }
     }
-    printf("moe y (FNV-1a of the last call's BF16 output): 1 token %016llx, 8 tokens %016llx\n",
-           (unsigned long long)hash[0], (unsigned long long)hash[1]);
+    if (saved) setenv("DSV4_CUDA_MOE_STREAM_ROWS", saved, 1);
+    else unsetenv("DSV4_CUDA_MOE_STREAM_ROWS");
+    free(saved);
+    printf("moe y (FNV-1a of the last call's BF16 output): 1 token %016llx, 8 tokens %016llx; (mma) rows %s\n",
+           (unsigned long long)hash[0][0], (unsigned long long)hash[0][1],
+           hash[0][0] == hash[1][0] && hash[0][1] == hash[1][1] ? "the same bits" : "OTHER BITS");
     dsv4_device_free(c, m->w), dsv4_device_free(c, m->s);
     free(m);
 }

@@ -768,9 +768,10 @@ enum { MQMAX = 260 };
 static dsv4_status moe_q_on(dsv4_ctx *c, const uint16_t *x, const int32_t *ids, const float *wts, int T, int E,
                             wcase (*w)[3], uint16_t *y)
 {
-    dsv4_tensor hx = view((void *)x, DSV4_BF16, 2, T, MD, 0), hi = view((void *)ids, DSV4_I32, 2, T, MK, 0),
-                hw = view((void *)wts, DSV4_F32, 2, T, MK, 0), hy = view(y, DSV4_BF16, 2, T, MD, 0);
-    memset(y, 0xA5, 2 * (size_t)T * MD);
+    const int64_t D = w[0][0].k;
+    dsv4_tensor hx = view((void *)x, DSV4_BF16, 2, T, D, 0), hi = view((void *)ids, DSV4_I32, 2, T, MK, 0),
+                hw = view((void *)wts, DSV4_F32, 2, T, MK, 0), hy = view(y, DSV4_BF16, 2, T, D, 0);
+    memset(y, 0xA5, 2 * (size_t)(T * D));
     dsv4_tensor tx = on(c, &hx), ti = on(c, &hi), tw = on(c, &hw), ty = on(c, &hy);
     /* every expert's codes in one buffer and its scales in another (few device buffers) */
     size_t wb = 0, sb = 0;
@@ -841,6 +842,52 @@ static void layer_moe_quantized(void)
     for (int e = 0; e <= E; e++)
         for (int j = 0; j < 3; j++) wcase_free(&w[e][j]);
     free(w);
+}
+
+/* The cuda backend runs MoE products of few FP4 rows on a streaming kernel that gives the
+ * tensor-core kernel's bits, so the choice is free ($DSV4_CUDA_MOE_STREAM_ROWS = 0 keeps the
+ * tensor-core kernel: linear_cuda.cu mma_stream_kernel): the same MoE both ways, bit for bit, and
+ * near cpu-ref, at a shape where its K-split accumulators are 8 (w1: K = 1024, two stages) and 4
+ * (w2: K = 256, a stage of 4 pieces), for 3 tokens and for 11 (9 on one expert: two passes of
+ * 8 rows). The env is read at each product; another backend ignores it. */
+static void layer_moe_stream(void)
+{
+    if (tb->device == DSV4_DEVICE_CPU || missing("layer.moe (+ linear)", HAS(layer, moe) && HAS(linear, linear)))
+        return;
+    enum { E = 8, D = 1024, I = 256 };
+    wcase w[E + 1][3];
+    for (int e = 0; e <= E; e++) {
+        const dsv4_linear_format f = e == E ? DSV4_LINEAR_FP8_B128 : DSV4_LINEAR_FP4;
+        wcase_make(&w[e][0], f, I, D, 0, 0), wcase_make(&w[e][1], f, I, D, 0, 0);
+        wcase_make(&w[e][2], f, D, I, 0, 0);
+    }
+    const char *env = getenv("DSV4_CUDA_MOE_STREAM_ROWS");
+    char *saved = env ? strdup(env) : NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        const int T = pass ? 11 : 3;
+        uint16_t *x = bf16_rand((size_t)T * D, 1.0f), *yr = poisoned(2 * (size_t)T * D),
+                 *yt = poisoned(2 * (size_t)T * D), *ym = poisoned(2 * (size_t)T * D);
+        int32_t ids[16 * MK];
+        float wts[16 * MK];
+        for (int t = 0; t < T; t++) {
+            ids[t * MK] = pass && t < 9 ? 5 : (int32_t)(test_rand_u64() % E);
+            ids[t * MK + 1] = (ids[t * MK] + 1 + (int32_t)(test_rand_u64() % (E - 1))) % E;
+            wts[t * MK] = 0.7f, wts[t * MK + 1] = 0.3f;
+        }
+        setenv("DSV4_CUDA_MOE_STREAM_ROWS", "64", 1);
+        ran("moe", moe_q_on(tc, x, ids, wts, T, E, &w[0], yt), moe_q_on(ref, x, ids, wts, T, E, &w[0], yr));
+        setenv("DSV4_CUDA_MOE_STREAM_ROWS", "0", 1);
+        ran("moe", moe_q_on(tc, x, ids, wts, T, E, &w[0], ym), DSV4_OK);
+        near_moe(pass ? "y (11 tokens, FP4 experts of K 1024 and 256)" : "y (3 tokens, FP4 experts of K 1024 and 256)",
+                 yt, yr, T, D);
+        same("moe", "y, the streaming kernel vs the tensor-core kernel", yt, ym, 2 * (size_t)T * D);
+        free(x), free(yr), free(yt), free(ym);
+    }
+    if (saved) setenv("DSV4_CUDA_MOE_STREAM_ROWS", saved, 1);
+    else unsetenv("DSV4_CUDA_MOE_STREAM_ROWS");
+    free(saved);
+    for (int e = 0; e <= E; e++)
+        for (int j = 0; j < 3; j++) wcase_free(&w[e][j]);
 }
 
 /* ---- tensor family ----------------------------------------------------------------------------- */
@@ -1643,7 +1690,7 @@ static const struct {
     {"linear_formats", linear_formats}, {"linear_grouped", linear_grouped}, {"linear_rows_independent", linear_rows_independent},
     {"layer_rms", layer_rms},
     {"layer_mhc", layer_mhc},           {"layer_route", layer_route},       {"layer_swiglu", layer_swiglu},
-    {"layer_moe", layer_moe},           {"layer_moe_quantized", layer_moe_quantized}, {"tensor_ops", tensor_ops},         {"tensor_paged_slots", tensor_paged_slots},
+    {"layer_moe", layer_moe},           {"layer_moe_quantized", layer_moe_quantized}, {"layer_moe_stream", layer_moe_stream}, {"tensor_ops", tensor_ops},         {"tensor_paged_slots", tensor_paged_slots},
     {"tensor_sample", tensor_sample},
     {"attention", attn_all},            {"ix_compressor", ix_compressor},   {"ix_query_and_weights", ix_query_and_weights},
     {"ix_scores_topk", ix_scores_topk},

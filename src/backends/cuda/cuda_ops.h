@@ -205,10 +205,11 @@ int dsv4_cu_moe_group_launch(const int32_t *ids, long long ldids, const float *w
 /* xg [R, D] = x[order[i] / k] (zeros where order[i] < 0). */
 int dsv4_cu_moe_gather_launch(const uint16_t *x, long long ldx, const int32_t *order, int k, long long R,
                               long long D, uint16_t *xg, void *stream);
-/* y[t] = bf16(Σ out[pos[p]] over t's kept pairs in ascending (expert, slot) + shared[t]). */
+/* y[t] = bf16(Σ out[pos[p]] over t's kept pairs in ascending (expert, slot) + shared[t]); split:
+ * a token's elements over several CTAs (0: one CTA a token, the old launch; the same bits). */
 int dsv4_cu_moe_combine_launch(const int32_t *ids, long long ldids, const int32_t *pos, int k, int E,
                                const uint16_t *out, const uint16_t *shared, long long T, long long D, uint16_t *y,
-                               long long ldy, void *stream);
+                               long long ldy, int split, void *stream);
 
 #ifdef __cplusplus
 }

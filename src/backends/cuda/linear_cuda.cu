@@ -72,6 +72,16 @@ static long long fp32_rows()
     }
     return r;
 }
+/* MoE products of at most this many rows in all take the streaming tensor-core kernel
+ * (mma_stream_kernel; the same bits as mma_kernel, so only the speed depends on it):
+ * $DSV4_CUDA_MOE_STREAM_ROWS, default 64 (a decode step of up to 10 tokens at 6 experts); 0
+ * keeps mma_kernel. Read at every MoE product, so that one process can run both (the A/B of
+ * tests/c/test_backend_ops.c and of bench linear-cuda); the host cost is one getenv. */
+static long long moe_stream_rows()
+{
+    const int v = env_int("DSV4_CUDA_MOE_STREAM_ROWS", 64);
+    return v < 0 ? 0 : v;
+}
 extern "C" int dsv4_cu_linear_pdl(void) { return linear_pdl() ? 1 : 0; }
 
 /* ---- staging ----------------------------------------------------------------------------------- */
@@ -808,6 +818,170 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
     }
 }
 
+/* ---- the streaming tensor-core product of an MoE's few rows ---------------------------------- */
+/* FP4 experts of few rows (a decode step's: at most $DSV4_CUDA_MOE_STREAM_ROWS rows in all, see
+ * stream_fits) run mma_kernel<FMT_FP4, 1, true>'s arithmetic with another memory side, so the two
+ * give the same bits and the choice between them is free:
+ *   a CTA is one warp owning 16 weight rows of one (slot, weight set) over the whole of K, the
+ *   grid (N / 16, slots, sets) one wave for a token's 6 experts (mma_kernel's CTA is 16 rows x 8
+ *   K-splitting warps of a few pieces each: ~6 waves of short CTAs streamed at ~1 TB/s for one
+ *   token, BENCHMARKS.md "Linear layers on the GPU"); the warp copies stages of 8 pieces of its
+ *   16 rows (256 contiguous bytes a row, 16-byte cp.async that bypass L1) and their scale bytes
+ *   into a ring of three in shared memory, two stages in flight while it computes the third;
+ *   lane (g, q) reads from there the two words mma_kernel's lane holds after its swap with lane
+ *   q ^ 2 (bytes 4j and 16 + 4j of a piece of rows g and g + 8, j as there), so the fragments,
+ *   the mmas, the scalings and the activation codes are mma_kernel's, operation for operation;
+ *   mma_kernel's KW K-splitting warps (k_split: warp w takes pieces w, w + KW, ...) become KW
+ *   accumulators of the one warp (piece pc into accumulator pc % KW, pieces in ascending order),
+ *   summed at the end as mma_kernel sums its warps' partials: accumulator 0 plus 1, 2, ... in turn.
+ * An expert of more than 8 rows is walked in passes of 8 (mma_kernel's passes), its weights
+ * streamed again each pass. */
+enum { MS_PPS = 8, MS_STAGES = 3, MS_ROWB = MS_PPS * 32 + 16 /* 68 words a row: conflict-free reads */ };
+
+/* The expert (index into `tab`) of MoE slot blockIdx.y for a one-warp CTA: moe_slot_expert's
+ * rule (the y-th expert of the chunk that has rows, -1 past the last), every offset loaded at once. */
+DSV4_CU_INLINE int moe_slot_expert_warp(const moe_tab &tab, const int32_t *off, int e0)
+{
+    constexpr int C = DSV4_CU_MOE_CHUNK / 32;
+    const int lane = threadIdx.x & 31;
+    bool has[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int e = 32 * c + lane;
+        has[c] = e < tab.n && off[e0 + e + 1] > off[e0 + e];
+    }
+    int base = 0;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        unsigned b = __ballot_sync(0xFFFFFFFFu, has[c]);
+        const int cnt = __popc(b), want = (int)blockIdx.y - base;
+        if (want < cnt) {
+            for (int i = 0; i < want; i++) b &= b - 1;
+            return 32 * c + __ffs(b) - 1;
+        }
+        base += cnt;
+    }
+    return -1;
+}
+
+template <int KW>
+__global__ void __launch_bounds__(32) mma_stream_kernel(dsv4_cu_linear p, const __grid_constant__ moe_tab tab,
+                                                         const int32_t *off, int e0)
+{
+    typedef mma_fmt<FMT_FP4> F;
+    static_assert(MS_PPS % KW == 0, "a piece's accumulator is fixed by its place in the stage");
+    __shared__ __align__(16) uint8_t wring[MS_STAGES][16 * MS_ROWB];
+    __shared__ __align__(16) uint8_t sring[MS_STAGES][16 * 2 * MS_PPS];
+    const int lane = threadIdx.x, g = lane >> 2, q = lane & 3, j = (q & 1) * 2 + (q >> 1);
+    cu_pdl_release();
+    cu_pdl_wait(); /* off is the kernel before's */
+    const int se = moe_slot_expert_warp(tab, off, e0);
+    if (se < 0) return;
+    long long m0 = off[e0 + se];
+    const long long mend = off[e0 + se + 1];
+    const uint8_t *wb = (const uint8_t *)tab.w[blockIdx.z][se], *sb = tab.s[blockIdx.z][se];
+    void *yout = tab.y[blockIdx.z];
+    const long long row0 = (long long)blockIdx.x * 16, npieces = p.k / F::VPP, nst = (npieces + MS_PPS - 1) / MS_PPS;
+    const long long ngr = (p.k + F::G - 1) / F::G;
+    /* the copy: lane l takes the 16-byte column l % 16 of rows l / 16 + 2i and scale words l, l + 32 */
+    const int ccol = lane & 15, crow = lane >> 4;
+    auto issue = [&](long long st) {
+        if (st < nst) {
+            const long long pc0 = st * MS_PPS;
+            uint8_t *wd = wring[st % MS_STAGES], *sd = sring[st % MS_STAGES];
+            if (pc0 + (ccol >> 1) < npieces)
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int r = crow + 2 * i;
+                    const long long nr = row0 + r < p.n ? row0 + r : p.n - 1; /* rows past n repeat the last */
+                    cu_cp_async16(cu_smem(wd + r * MS_ROWB + ccol * 16), wb + nr * p.ws_r_bytes + pc0 * 32 + ccol * 16);
+                }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int wi = lane + 32 * i, r = wi >> 2, c = wi & 3;
+                const long long nr = row0 + r < p.n ? row0 + r : p.n - 1;
+                cu_cp_async4_if(cu_smem(sd + r * 2 * MS_PPS + 4 * c), sb + nr * p.ss0 + 2 * pc0 + 4 * c,
+                                pc0 + 2 * c < npieces);
+            }
+        }
+        cu_cp_async_commit(); /* always: the wait below counts groups */
+    };
+#pragma unroll 1
+    for (;; m0 += 8) {
+        const int mv = (int)(mend - m0 < 8 ? mend - m0 : 8);
+        /* the n8 operand: activation row g; the scales of the accumulator's columns 2q, 2q + 1 */
+        const uint16_t *xc = g < mv ? p.xcodes + (m0 + g) * p.k : nullptr;
+        const float *xs[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) xs[c] = 2 * q + c < mv ? p.xscales + (m0 + 2 * q + c) * ngr : nullptr;
+        float acc[KW][4];
+#pragma unroll
+        for (int w = 0; w < KW; w++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[w][c] = 0.0f;
+        cu_cp_async_wait<0>();
+        __syncwarp(); /* the ring is free (a pass before) */
+#pragma unroll
+        for (int st = 0; st < MS_STAGES - 1; st++) issue(st);
+#pragma unroll 1
+        for (long long st = 0; st < nst; st++) {
+            cu_cp_async_wait<MS_STAGES - 2>();
+            __syncwarp(); /* stage st is in for every lane, and stage st - 1 read by every lane */
+            issue(st + MS_STAGES - 1);
+            const uint8_t *ws = wring[st % MS_STAGES], *ss = sring[st % MS_STAGES];
+            float sx[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int pi = 0; pi < MS_PPS; pi++) {
+                const long long pc = st * MS_PPS + pi;
+                if (pc >= npieces) break;
+                if (pi % 2 == 0) { /* a 128-group holds two pieces */
+                    const long long grp = pc / 2;
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        sx[c] = xs[c] ? xs[c][grp] : 0.0f;
+                        sx[c] *= 16384.0f; /* the decode's 2^-14 (exact) */
+                    }
+                }
+                uint32_t wq[2][2], sc[2]; /* [row g, g + 8][block]; the rows' two scale bytes */
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const uint8_t *row = ws + (g + 8 * r) * MS_ROWB + pi * 32;
+                    wq[r][0] = *(const uint32_t *)(row + 4 * j);
+                    wq[r][1] = *(const uint32_t *)(row + 16 + 4 * j);
+                    sc[r] = *(const uint16_t *)(ss + (g + 8 * r) * 2 * MS_PPS + 2 * pi);
+                }
+                float *a = acc[pi % KW];
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const uint32_t A0[4] = {e2m1x2_f16x2(wq[0][b], 0), e2m1x2_f16x2(wq[1][b], 0),
+                                            e2m1x2_f16x2(wq[0][b], 1), e2m1x2_f16x2(wq[1][b], 1)};
+                    const uint32_t A1[4] = {e2m1x2_f16x2(wq[0][b], 2), e2m1x2_f16x2(wq[1][b], 2),
+                                            e2m1x2_f16x2(wq[0][b], 3), e2m1x2_f16x2(wq[1][b], 3)};
+                    const long long xk = pc * 64 + 32 * b + 8 * j;
+                    uint4 X = make_uint4(0, 0, 0, 0);
+                    if (xc) X = __ldg((const uint4 *)(xc + xk));
+                    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_f16(part, A0, X.x, X.y);
+                    mma_f16(part, A1, X.z, X.w);
+                    const float sw0 = cu_e8m0_f32((sc[0] >> (8 * b)) & 0xFFu), sw1 = cu_e8m0_f32((sc[1] >> (8 * b)) & 0xFFu);
+#pragma unroll
+                    for (int c = 0; c < 4; c++) a[c] = fmaf(part[c] * sx[c & 1], c < 2 ? sw0 : sw1, a[c]);
+                }
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const long long n = row0 + g + (c >= 2 ? 8 : 0);
+            const int tok = 2 * q + (c & 1);
+            float v = acc[0][c];
+#pragma unroll
+            for (int w = 1; w < KW; w++) v += acc[w][c];
+            if (n < p.n && tok < mv) store_y(p, yout, m0 + tok, 0, n, v);
+        }
+        if (m0 + 8 >= mend) break;
+    }
+}
+
 /* The launch of one format and activation type: a plain (grouped) product, or with `mo` an MoE
  * chunk of experts. The MoE instances are few, for compile time (each costs more than a plain
  * one): BF16 activations (the block's rows and stagings are BF16) and row tiles of one (the
@@ -886,6 +1060,19 @@ template <int FMT> static cudaError_t mma_run(const dsv4_cu_linear *a, dim3 grid
     return a->m <= 8 ? mma_plain<FMT, 1>(a, grid, kw, s) : mma_plain<FMT, 2>(a, grid, kw, s);
 }
 
+/* The streaming kernel takes an MoE product that mma_kernel would take (mma_fits) with FP4
+ * weights, K in whole stages of pairs of pieces (a scale word holds two pieces), 16-byte aligned
+ * weight rows, contiguous scale bytes in 4-byte aligned rows, and few rows (moe_stream_rows). */
+static bool stream_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
+{
+    if (a->fmt != FMT_FP4 || a->k % 128 || a->ws_r_bytes % 16 || a->ss1 != 1 || a->ss0 % 4) return false;
+    if (a->m > moe_stream_rows()) return false;
+    for (int j = 0; j < mo->sets; j++)
+        for (int i = 0; i < mo->n; i++)
+            if (!a16(mo->w[j][i]) || ((uintptr_t)mo->s[j][i] & 3u)) return false;
+    return true;
+}
+
 /* K is split over more warps only while the grid would not give every SM of an H200 two CTAs of
  * `set_rows`-row sets: long runs along K keep a lane's loads in flight, the split covers small N.
  * The choice depends on the shape alone (a constant, not the device's SM count; an MoE counts one
@@ -897,6 +1084,23 @@ static int k_split(long long n, long long groups, long long steps, int set_rows)
            (n + (WARPS / kw) * set_rows - 1) / ((WARPS / kw) * set_rows) * groups < TARGET_CTAS)
         kw <<= 1;
     return kw;
+}
+
+/* One warp a CTA, 16 rows of one (slot, weight set) each; KW as mma_launch's (its order). */
+static int stream_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cudaStream_t s)
+{
+    const long long slots = a->m < mo->n ? a->m : mo->n, gx = (a->n + 15) / 16;
+    const int kw = k_split(a->n, 1, a->k / 64, 16);
+    if (gx > 0x7FFFFFFFll || slots > 65535) return (int)cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)gx, (unsigned)slots, (unsigned)mo->sets);
+    const moe_tab t = moe_table(mo);
+    const bool pdl = linear_pdl();
+    switch (kw) {
+    case 1: return (int)cu_launch_dependent(mma_stream_kernel<1>, grid, 32, s, pdl, *a, t, mo->offsets, mo->e0);
+    case 2: return (int)cu_launch_dependent(mma_stream_kernel<2>, grid, 32, s, pdl, *a, t, mo->offsets, mo->e0);
+    case 4: return (int)cu_launch_dependent(mma_stream_kernel<4>, grid, 32, s, pdl, *a, t, mo->offsets, mo->e0);
+    default: return (int)cu_launch_dependent(mma_stream_kernel<8>, grid, 32, s, pdl, *a, t, mo->offsets, mo->e0);
+    }
 }
 
 static int mma_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cudaStream_t s)
@@ -918,7 +1122,9 @@ static int mma_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cuda
 static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, void *stream)
 {
     if (a->m == 0 || (mo && mo->n == 0)) return 0;
-    if (mma_fits(a, mo)) return mma_launch(a, mo, (cudaStream_t)stream);
+    if (mma_fits(a, mo))
+        return mo && stream_fits(a, mo) ? stream_launch(a, mo, (cudaStream_t)stream)
+                                        : mma_launch(a, mo, (cudaStream_t)stream);
     /* an MoE: one slot per expert that can have rows, as in mma_launch */
     const long long groups = mo ? (a->m < mo->n ? a->m : mo->n) : a->groups;
     const int vec = a->fmt == FMT_FP4 ? 32 : a->fmt == FMT_BF16 ? 8 : a->fmt == FMT_F32 ? 4 : 16;

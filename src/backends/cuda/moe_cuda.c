@@ -33,7 +33,8 @@ static int quantized(dsv4_linear_format fmt) { return fmt <= DSV4_LINEAR_FP4; }
 
 /* 1 (default): for quantized weights the gather and each SwiGLU run inside the staging that
  * follows them (cuda_ops.h dsv4_cu_stage_gather_launch, _swiglu_launch), three launches fewer,
- * the same bits; $DSV4_CUDA_MOE_FUSE = 0 keeps the separate kernels (the A/B of
+ * and the combine splits a token over several CTAs, the same bits; $DSV4_CUDA_MOE_FUSE = 0 keeps
+ * the separate kernels and one combine CTA a token (the A/B of
  * BENCHMARKS.md "Linear layers on the GPU"). Read once. */
 static int moe_fuse(void)
 {
@@ -92,7 +93,7 @@ static dsv4_status moe_run(const dsv4_exec *ex, const dsv4_moe_args *a)
         }
     }
     return dsv4_cu_status(dsv4_cu_moe_combine_launch(a->ids, a->ldids, a->pos, a->k, a->E, a->out,
-                                                     a->shared ? a->sout : NULL, a->T, a->D, a->y, a->ldy, s),
+                                                     a->shared ? a->sout : NULL, a->T, a->D, a->y, a->ldy, moe_fuse(), s),
                           op);
 }
 

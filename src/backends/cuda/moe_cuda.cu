@@ -115,8 +115,10 @@ extern "C" int dsv4_cu_moe_gather_launch(const uint16_t *x, long long ldx, const
                                     dsv4_cu_linear_pdl(), x, ldx, order, k, D, xg);
 }
 
-/* One CTA per token: its kept slots sorted by (expert, slot), then per element the fp32 sum in
- * that order, the shared expert last, rounded once. */
+/* CTA (t, j): token t's elements j·ROW_THREADS + i·(ROW_THREADS·gridDim.y) + thread; its kept slots
+ * sorted by (expert, slot) (every CTA of the token sorts them), then per element the fp32 sum in
+ * that order, the shared expert last, rounded once. One CTA a token took 33 µs for one token
+ * (D = 4096, ncu, BENCHMARKS.md "Linear layers on the GPU"): 16 dependent trips of 7 loads. */
 __global__ void __launch_bounds__(ROW_THREADS) moe_combine_kernel(const int32_t *ids, long long ldids,
                                                                   const int32_t *pos, int k, int E,
                                                                   const uint16_t *out, const uint16_t *shared,
@@ -141,7 +143,7 @@ __global__ void __launch_bounds__(ROW_THREADS) moe_combine_kernel(const int32_t 
     }
     __syncthreads();
     const int n = nrows;
-    for (long long d = threadIdx.x; d < D; d += ROW_THREADS) {
+    for (long long d = (long long)blockIdx.y * ROW_THREADS + threadIdx.x; d < D; d += (long long)gridDim.y * ROW_THREADS) {
         float s = 0.0f;
         for (int r = 0; r < n; r++) s = __fadd_rn(s, cu_bf16_f32(out[(long long)rows[r] * D + d]));
         if (shared) s = __fadd_rn(s, cu_bf16_f32(shared[t * D + d]));
@@ -151,10 +153,12 @@ __global__ void __launch_bounds__(ROW_THREADS) moe_combine_kernel(const int32_t 
 
 extern "C" int dsv4_cu_moe_combine_launch(const int32_t *ids, long long ldids, const int32_t *pos, int k, int E,
                                           const uint16_t *out, const uint16_t *shared, long long T, long long D,
-                                          uint16_t *y, long long ldy, void *stream)
+                                          uint16_t *y, long long ldy, int split, void *stream)
 {
     if (T == 0) return 0;
     if (T > 0x7FFFFFFFll || k > DSV4_CU_ROUTE_MAX_TOPK) return (int)cudaErrorInvalidConfiguration;
-    return (int)cu_launch_dependent(moe_combine_kernel, dim3((unsigned)T), ROW_THREADS, (cudaStream_t)stream,
+    const long long dy = (D + ROW_THREADS - 1) / ROW_THREADS;
+    const dim3 grid((unsigned)T, (unsigned)(!split || dy < 1 ? 1 : dy < 65535 ? dy : 65535));
+    return (int)cu_launch_dependent(moe_combine_kernel, grid, ROW_THREADS, (cudaStream_t)stream,
                                     dsv4_cu_linear_pdl(), ids, ldids, pos, k, E, out, shared, D, y, ldy);
 }
