@@ -408,6 +408,56 @@ static void linear_rows_independent(void)
     }
 }
 
+/* The cuda backend's FP8 products of at most 8 rows run a streaming kernel ($DSV4_CUDA_GEMV_ROWS,
+ * default 8; 0 keeps the tensor-core kernel) with the tensor-core kernel's operations in its
+ * order: both must give the same bits, at every K split (1 .. 8 accumulators), ring depth (2, 4,
+ * 8 stages), a last stage cut short, N past a tile of 16 and across a 128-row scale block, and
+ * transposed scales; each also within the tolerance of linear_formats against cpu-ref. */
+static void linear_gemv(void)
+{
+    if (tb->device == DSV4_DEVICE_CPU || missing("linear.linear", HAS(linear, linear))) return;
+    /* (K split, stages): (8, 2) (8, 8) (8, 8) (1, 2) (2, 4) (4, 8): k_split's choice from N */
+    static const int64_t shapes[][2] = {{40, 256}, {200, 3200}, {24, 8192}, {34000, 256}, {17000, 544}, {8500, 1056}};
+    static const int64_t ms[] = {1, 2, 5, 8};
+    const char *env = getenv("DSV4_CUDA_GEMV_ROWS");
+    char *saved = env ? strdup(env) : NULL;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t n = shapes[si][0], k = shapes[si][1];
+        wcase w;
+        wcase_make(&w, DSV4_LINEAR_FP8_B128, n, k, 0, (int)(si & 1));
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+            const int64_t m = ms[mi];
+            float *xf = f32_rand((size_t)(m * k), 2.0f, 0.0f), *bias = f32_rand((size_t)n, 1.0f, 0.0f);
+            const dsv4_tensor hx = view(xf, DSV4_F32, 2, m, k, 0), hb = view(bias, DSV4_F32, 1, n, 0, 0);
+            float *yt = poisoned(4 * (size_t)(m * n)), *ym = poisoned(4 * (size_t)(m * n)), *yr = poisoned(4 * (size_t)(m * n));
+            setenv("DSV4_CUDA_GEMV_ROWS", "8", 1);
+            ran("linear", linear_on(tc, &w, &hx, &hb, yt, 0), linear_on(ref, &w, &hx, &hb, yr, 0));
+            release();
+            setenv("DSV4_CUDA_GEMV_ROWS", "0", 1);
+            CHECK_STATUS(linear_on(tc, &w, &hx, &hb, ym, 0), DSV4_OK);
+            release();
+            char what[96];
+            snprintf(what, sizeof what, "linear streaming vs tensor-core kernel (N %lld, K %lld, M %lld)", (long long)n,
+                     (long long)k, (long long)m);
+            same(what, "fp8_b128", yt, ym, 4 * (size_t)(m * n));
+            int bad = 0;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) {
+                    double mag = fabs(bias[j]);
+                    for (int64_t q = 0; q < k; q++) mag += fabs(xf[i * k + q] * w.wq[j * k + q]);
+                    bad += !(fabs((double)yt[i * n + j] - yr[i * n + j]) <= LIN_TOL * mag);
+                }
+            n_compared++;
+            CHECK(bad == 0, "%s on %s: %d outputs beyond %g of sum|x w| from cpu-ref", what, target, bad, LIN_TOL);
+            free(xf), free(bias), free(yt), free(ym), free(yr);
+        }
+        wcase_free(&w);
+    }
+    if (saved) setenv("DSV4_CUDA_GEMV_ROWS", saved, 1);
+    else unsetenv("DSV4_CUDA_GEMV_ROWS");
+    free(saved);
+}
+
 /* The grouped product (wo_a): G groups of R rows of one weight, the same tolerance per output. */
 static void linear_grouped(void)
 {
@@ -1687,7 +1737,7 @@ static const struct {
     void (*run)(void);
 } families[] = {
     {"formats_codecs", formats_codecs}, {"formats_rules", formats_rules},   {"formats_weights", formats_weights},
-    {"linear_formats", linear_formats}, {"linear_grouped", linear_grouped}, {"linear_rows_independent", linear_rows_independent},
+    {"linear_formats", linear_formats}, {"linear_grouped", linear_grouped}, {"linear_rows_independent", linear_rows_independent}, {"linear_gemv", linear_gemv},
     {"layer_rms", layer_rms},
     {"layer_mhc", layer_mhc},           {"layer_route", layer_route},       {"layer_swiglu", layer_swiglu},
     {"layer_moe", layer_moe},           {"layer_moe_quantized", layer_moe_quantized}, {"layer_moe_stream", layer_moe_stream}, {"tensor_ops", tensor_ops},         {"tensor_paged_slots", tensor_paged_slots},

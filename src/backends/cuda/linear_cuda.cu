@@ -82,6 +82,15 @@ static long long moe_stream_rows()
     const int v = env_int("DSV4_CUDA_MOE_STREAM_ROWS", 64);
     return v < 0 ? 0 : v;
 }
+/* Plain FP8 products of at most this many rows (at most GV_ROWS) take the streaming tensor-core
+ * kernel (mma_gemv_kernel; the same bits as mma_kernel, so only the speed depends on it):
+ * $DSV4_CUDA_GEMV_ROWS, default GV_ROWS; 0 keeps mma_kernel. Read at every call, as
+ * moe_stream_rows. */
+static long long gemv_rows()
+{
+    const int v = env_int("DSV4_CUDA_GEMV_ROWS", 8);
+    return v < 0 ? 0 : v;
+}
 extern "C" int dsv4_cu_linear_pdl(void) { return linear_pdl() ? 1 : 0; }
 
 /* ---- staging ----------------------------------------------------------------------------------- */
@@ -982,6 +991,168 @@ __global__ void __launch_bounds__(32) mma_stream_kernel(dsv4_cu_linear p, const 
     }
 }
 
+/* ---- the streaming tensor-core product of a plain FP8 product of few rows ---------------------- */
+/* An FP8 (128 x 128 block-scaled) product of at most 8 rows (a decode step's) runs
+ * mma_kernel<FMT_B128, 1, false>'s arithmetic with another memory side, so the two give the same
+ * bits (every fragment, mma, scaling and sum in the same order) and the choice is free:
+ *   a CTA is KW warps (k_split's K split) owning 16 weight rows of one group over the whole of K,
+ *   warp w taking pieces w, w + KW, ... as mma_kernel's warp w does; the CTA copies stages of
+ *   GV_PPS pieces (8, or 16 for 8 warps: 256 or 512 contiguous bytes a row) of its 16 rows and
+ *   of the staged activation codes of its M rows into a ring of ST stages in shared memory
+ *   (16-byte cp.async, ST - 1 stages in flight while it computes one), so a piece costs two 8-byte
+ *   and one 16-byte shared loads beside its mmas (mma_kernel at M = 1 issued ~150 instructions per
+ *   512-byte piece and streamed ~1.5 TB/s, BENCHMARKS.md "Linear layers on the GPU"); both sides'
+ *   scales are decoded once into tables after the ring. The warps' partials are summed as
+ *   mma_kernel sums them: warp 0's plus 1,
+ *   2, ... in turn. */
+enum { GV_ROWS = 8 };
+/* A stage of PPS pieces: a weight row's PPS * 32 bytes plus 32 (conflict-free 8-byte reads), an
+ * activation row's PPS * 64 bytes of codes plus 64 (conflict-free 16-byte reads). */
+static __host__ __device__ constexpr int gemv_rowb(int pps) { return pps * 32 + 32; }
+static __host__ __device__ constexpr int gemv_xrowb(int pps) { return pps * 64 + 64; }
+
+enum { GV_MAXK = 16384 /* the scale tables' bound: 6 KB at M = 8 */ };
+static __host__ __device__ inline size_t gemv_stage_bytes(int pps, long long m)
+{
+    return (size_t)16 * gemv_rowb(pps) + (size_t)m * gemv_xrowb(pps);
+}
+static inline size_t gemv_scale_bytes(long long m, long long k) { return (size_t)(16 + m) * (size_t)((k / 32 + 3) / 4) * 4; }
+
+template <int KW, int ST, int GV_PPS>
+__global__ void __launch_bounds__(32 * KW) mma_gemv_kernel(dsv4_cu_linear p)
+{
+    constexpr int GV_ROWB = gemv_rowb(GV_PPS), GV_XROWB = gemv_xrowb(GV_PPS), WCOLS = 2 * GV_PPS, XCOLS = 4 * GV_PPS;
+    static_assert(GV_PPS % KW == 0, "a stage holds whole turns of the warps");
+    static_assert((32 * KW) % XCOLS == 0, "a thread's chunks keep their columns");
+    static_assert(ST >= 2 && (ST & (ST - 1)) == 0, "the ring turns by masks");
+    constexpr int NT = 32 * KW, WCH = 16 * WCOLS / NT, XCH = (GV_ROWS * XCOLS + NT - 1) / NT;
+    extern __shared__ __align__(16) uint8_t gring[];
+    __shared__ float red[KW > 1 ? KW : 1][4][32];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const long long gi = blockIdx.y, row0 = (long long)blockIdx.x * 16;
+    const int mv = (int)p.m, npieces = (int)(p.k / 32), nst = (npieces + GV_PPS - 1) / GV_PPS, nblk = (npieces + 3) / 4;
+    const uint32_t sbytes = (uint32_t)gemv_stage_bytes(GV_PPS, mv), ring = cu_smem(gring);
+    /* after the ring: the scales as floats, sw[16][nblk] of the weight rows, sx[mv][nblk] of the
+     * activation rows (e8m0 decoded once, as mma_kernel decodes each) */
+    float *sw = (float *)(gring + ST * sbytes), *sx = sw + 16 * nblk;
+    cu_pdl_release();
+    /* the copy: 16-byte chunk c of a stage's weights is column c % WCOLS of row c / WCOLS, chunk c
+     * of its codes column c % XCOLS of activation row c / XCOLS; each source advances one stage a
+     * call */
+    const uint8_t *wsrc[WCH];
+    uint32_t wdst[WCH];
+#pragma unroll
+    for (int i = 0; i < WCH; i++) {
+        const int c = tid + i * NT;
+        const long long r = row0 + c / WCOLS, nr = r < p.n ? r : p.n - 1; /* rows past n repeat the last */
+        wsrc[i] = (const uint8_t *)p.w + (gi * p.n + nr) * p.ws_r_bytes + (c % WCOLS) * 16;
+        wdst[i] = (uint32_t)((c / WCOLS) * GV_ROWB + (c % WCOLS) * 16);
+    }
+    const int wpc0 = (tid % WCOLS) >> 1; /* the piece of a weight chunk within its stage */
+    const uint16_t *xsrc[XCH];
+    uint32_t xdst[XCH];
+#pragma unroll
+    for (int i = 0; i < XCH; i++) {
+        const int c = tid + i * NT, t = c / XCOLS < mv ? c / XCOLS : 0;
+        xsrc[i] = p.xcodes + (t * p.groups + gi) * p.k + (c % XCOLS) * 8;
+        xdst[i] = (uint32_t)(16 * GV_ROWB + t * GV_XROWB + (c % XCOLS) * 16);
+    }
+    const int xpc0 = (tid % XCOLS) >> 2; /* 8 codes a chunk: piece (c % XCOLS) / 4 */
+    auto issue_w = [&](int st) {
+        const uint32_t d = ring + (uint32_t)(st & (ST - 1)) * sbytes;
+        const bool on = st < nst && st * GV_PPS + wpc0 < npieces;
+#pragma unroll
+        for (int i = 0; i < WCH; i++) {
+            if (on) cu_cp_async16(d + wdst[i], wsrc[i]);
+            wsrc[i] += GV_PPS * 32;
+        }
+    };
+    auto issue_x = [&](int st) {
+        const uint32_t d = ring + (uint32_t)(st & (ST - 1)) * sbytes;
+        const bool on = st < nst && st * GV_PPS + xpc0 < npieces;
+#pragma unroll
+        for (int i = 0; i < XCH; i++) {
+            if (on && tid + i * NT < mv * XCOLS) cu_cp_async16(d + xdst[i], xsrc[i]);
+            xsrc[i] += GV_PPS * 32;
+        }
+    };
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < ST - 1; i++) {
+        issue_w(i);
+        cu_cp_async_commit();
+    }
+    for (int i = tid; i < 16 * nblk; i += NT) {
+        const long long r = row0 + i / nblk, nr = r < p.n ? r : p.n - 1;
+        sw[i] = cu_e8m0_f32(__ldg(p.scale + (gi * p.n + nr) / 128 * p.ss0 + (i % nblk) * p.ss1));
+    }
+    cu_pdl_wait(); /* the staging just before: its codes and scales */
+#pragma unroll
+    for (int i = 0; i < ST - 1; i++) issue_x(i);
+    cu_cp_async_commit();
+    for (int i = tid; i < mv * nblk; i += NT) {
+        const int t = i / nblk;
+        sx[i] = p.xscales[(t * p.groups + gi) * ((p.k + 127) / 128) + i % nblk];
+    }
+    cu_cp_async_wait<0>(); /* the prologue's stages, activations included (the barrier: below) */
+    /* this lane's scale entries: weight rows g, g + 8, activation columns 2q, 2q + 1 (0 past mv) */
+    const float *sw0p = sw + g * nblk, *sw1p = sw + (g + 8) * nblk;
+    const bool c0 = 2 * q < mv, c1 = 2 * q + 1 < mv;
+    const float *sx0p = sx + (c0 ? 2 * q : 0) * nblk, *sx1p = sx + (c1 ? 2 * q + 1 : 0) * nblk;
+    const bool xon = g < mv;
+    const uint32_t woff = (uint32_t)(g * GV_ROWB + 8 * q), xoff = (uint32_t)(16 * GV_ROWB + g * GV_XROWB + 16 * q);
+#pragma unroll 1
+    for (int st0 = 0; st0 < nst; st0 += ST) {
+#pragma unroll
+        for (int s = 0; s < ST; s++) {
+            const int st = st0 + s;
+            if (st >= nst) break;
+            cu_cp_async_wait<ST - 2>();
+            __syncthreads(); /* stage st is in for every thread, and stage st - 1 read by every warp */
+            issue_w(st + ST - 1);
+            issue_x(st + ST - 1);
+            cu_cp_async_commit();
+            const uint8_t *stg = gring + s * sbytes;
+#pragma unroll
+            for (int j = 0; j < GV_PPS / KW; j++) {
+                const int pi = warp + j * KW, pc = st * GV_PPS + pi;
+                if (pc >= npieces) break;
+                const uint2 w0 = *(const uint2 *)(stg + woff + pi * 32);
+                const uint2 w1 = *(const uint2 *)(stg + woff + 8 * GV_ROWB + pi * 32);
+                const uint4 X = xon ? *(const uint4 *)(stg + xoff + pi * 64) : make_uint4(0, 0, 0, 0);
+                const uint32_t A0[4] = {e4m3x2_f16x2(w0.x), e4m3x2_f16x2(w1.x), e4m3x2_f16x2(w0.x >> 16),
+                                        e4m3x2_f16x2(w1.x >> 16)};
+                const uint32_t A1[4] = {e4m3x2_f16x2(w0.y), e4m3x2_f16x2(w1.y), e4m3x2_f16x2(w0.y >> 16),
+                                        e4m3x2_f16x2(w1.y >> 16)};
+                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_f16(part, A0, __byte_perm(X.x, X.y, 0x5410), __byte_perm(X.z, X.w, 0x5410));
+                mma_f16(part, A1, __byte_perm(X.x, X.y, 0x7632), __byte_perm(X.z, X.w, 0x7632));
+                const int b = pc >> 2;
+                const float ws0 = sw0p[b], ws1 = sw1p[b], xs2[2] = {c0 ? sx0p[b] : 0.0f, c1 ? sx1p[b] : 0.0f};
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[c] = fmaf(part[c] * xs2[c & 1], c < 2 ? ws0 : ws1, acc[c]);
+            }
+        }
+    }
+    cu_cp_async_wait<0>();
+    if (KW > 1) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) red[warp][c][lane] = acc[c];
+        __syncthreads();
+        if (warp) return;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int w = 1; w < KW; w++) acc[c] += red[w][c][lane];
+    }
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const long long n = row0 + g + (c >= 2 ? 8 : 0);
+        const int tok = 2 * q + (c & 1);
+        if (n < p.n && tok < mv) store_y(p, p.y, tok, gi, n, acc[c]);
+    }
+}
+
 /* The launch of one format and activation type: a plain (grouped) product, or with `mo` an MoE
  * chunk of experts. The MoE instances are few, for compile time (each costs more than a plain
  * one): BF16 activations (the block's rows and stagings are BF16) and row tiles of one (the
@@ -1103,6 +1274,53 @@ static int stream_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, c
     }
 }
 
+/* The streaming kernel takes a plain product that mma_kernel would take (mma_fits) with FP8 block
+ * weights, K in whole pieces, at most gemv_rows() (<= GV_ROWS) rows and 16-byte aligned staged rows. */
+static bool gemv_fits(const dsv4_cu_linear *a)
+{
+    return a->fmt == FMT_B128 && a->m <= gemv_rows() && a->m <= GV_ROWS && a->k % 32 == 0 && a->k <= GV_MAXK &&
+           a16(a->xcodes);
+}
+
+template <int KW, int ST, int PPS> static cudaError_t gemv_run(const dsv4_cu_linear *a, dim3 grid, cudaStream_t s)
+{
+    static unsigned char configured[DSV4_CU_MAX_DEVICES];
+    int device = -1;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess)
+        e = (cudaError_t)cu_smem_opt_in(configured, device, mma_gemv_kernel<KW, ST, PPS>,
+                                        (int)(ST * gemv_stage_bytes(PPS, GV_ROWS) + gemv_scale_bytes(GV_ROWS, GV_MAXK)));
+    if (e != cudaSuccess) return e;
+    return cu_launch_dependent_smem(mma_gemv_kernel<KW, ST, PPS>, grid, 32 * KW,
+                                    ST * gemv_stage_bytes(PPS, a->m) + gemv_scale_bytes(a->m, a->k), s, linear_pdl(), *a);
+}
+
+/* Stages of 8 pieces (16 when 8 warps share them: two pieces a warp a stage, the ring's upkeep
+ * spread over more work), as many as K has up to 8 (4 of 16). */
+template <int KW> static cudaError_t gemv_stages(const dsv4_cu_linear *a, dim3 grid, cudaStream_t s)
+{
+    constexpr int PPS = KW == 8 ? 16 : 8;
+    const long long nst = (a->k / 32 + PPS - 1) / PPS;
+    if (nst <= 2) return gemv_run<KW, 2, PPS>(a, grid, s);
+    if constexpr (PPS == 16) return gemv_run<KW, 4, PPS>(a, grid, s);
+    else return nst <= 4 ? gemv_run<KW, 4, PPS>(a, grid, s) : gemv_run<KW, 8, PPS>(a, grid, s);
+}
+
+/* KW warps a CTA (mma_launch's K split: its order), 16 rows of one group each. */
+static int gemv_launch(const dsv4_cu_linear *a, cudaStream_t s)
+{
+    const long long gx = (a->n + 15) / 16, npieces = a->k / 32;
+    const int kw = k_split(a->n, a->groups, npieces, 16);
+    if (gx > 0x7FFFFFFFll || a->groups > 65535) return (int)cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)gx, (unsigned)a->groups, 1);
+    switch (kw) {
+    case 1: return (int)gemv_stages<1>(a, grid, s);
+    case 2: return (int)gemv_stages<2>(a, grid, s);
+    case 4: return (int)gemv_stages<4>(a, grid, s);
+    default: return (int)gemv_stages<8>(a, grid, s);
+    }
+}
+
 static int mma_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cudaStream_t s)
 {
     /* an MoE: one slot per expert that can have rows (at most one per row), found on the device */
@@ -1123,8 +1341,9 @@ static int linear_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, v
 {
     if (a->m == 0 || (mo && mo->n == 0)) return 0;
     if (mma_fits(a, mo))
-        return mo && stream_fits(a, mo) ? stream_launch(a, mo, (cudaStream_t)stream)
-                                        : mma_launch(a, mo, (cudaStream_t)stream);
+        return mo && stream_fits(a, mo)  ? stream_launch(a, mo, (cudaStream_t)stream)
+               : !mo && gemv_fits(a)     ? gemv_launch(a, (cudaStream_t)stream)
+                                         : mma_launch(a, mo, (cudaStream_t)stream);
     /* an MoE: one slot per expert that can have rows, as in mma_launch */
     const long long groups = mo ? (a->m < mo->n ? a->m : mo->n) : a->groups;
     const int vec = a->fmt == FMT_FP4 ? 32 : a->fmt == FMT_BF16 ? 8 : a->fmt == FMT_F32 ? 4 : 16;
