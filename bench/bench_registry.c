@@ -24,7 +24,7 @@ const dsv4_bench_entry dsv4_benches[] = {
     {"indexer", "lightning-indexer scoring + top-k at 16k/64k/256k entries: GB/s vs read bandwidth and an sgemm+sort peer", "threads quick", dsv4_bench_indexer},
     {"layer", "mHC, router and MoE (6 FP4 experts + FP8 shared) per token at V4-Flash sizes: GB/s vs read bandwidth; then the indexer bench", "threads quick only no-indexer", dsv4_bench_layer},
     {"model", "checkpoint loading: V4-Flash-shaped header parse + bind, in-place mmap vs a copying loader, mapped-weight GB/s", "threads quick dir", dsv4_bench_model},
-    {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline, by weight class with the 43-layer model extrapolated", "threads quick model max-batch steps busy rounds backend layers peak-tflops", dsv4_bench_run},
+    {"run", "the engine: prefill and decode tok/s (with / without MTP) on the tiny model and V4-Flash layer shapes vs the bytes-per-token roofline, by weight class with the 43-layer model extrapolated", "threads quick model max-batch steps busy rounds backend layers peak-tflops no-tiny", dsv4_bench_run},
     {"serve", "dsv4 serve under load (loopback, concurrency 1..64): aggregate tok/s, TTFT, inter-token p50/p99 vs the batched engine alone", "threads quick model tokens reps keep", dsv4_bench_serve},
     {"memory", "what V4-Flash (--pro: V4-Pro) needs: mapped checkpoint, bytes read per decoded token, the engine's plan at 4k/64k/1M positions (minutes)", "dir model pro", dsv4_bench_memory},
     {"startup", "first use of the backend registry (loading the backend modules) and each backend's availability check", "", dsv4_bench_startup},
@@ -51,6 +51,7 @@ const cli_opt bench_options[] = {
     {"m", 0, CLI_INT, NULL, 1, 4096, "M", "only this row count (default: 1, 2, 4, 8, 16, 32)"},
     {"backend", 0, CLI_STR, NULL, 0, 0, "NAME", "the engine's backend (run: default $DSV4_BACKEND, else cpu; cuda: the device's roofline)"},
     {"layers", 0, CLI_INT, NULL, 1, 43, "N", "blocks of the V4-Flash-shaped checkpoint (run: default 3, one of each kind; else V4-Flash's first N)"},
+    {"no-tiny", 0, CLI_FLAG, NULL, 0, 0, NULL, "run: the V4-Flash-shaped checkpoint only (not the tiny model before it)"},
     {"rounds", 0, CLI_INT, NULL, 1, 100, "N", "alternating rounds (default 2; run: default threads against 1, 7 with --busy, else none)"},
     {NULL, 0, CLI_FLAG, NULL, 0, 0, NULL, NULL},
 };

@@ -367,6 +367,7 @@ typedef struct run_opts {
     const char *backend;       /* the engine's backend (NULL: $DSV4_BACKEND, else cpu) */
     int device;                /* it computes in device memory: the roofline is the device's */
     int layers;                /* blocks of the V4-Flash-shaped checkpoint (3: one of each kind) */
+    int no_tiny;               /* the V4-Flash-shaped checkpoint only */
 } run_opts;
 
 /* The ids of one step for B sequences: distinct (stride 7919, a prime above any pool here) from
@@ -868,7 +869,7 @@ static int run_models(run_opts *ro, int quick, const char *model, int steps, dou
 int dsv4_bench_run(int argc, char **argv)
 {
     run_opts ro = {bench_opt_int(argc, argv, "--threads", dsv4_default_threads()), bench_opt_int(argc, argv, "--max-batch", MAX_B),
-                   bench_opt_int(argc, argv, "--steps", 0), 0, 0, 0.0, NULL, 0, NULL, 0, 3};
+                   bench_opt_int(argc, argv, "--steps", 0), 0, 0, 0.0, NULL, 0, NULL, 0, 3, 0};
     int quick = bench_opt_flag(argc, argv, "--quick");
     const char *model = bench_opt_str(argc, argv, "--model", NULL);
     if (ro.max_b < 1 || ro.max_b > MAX_B) {
@@ -888,6 +889,7 @@ int dsv4_bench_run(int argc, char **argv)
     const int threads = ro.threads, steps = ro.steps;
     ro.backend = bench_opt_str(argc, argv, "--backend", NULL);
     ro.layers = bench_opt_int(argc, argv, "--layers", 3);
+    ro.no_tiny = bench_opt_flag(argc, argv, "--no-tiny");
     double bw = 0.0, peak = 0.0;
     if (ro.backend && strcmp(ro.backend, "cpu") && strcmp(ro.backend, "cpu-ref")) {
         /* a device: its copy rate (read + write bytes) is the roofline's bandwidth, as in bench linear-cuda */
@@ -939,13 +941,15 @@ static int run_models(run_opts *ro_in, int quick, const char *model, int steps, 
     char tiny[] = "/tmp/dsv4-bench-tiny-XXXXXX", flash[] = "/tmp/dsv4-bench-flash-XXXXXX";
     int rc = 1;
     ro.steps = steps > 0 ? steps : 24;
-    if (mkdtemp(tiny) && dsv4_make_tiny(tiny, 1) == DSV4_OK) {
+    if (ro.no_tiny && !quick) {
+        rc = 0;
+    } else if (mkdtemp(tiny) && dsv4_make_tiny(tiny, 1) == DSV4_OK) {
         rc = ro.rounds && ro.threads > 1 ? threads_vs_one(tiny, ro.threads, ro.rounds, 128) : 0;
         rc = rc ? rc : bench_model("tiny (make-tiny)", tiny, &ro, 128, 64, bw, peak);
     } else {
         fprintf(stderr, "bench run: make-tiny: %s\n", dsv4_last_error());
     }
-    bench_rm_tree(tiny);
+    if (!ro.no_tiny || quick) bench_rm_tree(tiny);
     if (rc || quick) return rc;
     ro.pool = ROUTE_IDS;
     ro.classes = !ro.device; /* the class products are the cpu's */

@@ -904,7 +904,9 @@ static void layer_moe_stream(void)
 {
     if (tb->device == DSV4_DEVICE_CPU || missing("layer.moe (+ linear)", HAS(layer, moe) && HAS(linear, linear)))
         return;
-    enum { E = 8, D = 1024, I = 256 };
+    /* D = 4224: 66 pieces of 64 along w1 / w3's K, so the streaming kernel's ring of 16-piece
+     * stages turns (5 stages in a ring of 4) and its last stage is short */
+    enum { E = 8, D = 4224, I = 256 };
     wcase w[E + 1][3];
     for (int e = 0; e <= E; e++) {
         const dsv4_linear_format f = e == E ? DSV4_LINEAR_FP8_B128 : DSV4_LINEAR_FP4;
@@ -928,7 +930,7 @@ static void layer_moe_stream(void)
         ran("moe", moe_q_on(tc, x, ids, wts, T, E, &w[0], yt), moe_q_on(ref, x, ids, wts, T, E, &w[0], yr));
         setenv("DSV4_CUDA_MOE_STREAM_ROWS", "0", 1);
         ran("moe", moe_q_on(tc, x, ids, wts, T, E, &w[0], ym), DSV4_OK);
-        near_moe(pass ? "y (11 tokens, FP4 experts of K 1024 and 256)" : "y (3 tokens, FP4 experts of K 1024 and 256)",
+        near_moe(pass ? "y (11 tokens, FP4 experts of K 4224 and 256)" : "y (3 tokens, FP4 experts of K 4224 and 256)",
                  yt, yr, T, D);
         same("moe", "y, the streaming kernel vs the tensor-core kernel", yt, ym, 2 * (size_t)T * D);
         free(x), free(yr), free(yt), free(ym);

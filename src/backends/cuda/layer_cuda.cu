@@ -9,7 +9,7 @@
 
 #include <cooperative_groups.h>
 
-enum { RMS_THREADS = 256 };
+enum { RMS_THREADS = 1024, RMS_AHEAD = 4 }; /* a 4096-wide row: one batch of loads a thread */
 
 DSV4_CU_INLINE float ld_any(const void *p, int bf16, long long i)
 {
@@ -32,10 +32,20 @@ __global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long lo
     const long long r = blockIdx.x;
     const char *xr = (const char *)x + r * ldx * (x_bf16 ? 2 : 4);
     char *yr = (char *)y + r * ldy * (y_bf16 ? 2 : 4);
+    /* RMS_AHEAD elements a thread at a time: the batch's loads before its arithmetic (the sums in
+     * the order of one element after another) */
+    constexpr int A = RMS_AHEAD;
     float s = 0.0f;
-    for (long long i = threadIdx.x; i < d; i += RMS_THREADS) {
-        const float v = ld_any(xr, x_bf16, i);
-        s = __fadd_rn(s, __fmul_rn(v, v));
+    for (long long i0 = threadIdx.x; i0 < d; i0 += A * RMS_THREADS) {
+        float v[A];
+#pragma unroll
+        for (int a = 0; a < A; a++) {
+            const long long i = i0 + (long long)a * RMS_THREADS;
+            v[a] = i < d ? ld_any(xr, x_bf16, i) : 0.0f;
+        }
+#pragma unroll
+        for (int a = 0; a < A; a++)
+            if (i0 + (long long)a * RMS_THREADS < d) s = __fadd_rn(s, __fmul_rn(v[a], v[a]));
     }
     __shared__ float part[RMS_THREADS / 32];
 #pragma unroll
@@ -45,9 +55,22 @@ __global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long lo
     float tot = part[0];
     for (int i = 1; i < RMS_THREADS / 32; i++) tot = __fadd_rn(tot, part[i]);
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(tot, (float)d), eps)));
-    for (long long i = threadIdx.x; i < d; i += RMS_THREADS) {
-        const float v = __fmul_rn(ld_any(xr, x_bf16, i), inv);
-        st_any(yr, y_bf16, i, w ? __fmul_rn(v, ld_any(w, w_bf16, i)) : v);
+    /* a thread writes only the elements it read (y may be x) */
+    for (long long i0 = threadIdx.x; i0 < d; i0 += A * RMS_THREADS) {
+        float v[A], g[A];
+#pragma unroll
+        for (int a = 0; a < A; a++) {
+            const long long i = i0 + (long long)a * RMS_THREADS;
+            v[a] = i < d ? ld_any(xr, x_bf16, i) : 0.0f;
+            g[a] = i < d && w ? ld_any(w, w_bf16, i) : 0.0f;
+        }
+#pragma unroll
+        for (int a = 0; a < A; a++) {
+            const long long i = i0 + (long long)a * RMS_THREADS;
+            if (i >= d) continue;
+            const float u = __fmul_rn(v[a], inv);
+            st_any(yr, y_bf16, i, w ? __fmul_rn(u, g[a]) : u);
+        }
     }
 }
 
@@ -135,7 +158,7 @@ extern "C" int dsv4_cu_hc_post_launch(long long T, long long D, int n, const uin
  * the split and Sinkhorn of layer_ref.c dsv4_hc_split in its operation order by one thread, then
  * the weighted sum of the streams into y. S depends on n and D only, so the summation order does
  * too. */
-enum { HC_THREADS = 256, HC_MAX_N = 8, HC_MAX_MIX = (2 + HC_MAX_N) * HC_MAX_N, HC_MAX_SLICES = 64 };
+enum { HC_THREADS = 256, HC_MAX_N = 8, HC_MAX_MIX = (2 + HC_MAX_N) * HC_MAX_N, HC_MAX_SLICES = 64, HC_SUM_AHEAD = 8 };
 
 DSV4_CU_INLINE float block_sum(float v, float *sh)
 {
@@ -255,11 +278,16 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
     /* Warp 0: lane j < n takes row j (pre, post, the row's softmax, the row phases of Sinkhorn)
      * and column j (the column phases), with the operations and order of one thread doing every
      * row and column in turn (hc_pre of layer_ref.c), so the results are that thread's. */
-    if (threadIdx.x < 32) {
-        const int j = threadIdx.x;
-        const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(mix[nmix], (float)((long long)n * D)), norm_eps)));
+    const int j = threadIdx.x;
+    float r = 0.0f;
+    if (j < 32) {
+        r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(mix[nmix], (float)((long long)n * D)), norm_eps)));
+        if (j < n) pre[j] = __fadd_rn(sigmoid_rn(__fadd_rn(__fmul_rn(__fmul_rn(mix[j], r), scale[0]), base[j])), eps);
+    }
+    __syncthreads(); /* pre is set, and the partials in y are read: y may be written */
+    /* warp 0: post and the combination (Sinkhorn) while the other warps write the weighted sum */
+    if (j < 32) {
         if (j < n) {
-            pre[j] = __fadd_rn(sigmoid_rn(__fadd_rn(__fmul_rn(__fmul_rn(mix[j], r), scale[0]), base[j])), eps);
             if (nmix != n) {
                 post_out[t * post_t + j] =
                     __fmul_rn(2.0f, sigmoid_rn(__fadd_rn(__fmul_rn(__fmul_rn(mix[n + j], r), scale[1]), base[n + j])));
@@ -273,7 +301,24 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
             }
         }
         __syncwarp();
-        if (nmix != n) {
+        if (nmix != n && n * n <= 32) {
+            /* Sinkhorn with lane i*n + k holding entry (i, k): each lane gathers its row (column)
+             * by shuffles and sums it in the order of one thread, then divides its own entry, so
+             * a phase is one division deep instead of n (the same operations: the same bits) */
+            const int nn = n * n, ri = j < nn ? j / n : 0, ck = j < nn ? j % n : 0;
+            float v = j < nn ? cm[j] : 0.0f;
+            for (int it = 0; it < iters; it++) {
+                if (it > 0) {
+                    float s = 0.0f;
+                    for (int k = 0; k < n; k++) s = __fadd_rn(s, __shfl_sync(0xFFFFFFFFu, v, ri * n + k));
+                    v = __fdiv_rn(v, __fadd_rn(s, eps));
+                }
+                float s = 0.0f;
+                for (int i = 0; i < n; i++) s = __fadd_rn(s, __shfl_sync(0xFFFFFFFFu, v, i * n + ck));
+                v = __fdiv_rn(v, __fadd_rn(s, eps));
+            }
+            if (j < nn) comb_out[t * comb_t + ri * comb_j + ck] = v;
+        } else if (nmix != n) {
             for (int it = 0; it < iters; it++) {
                 if (it > 0) {
                     if (j < n) {
@@ -293,13 +338,30 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
             }
             for (int i = j; i < n * n; i += 32) comb_out[t * comb_t + (i / n) * comb_j + i % n] = cm[i];
         }
+        return;
     }
-    __syncthreads(); /* the partials in y are read: y may be written */
     const uint16_t *xt = x + t * x_t;
-    for (long long d = threadIdx.x; d < D; d += HC_THREADS) {
-        float s = __fmul_rn(pre[0], cu_bf16_f32(xt[d]));
-        for (int j = 1; j < n; j++) s = __fadd_rn(s, __fmul_rn(pre[j], cu_bf16_f32(xt[j * x_j + d])));
-        yt[d] = (uint16_t)cu_f32_bf16(s);
+    /* HC_SUM_AHEAD elements a thread at a time, every load of the batch before its stores (x and y
+     * are distinct buffers, which the compiler cannot know) */
+    constexpr int A = HC_SUM_AHEAD, SUMT = HC_THREADS - 32;
+    for (long long d0 = threadIdx.x - 32; d0 < D; d0 += A * SUMT) {
+        float s[A];
+#pragma unroll
+        for (int a = 0; a < A; a++) {
+            const long long d = d0 + (long long)a * SUMT;
+            s[a] = d < D ? __fmul_rn(pre[0], cu_bf16_f32(__ldg(xt + d))) : 0.0f;
+        }
+        for (int h = 1; h < n; h++)
+#pragma unroll
+            for (int a = 0; a < A; a++) {
+                const long long d = d0 + (long long)a * SUMT;
+                if (d < D) s[a] = __fadd_rn(s[a], __fmul_rn(pre[h], cu_bf16_f32(__ldg(xt + h * x_j + d))));
+            }
+#pragma unroll
+        for (int a = 0; a < A; a++) {
+            const long long d = d0 + (long long)a * SUMT;
+            if (d < D) yt[d] = (uint16_t)cu_f32_bf16(s[a]);
+        }
     }
 }
 

@@ -831,21 +831,23 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
 /* FP4 experts of few rows (a decode step's: at most $DSV4_CUDA_MOE_STREAM_ROWS rows in all, see
  * stream_fits) run mma_kernel<FMT_FP4, 1, true>'s arithmetic with another memory side, so the two
  * give the same bits and the choice between them is free:
- *   a CTA is one warp owning 16 weight rows of one (slot, weight set) over the whole of K, the
- *   grid (N / 16, slots, sets) one wave for a token's 6 experts (mma_kernel's CTA is 16 rows x 8
- *   K-splitting warps of a few pieces each: ~6 waves of short CTAs streamed at ~1 TB/s for one
- *   token, BENCHMARKS.md "Linear layers on the GPU"); the warp copies stages of 8 pieces of its
- *   16 rows (256 contiguous bytes a row, 16-byte cp.async that bypass L1) and their scale bytes
- *   into a ring of three in shared memory, two stages in flight while it computes the third;
- *   lane (g, q) reads from there the two words mma_kernel's lane holds after its swap with lane
- *   q ^ 2 (bytes 4j and 16 + 4j of a piece of rows g and g + 8, j as there), so the fragments,
- *   the mmas, the scalings and the activation codes are mma_kernel's, operation for operation;
- *   mma_kernel's KW K-splitting warps (k_split: warp w takes pieces w, w + KW, ...) become KW
- *   accumulators of the one warp (piece pc into accumulator pc % KW, pieces in ascending order),
- *   summed at the end as mma_kernel sums its warps' partials: accumulator 0 plus 1, 2, ... in turn.
+ *   a CTA is KW warps (k_split's K split) owning 16 weight rows of one (slot, weight set) over the
+ *   whole of K, warp w taking pieces w, w + KW, ... as mma_kernel's warp w does (the grid
+ *   (N / 16, slots, sets) is one wave for a token's 6 experts; mma_kernel's CTAs of a few pieces
+ *   each streamed at ~1 TB/s for one token, BENCHMARKS.md "Linear layers on the GPU"); the CTA
+ *   copies stages of PPS pieces of its 16 rows (PPS * 32 contiguous bytes a row, 16-byte cp.async
+ *   that bypass L1) and their scale bytes into a ring of ST stages in shared memory, ST - 1 in
+ *   flight while it computes one; lane (g, q) reads from there the two words mma_kernel's lane
+ *   holds after its swap with lane q ^ 2 (bytes 4j and 16 + 4j of a piece of rows g and g + 8, j
+ *   as there), so the fragments, the mmas, the scalings and the activation codes are mma_kernel's,
+ *   operation for operation; the warps' partials are summed as mma_kernel sums them: warp 0's plus
+ *   1, 2, ... in turn. The activation scales of a pass sit in a table after the ring.
  * An expert of more than 8 rows is walked in passes of 8 (mma_kernel's passes), its weights
  * streamed again each pass. */
-enum { MS_PPS = 8, MS_STAGES = 3, MS_ROWB = MS_PPS * 32 + 16 /* 68 words a row: conflict-free reads */ };
+/* A stage of PPS pieces: a weight row's PPS * 32 bytes plus 16 (conflict-free 4-byte reads), a
+ * scale row's 2 * PPS bytes. */
+static __host__ __device__ constexpr int stream_rowb(int pps) { return pps * 32 + 16; }
+static __host__ __device__ constexpr int stream_stage_bytes(int pps) { return 16 * stream_rowb(pps) + 16 * 2 * pps; }
 
 /* The expert (index into `tab`) of MoE slot blockIdx.y for a one-warp CTA: moe_slot_expert's
  * rule (the y-th expert of the chunk that has rows, -1 past the last), every offset loaded at once. */
@@ -873,120 +875,135 @@ DSV4_CU_INLINE int moe_slot_expert_warp(const moe_tab &tab, const int32_t *off, 
     return -1;
 }
 
-template <int KW>
-__global__ void __launch_bounds__(32) mma_stream_kernel(dsv4_cu_linear p, const __grid_constant__ moe_tab tab,
-                                                         const int32_t *off, int e0)
+template <int KW, int ST, int PPS>
+__global__ void __launch_bounds__(32 * KW) mma_stream_kernel(dsv4_cu_linear p, const __grid_constant__ moe_tab tab,
+                                                              const int32_t *off, int e0)
 {
     typedef mma_fmt<FMT_FP4> F;
-    static_assert(MS_PPS % KW == 0, "a piece's accumulator is fixed by its place in the stage");
-    __shared__ __align__(16) uint8_t wring[MS_STAGES][16 * MS_ROWB];
-    __shared__ __align__(16) uint8_t sring[MS_STAGES][16 * 2 * MS_PPS];
-    const int lane = threadIdx.x, g = lane >> 2, q = lane & 3, j = (q & 1) * 2 + (q >> 1);
+    constexpr int NT = 32 * KW, ROWB = stream_rowb(PPS), SB = stream_stage_bytes(PPS), WCOLS = 2 * PPS, SCOLS = PPS / 2;
+    constexpr int WCH = 16 * WCOLS / NT, SCH = (16 * SCOLS + NT - 1) / NT;
+    static_assert(PPS % KW == 0 && PPS % 2 == 0, "a stage holds whole turns of the warps and whole scale words");
+    static_assert(NT % WCOLS == 0 && ST >= 2 && (ST & (ST - 1)) == 0, "a thread's chunks keep their columns; masks");
+    extern __shared__ __align__(16) uint8_t wring[];
+    __shared__ float red[KW > 1 ? KW : 1][4][32];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3, j = (q & 1) * 2 + (q >> 1);
     cu_pdl_release();
     cu_pdl_wait(); /* off is the kernel before's */
-    const int se = moe_slot_expert_warp(tab, off, e0);
+    const int se = moe_slot_expert_warp(tab, off, e0); /* every warp finds the same */
     if (se < 0) return;
     long long m0 = off[e0 + se];
     const long long mend = off[e0 + se + 1];
     const uint8_t *wb = (const uint8_t *)tab.w[blockIdx.z][se], *sb = tab.s[blockIdx.z][se];
     void *yout = tab.y[blockIdx.z];
-    const long long row0 = (long long)blockIdx.x * 16, npieces = p.k / F::VPP, nst = (npieces + MS_PPS - 1) / MS_PPS;
-    const long long ngr = (p.k + F::G - 1) / F::G;
-    /* the copy: lane l takes the 16-byte column l % 16 of rows l / 16 + 2i and scale words l, l + 32 */
-    const int ccol = lane & 15, crow = lane >> 4;
-    auto issue = [&](long long st) {
+    const long long row0 = (long long)blockIdx.x * 16;
+    const int npieces = (int)(p.k / F::VPP), nst = (npieces + PPS - 1) / PPS, ngr = (int)((p.k + F::G - 1) / F::G);
+    float *sx = (float *)(wring + ST * SB); /* [8][ngr]: this pass's activation scales times 2^14 */
+    const uint32_t ring = cu_smem(wring);
+    /* the copy: 16-byte chunk c of a stage's weights is column c % WCOLS of row c / WCOLS, 4-byte
+     * chunk c of its scales column c % SCOLS of row c / SCOLS */
+    const uint8_t *wsrc[WCH], *ssrc[SCH];
+    uint32_t wdst[WCH], sdst[SCH];
+#pragma unroll
+    for (int i = 0; i < WCH; i++) {
+        const int c = tid + i * NT;
+        const long long r = row0 + c / WCOLS, nr = r < p.n ? r : p.n - 1; /* rows past n repeat the last */
+        wsrc[i] = wb + nr * p.ws_r_bytes + (c % WCOLS) * 16;
+        wdst[i] = (uint32_t)((c / WCOLS) * ROWB + (c % WCOLS) * 16);
+    }
+#pragma unroll
+    for (int i = 0; i < SCH; i++) {
+        const int c = tid + i * NT < 16 * SCOLS ? tid + i * NT : 0;
+        const long long r = row0 + c / SCOLS, nr = r < p.n ? r : p.n - 1;
+        ssrc[i] = sb + nr * p.ss0 + 4 * (c % SCOLS);
+        sdst[i] = (uint32_t)(16 * ROWB + (c / SCOLS) * 2 * PPS + 4 * (c % SCOLS));
+    }
+    const int wpc = (tid % WCOLS) >> 1, spc = 2 * (tid % SCOLS); /* the first piece of a thread's chunks */
+    auto issue = [&](int st) { /* one commit group per call, empty past the end */
         if (st < nst) {
-            const long long pc0 = st * MS_PPS;
-            uint8_t *wd = wring[st % MS_STAGES], *sd = sring[st % MS_STAGES];
-            if (pc0 + (ccol >> 1) < npieces)
+            const uint32_t d = ring + (uint32_t)(st & (ST - 1)) * SB;
+            const long long pc0 = (long long)st * PPS;
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int r = crow + 2 * i;
-                    const long long nr = row0 + r < p.n ? row0 + r : p.n - 1; /* rows past n repeat the last */
-                    cu_cp_async16(cu_smem(wd + r * MS_ROWB + ccol * 16), wb + nr * p.ws_r_bytes + pc0 * 32 + ccol * 16);
-                }
+            for (int i = 0; i < WCH; i++)
+                if (pc0 + wpc < npieces) cu_cp_async16(d + wdst[i], wsrc[i] + pc0 * 32);
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int wi = lane + 32 * i, r = wi >> 2, c = wi & 3;
-                const long long nr = row0 + r < p.n ? row0 + r : p.n - 1;
-                cu_cp_async4_if(cu_smem(sd + r * 2 * MS_PPS + 4 * c), sb + nr * p.ss0 + 2 * pc0 + 4 * c,
-                                pc0 + 2 * c < npieces);
-            }
+            for (int i = 0; i < SCH; i++)
+                cu_cp_async4_if(d + sdst[i], ssrc[i] + 2 * pc0, tid + i * NT < 16 * SCOLS && pc0 + spc < npieces);
         }
-        cu_cp_async_commit(); /* always: the wait below counts groups */
+        cu_cp_async_commit();
     };
 #pragma unroll 1
     for (;; m0 += 8) {
         const int mv = (int)(mend - m0 < 8 ? mend - m0 : 8);
         /* the n8 operand: activation row g; the scales of the accumulator's columns 2q, 2q + 1 */
         const uint16_t *xc = g < mv ? p.xcodes + (m0 + g) * p.k : nullptr;
-        const float *xs[2];
+        const bool c0 = 2 * q < mv, c1 = 2 * q + 1 < mv;
+        const float *sx0 = sx + (c0 ? 2 * q : 0) * ngr, *sx1 = sx + (c1 ? 2 * q + 1 : 0) * ngr;
+        __syncthreads(); /* the ring, sx and red are free (a pass before) */
+        for (int i = tid; i < mv * ngr; i += NT) sx[i] = p.xscales[(m0 + i / ngr) * ngr + i % ngr] * 16384.0f; /* 2^-14 */
 #pragma unroll
-        for (int c = 0; c < 2; c++) xs[c] = 2 * q + c < mv ? p.xscales + (m0 + 2 * q + c) * ngr : nullptr;
-        float acc[KW][4];
-#pragma unroll
-        for (int w = 0; w < KW; w++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[w][c] = 0.0f;
-        cu_cp_async_wait<0>();
-        __syncwarp(); /* the ring is free (a pass before) */
-#pragma unroll
-        for (int st = 0; st < MS_STAGES - 1; st++) issue(st);
+        for (int st = 0; st < ST - 1; st++) issue(st);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
-        for (long long st = 0; st < nst; st++) {
-            cu_cp_async_wait<MS_STAGES - 2>();
-            __syncwarp(); /* stage st is in for every lane, and stage st - 1 read by every lane */
-            issue(st + MS_STAGES - 1);
-            const uint8_t *ws = wring[st % MS_STAGES], *ss = sring[st % MS_STAGES];
-            float sx[2] = {0.0f, 0.0f};
+        for (int st0 = 0; st0 < nst; st0 += ST) {
 #pragma unroll
-            for (int pi = 0; pi < MS_PPS; pi++) {
-                const long long pc = st * MS_PPS + pi;
-                if (pc >= npieces) break;
-                if (pi % 2 == 0) { /* a 128-group holds two pieces */
-                    const long long grp = pc / 2;
+            for (int s = 0; s < ST; s++) {
+                const int st = st0 + s;
+                if (st >= nst) break;
+                cu_cp_async_wait<ST - 2>();
+                __syncthreads(); /* stage st is in for every thread, stage st - 1 read by every warp (and sx written) */
+                issue(st + ST - 1);
+                const uint8_t *ws = wring + s * SB, *ss = ws + 16 * ROWB;
 #pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        sx[c] = xs[c] ? xs[c][grp] : 0.0f;
-                        sx[c] *= 16384.0f; /* the decode's 2^-14 (exact) */
+                for (int jj = 0; jj < PPS / KW; jj++) {
+                    const int pi = warp + jj * KW, pc = st * PPS + pi;
+                    if (pc >= npieces) break;
+                    const int grp = pc >> 1; /* a 128-group holds two pieces */
+                    const float sxv[2] = {c0 ? sx0[grp] : 0.0f, c1 ? sx1[grp] : 0.0f};
+                    uint32_t wq[2][2], sc[2]; /* [row g, g + 8][block]; the rows' two scale bytes */
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const uint8_t *row = ws + (g + 8 * r) * ROWB + pi * 32;
+                        wq[r][0] = *(const uint32_t *)(row + 4 * j);
+                        wq[r][1] = *(const uint32_t *)(row + 16 + 4 * j);
+                        sc[r] = *(const uint16_t *)(ss + (g + 8 * r) * 2 * PPS + 2 * pi);
                     }
-                }
-                uint32_t wq[2][2], sc[2]; /* [row g, g + 8][block]; the rows' two scale bytes */
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const uint8_t *row = ws + (g + 8 * r) * MS_ROWB + pi * 32;
-                    wq[r][0] = *(const uint32_t *)(row + 4 * j);
-                    wq[r][1] = *(const uint32_t *)(row + 16 + 4 * j);
-                    sc[r] = *(const uint16_t *)(ss + (g + 8 * r) * 2 * MS_PPS + 2 * pi);
-                }
-                float *a = acc[pi % KW];
+                    for (int b = 0; b < 2; b++) {
+                        const uint32_t A0[4] = {e2m1x2_f16x2(wq[0][b], 0), e2m1x2_f16x2(wq[1][b], 0),
+                                                e2m1x2_f16x2(wq[0][b], 1), e2m1x2_f16x2(wq[1][b], 1)};
+                        const uint32_t A1[4] = {e2m1x2_f16x2(wq[0][b], 2), e2m1x2_f16x2(wq[1][b], 2),
+                                                e2m1x2_f16x2(wq[0][b], 3), e2m1x2_f16x2(wq[1][b], 3)};
+                        const long long xk = (long long)pc * 64 + 32 * b + 8 * j;
+                        uint4 X = make_uint4(0, 0, 0, 0);
+                        if (xc) X = __ldg((const uint4 *)(xc + xk));
+                        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma_f16(part, A0, X.x, X.y);
+                        mma_f16(part, A1, X.z, X.w);
+                        const float sw0 = cu_e8m0_f32((sc[0] >> (8 * b)) & 0xFFu), sw1 = cu_e8m0_f32((sc[1] >> (8 * b)) & 0xFFu);
 #pragma unroll
-                for (int b = 0; b < 2; b++) {
-                    const uint32_t A0[4] = {e2m1x2_f16x2(wq[0][b], 0), e2m1x2_f16x2(wq[1][b], 0),
-                                            e2m1x2_f16x2(wq[0][b], 1), e2m1x2_f16x2(wq[1][b], 1)};
-                    const uint32_t A1[4] = {e2m1x2_f16x2(wq[0][b], 2), e2m1x2_f16x2(wq[1][b], 2),
-                                            e2m1x2_f16x2(wq[0][b], 3), e2m1x2_f16x2(wq[1][b], 3)};
-                    const long long xk = pc * 64 + 32 * b + 8 * j;
-                    uint4 X = make_uint4(0, 0, 0, 0);
-                    if (xc) X = __ldg((const uint4 *)(xc + xk));
-                    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma_f16(part, A0, X.x, X.y);
-                    mma_f16(part, A1, X.z, X.w);
-                    const float sw0 = cu_e8m0_f32((sc[0] >> (8 * b)) & 0xFFu), sw1 = cu_e8m0_f32((sc[1] >> (8 * b)) & 0xFFu);
-#pragma unroll
-                    for (int c = 0; c < 4; c++) a[c] = fmaf(part[c] * sx[c & 1], c < 2 ? sw0 : sw1, a[c]);
+                        for (int c = 0; c < 4; c++) acc[c] = fmaf(part[c] * sxv[c & 1], c < 2 ? sw0 : sw1, acc[c]);
+                    }
                 }
             }
         }
+        cu_cp_async_wait<0>();
+        if (KW > 1) {
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const long long n = row0 + g + (c >= 2 ? 8 : 0);
-            const int tok = 2 * q + (c & 1);
-            float v = acc[0][c];
+            for (int c = 0; c < 4; c++) red[warp][c][lane] = acc[c];
+            __syncthreads();
+            if (warp == 0)
 #pragma unroll
-            for (int w = 1; w < KW; w++) v += acc[w][c];
-            if (n < p.n && tok < mv) store_y(p, yout, m0 + tok, 0, n, v);
+                for (int c = 0; c < 4; c++)
+#pragma unroll
+                    for (int w = 1; w < KW; w++) acc[c] += red[w][c][lane];
         }
+        if (warp == 0)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const long long n = row0 + g + (c >= 2 ? 8 : 0);
+                const int tok = 2 * q + (c & 1);
+                if (n < p.n && tok < mv) store_y(p, yout, m0 + tok, 0, n, acc[c]);
+            }
         if (m0 + 8 >= mend) break;
     }
 }
@@ -1236,7 +1253,7 @@ template <int FMT> static cudaError_t mma_run(const dsv4_cu_linear *a, dim3 grid
  * weight rows, contiguous scale bytes in 4-byte aligned rows, and few rows (moe_stream_rows). */
 static bool stream_fits(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo)
 {
-    if (a->fmt != FMT_FP4 || a->k % 128 || a->ws_r_bytes % 16 || a->ss1 != 1 || a->ss0 % 4) return false;
+    if (a->fmt != FMT_FP4 || a->k % 128 || a->k > 16384 || a->ws_r_bytes % 16 || a->ss1 != 1 || a->ss0 % 4) return false;
     if (a->m > moe_stream_rows()) return false;
     for (int j = 0; j < mo->sets; j++)
         for (int i = 0; i < mo->n; i++)
@@ -1257,20 +1274,36 @@ static int k_split(long long n, long long groups, long long steps, int set_rows)
     return kw;
 }
 
-/* One warp a CTA, 16 rows of one (slot, weight set) each; KW as mma_launch's (its order). */
+/* KW warps a CTA (mma_launch's K split: its order), 16 rows of one (slot, weight set) each;
+ * stages of 8 pieces (16 when 8 warps share them), as many as K has up to 8 (4 of 16). */
+template <int KW, int ST, int PPS>
+static cudaError_t stream_run(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, dim3 grid, cudaStream_t s)
+{
+    const size_t smem = (size_t)ST * stream_stage_bytes(PPS) + (size_t)8 * ((a->k + 127) / 128) * 4;
+    return cu_launch_dependent_smem(mma_stream_kernel<KW, ST, PPS>, grid, 32 * KW, smem, s, linear_pdl(), *a,
+                                    moe_table(mo), mo->offsets, mo->e0);
+}
+
+template <int KW> static cudaError_t stream_stages(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, dim3 grid, cudaStream_t s)
+{
+    constexpr int PPS = KW == 8 ? 16 : 8;
+    const long long nst = (a->k / 64 + PPS - 1) / PPS;
+    if (nst <= 2) return stream_run<KW, 2, PPS>(a, mo, grid, s);
+    if constexpr (PPS == 16) return stream_run<KW, 4, PPS>(a, mo, grid, s);
+    else return nst <= 4 ? stream_run<KW, 4, PPS>(a, mo, grid, s) : stream_run<KW, 8, PPS>(a, mo, grid, s);
+}
+
 static int stream_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cudaStream_t s)
 {
     const long long slots = a->m < mo->n ? a->m : mo->n, gx = (a->n + 15) / 16;
     const int kw = k_split(a->n, 1, a->k / 64, 16);
     if (gx > 0x7FFFFFFFll || slots > 65535) return (int)cudaErrorInvalidConfiguration;
     const dim3 grid((unsigned)gx, (unsigned)slots, (unsigned)mo->sets);
-    const moe_tab t = moe_table(mo);
-    const bool pdl = linear_pdl();
     switch (kw) {
-    case 1: return (int)cu_launch_dependent(mma_stream_kernel<1>, grid, 32, s, pdl, *a, t, mo->offsets, mo->e0);
-    case 2: return (int)cu_launch_dependent(mma_stream_kernel<2>, grid, 32, s, pdl, *a, t, mo->offsets, mo->e0);
-    case 4: return (int)cu_launch_dependent(mma_stream_kernel<4>, grid, 32, s, pdl, *a, t, mo->offsets, mo->e0);
-    default: return (int)cu_launch_dependent(mma_stream_kernel<8>, grid, 32, s, pdl, *a, t, mo->offsets, mo->e0);
+    case 1: return (int)stream_stages<1>(a, mo, grid, s);
+    case 2: return (int)stream_stages<2>(a, mo, grid, s);
+    case 4: return (int)stream_stages<4>(a, mo, grid, s);
+    default: return (int)stream_stages<8>(a, mo, grid, s);
     }
 }
 
