@@ -335,6 +335,20 @@ static dsv4_status linear_on(dsv4_ctx *c, const wcase *w, const dsv4_tensor *hx,
     return s;
 }
 
+/* Outputs of y beyond LIN_TOL of sum |x w| (plus |bias|) from cpu-ref's yr, m rows of w.n. */
+static int lin_beyond(const wcase *w, const float *xf, const float *bias, const float *y, const float *yr, int64_t m)
+{
+    const int64_t n = w->n, k = w->k;
+    int bad = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double mag = fabs(bias[j]);
+            for (int64_t q = 0; q < k; q++) mag += fabs(xf[i * k + q] * w->wq[j * k + q]);
+            bad += !(fabs((double)y[i * n + j] - yr[i * n + j]) <= LIN_TOL * mag);
+        }
+    return bad;
+}
+
 static void linear_formats(void)
 {
     if (missing("linear.linear", HAS(linear, linear) && HAS(linear, workspace_size))) return;
@@ -357,13 +371,7 @@ static void linear_formats(void)
             float *yr = poisoned(4 * (size_t)(m * n)), *yt = poisoned(4 * (size_t)(m * n)),
                   *ys = poisoned(4 * (size_t)(m * n));
             ran("linear", linear_on(tc, &w, &hx, &hb, yt, 0), linear_on(ref, &w, &hx, &hb, yr, 0));
-            int bad = 0;
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) {
-                    double mag = fabs(bias[j]);
-                    for (int64_t q = 0; q < k; q++) mag += fabs(xf[i * k + q] * w.wq[j * k + q]);
-                    bad += !(fabs((double)yt[i * n + j] - yr[i * n + j]) <= LIN_TOL * mag);
-                }
+            const int bad = lin_beyond(&w, xf, bias, yt, yr, m);
             n_compared++;
             CHECK(bad == 0, "linear %s m=%lld on %s: %d outputs beyond %g of sum|x w| from cpu-ref",
                   dsv4_linear_format_name(w.fmt), (long long)m, target, bad, LIN_TOL);
@@ -440,13 +448,7 @@ static void linear_gemv(void)
             snprintf(what, sizeof what, "linear streaming vs tensor-core kernel (N %lld, K %lld, M %lld)", (long long)n,
                      (long long)k, (long long)m);
             same(what, "fp8_b128", yt, ym, 4 * (size_t)(m * n));
-            int bad = 0;
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) {
-                    double mag = fabs(bias[j]);
-                    for (int64_t q = 0; q < k; q++) mag += fabs(xf[i * k + q] * w.wq[j * k + q]);
-                    bad += !(fabs((double)yt[i * n + j] - yr[i * n + j]) <= LIN_TOL * mag);
-                }
+            const int bad = lin_beyond(&w, xf, bias, yt, yr, m);
             n_compared++;
             CHECK(bad == 0, "%s on %s: %d outputs beyond %g of sum|x w| from cpu-ref", what, target, bad, LIN_TOL);
             free(xf), free(bias), free(yt), free(ym), free(yr);

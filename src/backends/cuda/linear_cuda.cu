@@ -47,17 +47,20 @@ static bool linear_pdl()
     if (on < 0) on = env_int("DSV4_CUDA_LINEAR_PDL", 1) != 0;
     return on != 0;
 }
+/* A row bound from the environment: $name, negative as 0, dflt when unset. */
+static long long env_rows(const char *name, int dflt)
+{
+    const int v = env_int(name, dflt);
+    return v < 0 ? 0 : v;
+}
 /* Quantized MoE products of at most this many rows in all take the fp32 kernel's slots instead of
  * the tensor-core kernel's ($DSV4_CUDA_MOE_FP32_ROWS, default 0: measured slower for one token,
  * BENCHMARKS.md "Linear layers on the GPU"; its MoE instances hold ~180-240 registers, one CTA
- * per SM). */
+ * per SM). Read once. */
 static long long moe_fp32_rows()
 {
-    static int r = -1;
-    if (r < 0) {
-        const int v = env_int("DSV4_CUDA_MOE_FP32_ROWS", 0);
-        r = v < 0 ? 0 : v;
-    }
+    static long long r = -1;
+    if (r < 0) r = env_rows("DSV4_CUDA_MOE_FP32_ROWS", 0);
     return r;
 }
 /* Plain quantized products of at most this many rows take the fp32 kernel ($DSV4_CUDA_FP32_ROWS,
@@ -65,32 +68,18 @@ static long long moe_fp32_rows()
  * a row's bytes depend on the call's row count, which the engine's batches rely on not to. */
 static long long fp32_rows()
 {
-    static int r = -1;
-    if (r < 0) {
-        const int v = env_int("DSV4_CUDA_FP32_ROWS", 0);
-        r = v < 0 ? 0 : v;
-    }
+    static long long r = -1;
+    if (r < 0) r = env_rows("DSV4_CUDA_FP32_ROWS", 0);
     return r;
 }
-/* MoE products of at most this many rows in all take the streaming tensor-core kernel
- * (mma_stream_kernel; the same bits as mma_kernel, so only the speed depends on it):
- * $DSV4_CUDA_MOE_STREAM_ROWS, default 64 (a decode step of up to 10 tokens at 6 experts); 0
- * keeps mma_kernel. Read at every MoE product, so that one process can run both (the A/B of
- * tests/c/test_backend_ops.c and of bench linear-cuda); the host cost is one getenv. */
-static long long moe_stream_rows()
-{
-    const int v = env_int("DSV4_CUDA_MOE_STREAM_ROWS", 64);
-    return v < 0 ? 0 : v;
-}
-/* Plain FP8 products of at most this many rows (at most GV_ROWS) take the streaming tensor-core
- * kernel (mma_gemv_kernel; the same bits as mma_kernel, so only the speed depends on it):
- * $DSV4_CUDA_GEMV_ROWS, default GV_ROWS; 0 keeps mma_kernel. Read at every call, as
- * moe_stream_rows. */
-static long long gemv_rows()
-{
-    const int v = env_int("DSV4_CUDA_GEMV_ROWS", 8);
-    return v < 0 ? 0 : v;
-}
+/* The streaming tensor-core kernels give the same bits as mma_kernel, so only the speed depends
+ * on these; read at every call, so that one process can run both ways (the A/B of
+ * tests/c/test_backend_ops.c and of bench linear-cuda; the host cost is one getenv):
+ * MoE products of at most $DSV4_CUDA_MOE_STREAM_ROWS rows in all (default 64, a decode step of up
+ * to 10 tokens at 6 experts) take mma_stream_kernel, plain FP8 products of at most
+ * $DSV4_CUDA_GEMV_ROWS rows (default and at most GV_ROWS, 8) mma_gemv_kernel; 0 keeps mma_kernel. */
+static long long moe_stream_rows() { return env_rows("DSV4_CUDA_MOE_STREAM_ROWS", 64); }
+static long long gemv_rows() { return env_rows("DSV4_CUDA_GEMV_ROWS", 8); }
 extern "C" int dsv4_cu_linear_pdl(void) { return linear_pdl() ? 1 : 0; }
 
 /* ---- staging ----------------------------------------------------------------------------------- */
