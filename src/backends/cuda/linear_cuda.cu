@@ -864,6 +864,22 @@ DSV4_CU_INLINE int moe_slot_expert_warp(const moe_tab &tab, const int32_t *off, 
     return -1;
 }
 
+/* The streaming kernels' K-splitting warps' accumulators into warp 0's, in warp order (mma_kernel's
+ * sum of its warps' partials); every thread of the CTA calls it. */
+template <int KW> DSV4_CU_INLINE void warp_partials(float *acc, float (*red)[4][32], int warp, int lane)
+{
+    if constexpr (KW > 1) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) red[warp][c][lane] = acc[c];
+        __syncthreads();
+        if (warp == 0)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+#pragma unroll
+                for (int w = 1; w < KW; w++) acc[c] += red[w][c][lane];
+    }
+}
+
 template <int KW, int ST, int PPS>
 __global__ void __launch_bounds__(32 * KW) mma_stream_kernel(dsv4_cu_linear p, const __grid_constant__ moe_tab tab,
                                                               const int32_t *off, int e0)
@@ -976,16 +992,7 @@ __global__ void __launch_bounds__(32 * KW) mma_stream_kernel(dsv4_cu_linear p, c
             }
         }
         cu_cp_async_wait<0>();
-        if (KW > 1) {
-#pragma unroll
-            for (int c = 0; c < 4; c++) red[warp][c][lane] = acc[c];
-            __syncthreads();
-            if (warp == 0)
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-#pragma unroll
-                    for (int w = 1; w < KW; w++) acc[c] += red[w][c][lane];
-        }
+        warp_partials<KW>(acc, red, warp, lane);
         if (warp == 0)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
@@ -1141,16 +1148,8 @@ __global__ void __launch_bounds__(32 * KW) mma_gemv_kernel(dsv4_cu_linear p)
         }
     }
     cu_cp_async_wait<0>();
-    if (KW > 1) {
-#pragma unroll
-        for (int c = 0; c < 4; c++) red[warp][c][lane] = acc[c];
-        __syncthreads();
-        if (warp) return;
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int w = 1; w < KW; w++) acc[c] += red[w][c][lane];
-    }
+    warp_partials<KW>(acc, red, warp, lane);
+    if (warp) return;
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         const long long n = row0 + g + (c >= 2 ? 8 : 0);
