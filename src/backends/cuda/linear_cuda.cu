@@ -864,6 +864,23 @@ DSV4_CU_INLINE int moe_slot_expert_warp(const moe_tab &tab, const int32_t *off, 
     return -1;
 }
 
+/* The streaming kernels' walk over a ring of ST stages (a power of two): stage st sits in slot
+ * st % ST; before stage(st, slot) runs, it is in for every thread of the CTA and stage st - 1 has
+ * been read by every warp, so stage() may first refill slot (st - 1) % ST with stage st + ST - 1. */
+template <int ST, typename F> DSV4_CU_INLINE void ring_stages(int nst, F &&stage)
+{
+#pragma unroll 1
+    for (int st0 = 0; st0 < nst; st0 += ST) {
+#pragma unroll
+        for (int s = 0; s < ST; s++) {
+            if (st0 + s >= nst) break;
+            cu_cp_async_wait<ST - 2>();
+            __syncthreads();
+            stage(st0 + s, s);
+        }
+    }
+}
+
 /* The streaming kernels' K-splitting warps' accumulators into warp 0's, in warp order (mma_kernel's
  * sum of its warps' partials); every thread of the CTA calls it. */
 template <int KW> DSV4_CU_INLINE void warp_partials(float *acc, float (*red)[4][32], int warp, int lane)
@@ -948,14 +965,7 @@ __global__ void __launch_bounds__(32 * KW) mma_stream_kernel(dsv4_cu_linear p, c
 #pragma unroll
         for (int st = 0; st < ST - 1; st++) issue(st);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 1
-        for (int st0 = 0; st0 < nst; st0 += ST) {
-#pragma unroll
-            for (int s = 0; s < ST; s++) {
-                const int st = st0 + s;
-                if (st >= nst) break;
-                cu_cp_async_wait<ST - 2>();
-                __syncthreads(); /* stage st is in for every thread, stage st - 1 read by every warp (and sx written) */
+        ring_stages<ST>(nst, [&](int st, int s) { /* (and sx is written) */
                 issue(st + ST - 1);
                 const uint8_t *ws = wring + s * SB, *ss = ws + 16 * ROWB;
 #pragma unroll
@@ -989,8 +999,7 @@ __global__ void __launch_bounds__(32 * KW) mma_stream_kernel(dsv4_cu_linear p, c
                         for (int c = 0; c < 4; c++) acc[c] = fmaf(part[c] * sxv[c & 1], c < 2 ? sw0 : sw1, acc[c]);
                     }
                 }
-            }
-        }
+        });
         cu_cp_async_wait<0>();
         warp_partials<KW>(acc, red, warp, lane);
         if (warp == 0)
@@ -1114,14 +1123,7 @@ __global__ void __launch_bounds__(32 * KW) mma_gemv_kernel(dsv4_cu_linear p)
     const float *sx0p = sx + (c0 ? 2 * q : 0) * nblk, *sx1p = sx + (c1 ? 2 * q + 1 : 0) * nblk;
     const bool xon = g < mv;
     const uint32_t woff = (uint32_t)(g * GV_ROWB + 8 * q), xoff = (uint32_t)(16 * GV_ROWB + g * GV_XROWB + 16 * q);
-#pragma unroll 1
-    for (int st0 = 0; st0 < nst; st0 += ST) {
-#pragma unroll
-        for (int s = 0; s < ST; s++) {
-            const int st = st0 + s;
-            if (st >= nst) break;
-            cu_cp_async_wait<ST - 2>();
-            __syncthreads(); /* stage st is in for every thread, and stage st - 1 read by every warp */
+    ring_stages<ST>(nst, [&](int st, int s) {
             issue_w(st + ST - 1);
             issue_x(st + ST - 1);
             cu_cp_async_commit();
@@ -1145,8 +1147,7 @@ __global__ void __launch_bounds__(32 * KW) mma_gemv_kernel(dsv4_cu_linear p)
 #pragma unroll
                 for (int c = 0; c < 4; c++) acc[c] = fmaf(part[c] * xs2[c & 1], c < 2 ? ws0 : ws1, acc[c]);
             }
-        }
-    }
+    });
     cu_cp_async_wait<0>();
     warp_partials<KW>(acc, red, warp, lane);
     if (warp) return;
