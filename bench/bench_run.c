@@ -941,7 +941,8 @@ static int run_models(run_opts *ro_in, int quick, const char *model, int steps, 
     char tiny[] = "/tmp/dsv4-bench-tiny-XXXXXX", flash[] = "/tmp/dsv4-bench-flash-XXXXXX";
     int rc = 1;
     ro.steps = steps > 0 ? steps : 24;
-    if (ro.no_tiny && !quick) {
+    const int with_tiny = quick || !ro.no_tiny; /* --quick is the tiny model alone */
+    if (!with_tiny) {
         rc = 0;
     } else if (mkdtemp(tiny) && dsv4_make_tiny(tiny, 1) == DSV4_OK) {
         rc = ro.rounds && ro.threads > 1 ? threads_vs_one(tiny, ro.threads, ro.rounds, 128) : 0;
@@ -949,7 +950,7 @@ static int run_models(run_opts *ro_in, int quick, const char *model, int steps, 
     } else {
         fprintf(stderr, "bench run: make-tiny: %s\n", dsv4_last_error());
     }
-    if (!ro.no_tiny || quick) bench_rm_tree(tiny);
+    if (with_tiny) bench_rm_tree(tiny);
     if (rc || quick) return rc;
     ro.pool = ROUTE_IDS;
     ro.classes = !ro.device; /* the class products are the cpu's */

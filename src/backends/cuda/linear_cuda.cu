@@ -22,6 +22,7 @@
 #include "backends/cuda/cuda_ops.h"
 
 #include <stdlib.h>
+#include <type_traits>
 
 enum { FMT_B128 = 0, FMT_MX = 1, FMT_FP4 = 2, FMT_BF16 = 3, FMT_F32 = 4 };
 enum { THREADS = 256, WARPS = 8, TARGET_CTAS = 264 };
@@ -526,13 +527,15 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
 
 /* ---- the tensor-core product ------------------------------------------------------------------ */
 /* FP8_B128, MXFP8 and FP4 weights against any number of activation rows (a CTA takes 8 or 16 of
- * them, blockIdx.z the next 16; an MoE expert: any rows, in passes of 8), when K holds whole pieces: the weight codes decoded to FP16 (exact: E4M3 by
- * cvt, E2M1 as its value times 2^-14) are the m16 operand of mma.sync m16n8k16, the staging's
- * FP16 codes (cuda_ops.h) the n8 operand, the fp32 accumulation on the tensor core.
+ * them, blockIdx.z the next 16; an MoE expert: any rows, in passes of 8), when K holds whole
+ * pieces: the weight codes decoded to FP16 (exact: E4M3 by cvt, E2M1 as its value times 2^-14) are
+ * the m16 operand of mma.sync m16n8k16, the staging's FP16 codes (cuda_ops.h) the n8 operand, the
+ * fp32 accumulation on the tensor core.
  *   a warp owns 16 weight rows; lane (g, q) = (lane / 4, lane % 4) takes bytes 8q .. 8q+7 of each
  *   32-byte piece of rows g and g+8 — a plain product from its warp's ring in shared memory
  *   (RING_STAGES - 1 pieces in flight, copied by cp.async), an MoE's straight from global memory
- *   (a quad reads 32 contiguous bytes of a row, three pieces in flight); the KW warps of a set take pieces w, w + KW, ... (KW chosen as for the fp32 path);
+ *   (a quad reads 32 contiguous bytes of a row, three pieces in flight); the KW warps of a set
+ *   take pieces w, w + KW, ... (KW chosen as for the fp32 path);
  *   a piece is one scale block of both operands per mma: FP8 (32 values) lies in one 128-block or
  *   is one 32-block; FP4 (64 values, two 32-blocks) is regrouped so that a lane holds one word of
  *   each block (a swap of one word with lane q ^ 2), and each mma takes one block;
@@ -543,8 +546,9 @@ __global__ void __launch_bounds__(THREADS) linear_kernel(dsv4_cu_linear p, int k
  * weight scale (powers of two: exact) and added to the lane's accumulator in piece order, the
  * K-splitting warps then in warp order: the order depends on K and the format only, never on the
  * other rows or the launch — every row count takes this kernel when the format and K allow it,
- * so a row's bytes do not depend on how many rows its call has. The tensor core adds with its own alignment and
- * rounding, within the bound of tests/c/test_linear_cases.h (tests/c/test_backend_ops.c). */
+ * so a row's bytes do not depend on how many rows its call has. The tensor core adds with its own
+ * alignment and rounding, within the bound of tests/c/test_linear_cases.h
+ * (tests/c/test_backend_ops.c). */
 
 /* 8 bytes of weights: no L1 allocation, the L2 fetches 256-byte lines. */
 DSV4_CU_INLINE uint2 ldg8_weights(const void *p)
@@ -763,39 +767,32 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
 #pragma unroll
             for (int i = 0; i < SP - 1; i++) fetch_s(kwi + i * kw, sv[i]);
             cu_pdl_wait(); /* the staging just before */
+        } else {
 #pragma unroll
-            for (int i = 0; i < XD; i++) fetch_x(kwi + i * kw, xr[i]);
-            for (long long pc = kwi; pc < npieces; pc += PIPE * kw) {
+            for (int i = 0; i < PIPE - 1; i++) fetch(kwi + i * kw, wv[i], sv[i]);
+        }
 #pragma unroll
-                for (int st = 0; st < PIPE; st++) {
-                    const long long cc = pc + st * kw;
-                    if (cc >= npieces) break;
+        for (int i = 0; i < XD; i++) fetch_x(kwi + i * kw, xr[i]);
+        for (long long pc = kwi; pc < npieces; pc += PIPE * kw) {
+#pragma unroll
+            for (int st = 0; st < PIPE; st++) {
+                const long long cc = pc + st * kw;
+                if (cc >= npieces) break;
+                if constexpr (RING) {
                     cu_cp_async_wait<PIPE - 2>(); /* this lane's copy of piece cc has landed */
                     __syncwarp();                 /* and every lane's; slot st - 1 is read */
                     ring_words(st, wv[0]);
                     issue(cc + (PIPE - 1) * kw, (st + PIPE - 1) % PIPE);
                     fetch_s(cc + (SP - 1) * kw, sv[(st + SP - 1) % SP]);
                     piece(wv[0], sv[st % SP], xr[st % XD]);
-                    fetch_x(cc + XD * kw, xr[st % XD]);
-                }
-            }
-            cu_cp_async_wait_all();
-        } else {
-#pragma unroll
-            for (int i = 0; i < PIPE - 1; i++) fetch(kwi + i * kw, wv[i], sv[i]);
-#pragma unroll
-            for (int i = 0; i < XD; i++) fetch_x(kwi + i * kw, xr[i]);
-            for (long long pc = kwi; pc < npieces; pc += PIPE * kw) {
-#pragma unroll
-                for (int st = 0; st < PIPE; st++) {
-                    const long long cc = pc + st * kw;
-                    if (cc >= npieces) break;
+                } else {
                     fetch(cc + (PIPE - 1) * kw, wv[(st + PIPE - 1) % PIPE], sv[(st + PIPE - 1) % PIPE]);
                     piece(wv[st], sv[st], xr[st % XD]);
-                    fetch_x(cc + XD * kw, xr[st % XD]);
                 }
+                fetch_x(cc + XD * kw, xr[st % XD]);
             }
         }
+        if constexpr (RING) cu_cp_async_wait_all();
 
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -838,8 +835,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
 static __host__ __device__ constexpr int stream_rowb(int pps) { return pps * 32 + 16; }
 static __host__ __device__ constexpr int stream_stage_bytes(int pps) { return 16 * stream_rowb(pps) + 16 * 2 * pps; }
 
-/* The expert (index into `tab`) of MoE slot blockIdx.y for a one-warp CTA: moe_slot_expert's
- * rule (the y-th expert of the chunk that has rows, -1 past the last), every offset loaded at once. */
+/* The expert (index into `tab`) of MoE slot blockIdx.y, found by one warp alone (each warp of a
+ * CTA finds the same): moe_slot_expert's rule (the y-th expert of the chunk that has rows, -1 past
+ * the last), every offset loaded at once. */
 DSV4_CU_INLINE int moe_slot_expert_warp(const moe_tab &tab, const int32_t *off, int e0)
 {
     constexpr int C = DSV4_CU_MOE_CHUNK / 32;
@@ -1025,8 +1023,7 @@ __global__ void __launch_bounds__(32 * KW) mma_stream_kernel(dsv4_cu_linear p, c
  *   and one 16-byte shared loads beside its mmas (mma_kernel at M = 1 issued ~150 instructions per
  *   512-byte piece and streamed ~1.5 TB/s, BENCHMARKS.md "Linear layers on the GPU"); both sides'
  *   scales are decoded once into tables after the ring. The warps' partials are summed as
- *   mma_kernel sums them: warp 0's plus 1,
- *   2, ... in turn. */
+ *   mma_kernel sums them: warp 0's plus 1, 2, ... in turn. */
 enum { GV_ROWS = 8 };
 /* A stage of PPS pieces: a weight row's PPS * 32 bytes plus 32 (conflict-free 8-byte reads), an
  * activation row's PPS * 64 bytes of codes plus 64 (conflict-free 16-byte reads). */
@@ -1195,8 +1192,7 @@ static int a8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
 /* The tensor-core product takes a quantized format with the staging's codes, any number of rows
  * (unless fp32_rows / moe_fp32_rows say otherwise), K in whole pieces, 8-byte aligned weight rows
- * (16-byte for a plain product's ring);
- * the rest is the fp32 path's. The choice depends on the format and the shape of the weight
+ * (16-byte for a plain product's ring); the rest is the fp32 path's. The choice depends on the format and the shape of the weight
  * alone, never on M: the two kernels sum in different orders, and a token's logits must not depend
  * on the size of the batch it was decoded in. (One and two rows alone stream faster on the fp32
  * kernel: BENCHMARKS.md "Linear layers on the GPU".) */
@@ -1263,8 +1259,33 @@ static int k_split(long long n, long long groups, long long steps, int set_rows)
     return kw;
 }
 
-/* KW warps a CTA (mma_launch's K split: its order), 16 rows of one (slot, weight set) each;
- * stages of 8 pieces (16 when 8 warps share them), as many as K has up to 8 (4 of 16). */
+/* The streaming kernels' instance for a K split kw (1, 2, 4, 8) over `pieces` pieces: stages of 8
+ * pieces (16 when 8 warps share them: two pieces a warp a stage, the ring's upkeep spread over more
+ * work), a ring of as many stages as K has, up to 8 (4 of 16); run(KW, ST, PPS) launches it, each
+ * an std::integral_constant. */
+template <int KW, typename R> static cudaError_t streaming_depth(long long pieces, R &&run)
+{
+    using std::integral_constant;
+    constexpr int PPS = KW == 8 ? 16 : 8;
+    const long long nst = (pieces + PPS - 1) / PPS;
+    const integral_constant<int, KW> kw;
+    const integral_constant<int, PPS> pps;
+    if (nst <= 2) return run(kw, integral_constant<int, 2>(), pps);
+    if constexpr (PPS == 16) return run(kw, integral_constant<int, 4>(), pps);
+    else return nst <= 4 ? run(kw, integral_constant<int, 4>(), pps) : run(kw, integral_constant<int, 8>(), pps);
+}
+
+template <typename R> static cudaError_t streaming_dispatch(int kw, long long pieces, R &&run)
+{
+    switch (kw) {
+    case 1: return streaming_depth<1>(pieces, run);
+    case 2: return streaming_depth<2>(pieces, run);
+    case 4: return streaming_depth<4>(pieces, run);
+    default: return streaming_depth<8>(pieces, run);
+    }
+}
+
+/* KW warps a CTA (mma_launch's K split: its order), 16 rows of one (slot, weight set) each. */
 template <int KW, int ST, int PPS>
 static cudaError_t stream_run(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, dim3 grid, cudaStream_t s)
 {
@@ -1273,35 +1294,23 @@ static cudaError_t stream_run(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *
                                     moe_table(mo), mo->offsets, mo->e0);
 }
 
-template <int KW> static cudaError_t stream_stages(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, dim3 grid, cudaStream_t s)
-{
-    constexpr int PPS = KW == 8 ? 16 : 8;
-    const long long nst = (a->k / 64 + PPS - 1) / PPS;
-    if (nst <= 2) return stream_run<KW, 2, PPS>(a, mo, grid, s);
-    if constexpr (PPS == 16) return stream_run<KW, 4, PPS>(a, mo, grid, s);
-    else return nst <= 4 ? stream_run<KW, 4, PPS>(a, mo, grid, s) : stream_run<KW, 8, PPS>(a, mo, grid, s);
-}
-
 static int stream_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cudaStream_t s)
 {
     const long long slots = a->m < mo->n ? a->m : mo->n, gx = (a->n + 15) / 16;
     const int kw = k_split(a->n, 1, a->k / 64, 16);
     if (gx > 0x7FFFFFFFll || slots > 65535) return (int)cudaErrorInvalidConfiguration;
     const dim3 grid((unsigned)gx, (unsigned)slots, (unsigned)mo->sets);
-    switch (kw) {
-    case 1: return (int)stream_stages<1>(a, mo, grid, s);
-    case 2: return (int)stream_stages<2>(a, mo, grid, s);
-    case 4: return (int)stream_stages<4>(a, mo, grid, s);
-    default: return (int)stream_stages<8>(a, mo, grid, s);
-    }
+    return (int)streaming_dispatch(kw, a->k / 64, [&](auto KW, auto ST, auto PPS) {
+        return stream_run<decltype(KW)::value, decltype(ST)::value, decltype(PPS)::value>(a, mo, grid, s);
+    });
 }
 
-/* The streaming kernel takes a plain product that mma_kernel would take (mma_fits) with FP8 block
- * weights, K in whole pieces, at most gemv_rows() (<= GV_ROWS) rows and 16-byte aligned staged rows. */
+/* The streaming kernel takes a plain product that mma_kernel would take (mma_fits: K in whole
+ * pieces, 16-byte aligned weight rows) with FP8 block weights, K up to GV_MAXK, at most gemv_rows()
+ * (<= GV_ROWS) rows and 16-byte aligned staged rows. */
 static bool gemv_fits(const dsv4_cu_linear *a)
 {
-    return a->fmt == FMT_B128 && a->m <= gemv_rows() && a->m <= GV_ROWS && a->k % 32 == 0 && a->k <= GV_MAXK &&
-           a16(a->xcodes);
+    return a->fmt == FMT_B128 && a->m <= gemv_rows() && a->m <= GV_ROWS && a->k <= GV_MAXK && a16(a->xcodes);
 }
 
 template <int KW, int ST, int PPS> static cudaError_t gemv_run(const dsv4_cu_linear *a, dim3 grid, cudaStream_t s)
@@ -1317,17 +1326,6 @@ template <int KW, int ST, int PPS> static cudaError_t gemv_run(const dsv4_cu_lin
                                     ST * gemv_stage_bytes(PPS, a->m) + gemv_scale_bytes(a->m, a->k), s, linear_pdl(), *a);
 }
 
-/* Stages of 8 pieces (16 when 8 warps share them: two pieces a warp a stage, the ring's upkeep
- * spread over more work), as many as K has up to 8 (4 of 16). */
-template <int KW> static cudaError_t gemv_stages(const dsv4_cu_linear *a, dim3 grid, cudaStream_t s)
-{
-    constexpr int PPS = KW == 8 ? 16 : 8;
-    const long long nst = (a->k / 32 + PPS - 1) / PPS;
-    if (nst <= 2) return gemv_run<KW, 2, PPS>(a, grid, s);
-    if constexpr (PPS == 16) return gemv_run<KW, 4, PPS>(a, grid, s);
-    else return nst <= 4 ? gemv_run<KW, 4, PPS>(a, grid, s) : gemv_run<KW, 8, PPS>(a, grid, s);
-}
-
 /* KW warps a CTA (mma_launch's K split: its order), 16 rows of one group each. */
 static int gemv_launch(const dsv4_cu_linear *a, cudaStream_t s)
 {
@@ -1335,12 +1333,9 @@ static int gemv_launch(const dsv4_cu_linear *a, cudaStream_t s)
     const int kw = k_split(a->n, a->groups, npieces, 16);
     if (gx > 0x7FFFFFFFll || a->groups > 65535) return (int)cudaErrorInvalidConfiguration;
     const dim3 grid((unsigned)gx, (unsigned)a->groups, 1);
-    switch (kw) {
-    case 1: return (int)gemv_stages<1>(a, grid, s);
-    case 2: return (int)gemv_stages<2>(a, grid, s);
-    case 4: return (int)gemv_stages<4>(a, grid, s);
-    default: return (int)gemv_stages<8>(a, grid, s);
-    }
+    return (int)streaming_dispatch(kw, npieces, [&](auto KW, auto ST, auto PPS) {
+        return gemv_run<decltype(KW)::value, decltype(ST)::value, decltype(PPS)::value>(a, grid, s);
+    });
 }
 
 static int mma_launch(const dsv4_cu_linear *a, const dsv4_cu_moe_chunk *mo, cudaStream_t s)
