@@ -575,6 +575,22 @@ DSV4_CU_INLINE uint32_t e2m1x2_f16x2(uint32_t w, int i)
     return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
 }
 
+/* The m16 operand halves of one mma block: FP4 block b of rows g, g+8 (words wq[row][b]), or the
+ * FP8 piece of rows g, g+8 (a lane's 8 bytes of each), every tensor-core path's decode. */
+DSV4_CU_INLINE void fp4_frags(const uint32_t (&wq)[2][2], int b, uint32_t *A0, uint32_t *A1)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        A0[2 * h] = e2m1x2_f16x2(wq[0][b], h), A0[2 * h + 1] = e2m1x2_f16x2(wq[1][b], h);
+        A1[2 * h] = e2m1x2_f16x2(wq[0][b], 2 + h), A1[2 * h + 1] = e2m1x2_f16x2(wq[1][b], 2 + h);
+    }
+}
+DSV4_CU_INLINE void fp8_frags(uint2 w0, uint2 w1, uint32_t *A0, uint32_t *A1)
+{
+    A0[0] = e4m3x2_f16x2(w0.x), A0[1] = e4m3x2_f16x2(w1.x), A0[2] = e4m3x2_f16x2(w0.x >> 16), A0[3] = e4m3x2_f16x2(w1.x >> 16);
+    A1[0] = e4m3x2_f16x2(w0.y), A1[1] = e4m3x2_f16x2(w1.y), A1[2] = e4m3x2_f16x2(w0.y >> 16), A1[3] = e4m3x2_f16x2(w1.y >> 16);
+}
+
 /* c += A (16 x 16, FP16: rows g / g+8 x k 2q.. / 2q+8..) B (16 x 8, FP16: k x column g). */
 DSV4_CU_INLINE void mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
 {
@@ -746,17 +762,13 @@ __global__ void __launch_bounds__(THREADS, NT == 1 && !MOE && FMT != FMT_FP4 ? 3
                 }
 #pragma unroll
                 for (int b = 0; b < 2; b++) {
-                    const uint32_t A0[4] = {e2m1x2_f16x2(wq[0][b], 0), e2m1x2_f16x2(wq[1][b], 0),
-                                            e2m1x2_f16x2(wq[0][b], 1), e2m1x2_f16x2(wq[1][b], 1)};
-                    const uint32_t A1[4] = {e2m1x2_f16x2(wq[0][b], 2), e2m1x2_f16x2(wq[1][b], 2),
-                                            e2m1x2_f16x2(wq[0][b], 3), e2m1x2_f16x2(wq[1][b], 3)};
+                    uint32_t A0[4], A1[4];
+                    fp4_frags(wq, b, A0, A1);
                     block(A0, A1, xp, b, cu_e8m0_f32(s[b]), cu_e8m0_f32(s[2 + b]));
                 }
             } else {
-                const uint32_t A0[4] = {e4m3x2_f16x2(w[0].x), e4m3x2_f16x2(w[1].x), e4m3x2_f16x2(w[0].x >> 16),
-                                        e4m3x2_f16x2(w[1].x >> 16)};
-                const uint32_t A1[4] = {e4m3x2_f16x2(w[0].y), e4m3x2_f16x2(w[1].y), e4m3x2_f16x2(w[0].y >> 16),
-                                        e4m3x2_f16x2(w[1].y >> 16)};
+                uint32_t A0[4], A1[4];
+                fp8_frags(w[0], w[1], A0, A1);
                 block(A0, A1, xp, 0, cu_e8m0_f32(s[0]), cu_e8m0_f32(s[1]));
             }
         };
@@ -982,10 +994,8 @@ __global__ void __launch_bounds__(32 * KW) mma_stream_kernel(dsv4_cu_linear p, c
                     }
 #pragma unroll
                     for (int b = 0; b < 2; b++) {
-                        const uint32_t A0[4] = {e2m1x2_f16x2(wq[0][b], 0), e2m1x2_f16x2(wq[1][b], 0),
-                                                e2m1x2_f16x2(wq[0][b], 1), e2m1x2_f16x2(wq[1][b], 1)};
-                        const uint32_t A1[4] = {e2m1x2_f16x2(wq[0][b], 2), e2m1x2_f16x2(wq[1][b], 2),
-                                                e2m1x2_f16x2(wq[0][b], 3), e2m1x2_f16x2(wq[1][b], 3)};
+                        uint32_t A0[4], A1[4];
+                        fp4_frags(wq, b, A0, A1);
                         const long long xk = (long long)pc * 64 + 32 * b + 8 * j;
                         uint4 X = make_uint4(0, 0, 0, 0);
                         if (xc) X = __ldg((const uint4 *)(xc + xk));
@@ -1132,10 +1142,8 @@ __global__ void __launch_bounds__(32 * KW) mma_gemv_kernel(dsv4_cu_linear p)
                 const uint2 w0 = *(const uint2 *)(stg + woff + pi * 32);
                 const uint2 w1 = *(const uint2 *)(stg + woff + 8 * GV_ROWB + pi * 32);
                 const uint4 X = xon ? *(const uint4 *)(stg + xoff + pi * 64) : make_uint4(0, 0, 0, 0);
-                const uint32_t A0[4] = {e4m3x2_f16x2(w0.x), e4m3x2_f16x2(w1.x), e4m3x2_f16x2(w0.x >> 16),
-                                        e4m3x2_f16x2(w1.x >> 16)};
-                const uint32_t A1[4] = {e4m3x2_f16x2(w0.y), e4m3x2_f16x2(w1.y), e4m3x2_f16x2(w0.y >> 16),
-                                        e4m3x2_f16x2(w1.y >> 16)};
+                uint32_t A0[4], A1[4];
+                fp8_frags(w0, w1, A0, A1);
                 float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_f16(part, A0, __byte_perm(X.x, X.y, 0x5410), __byte_perm(X.z, X.w, 0x5410));
                 mma_f16(part, A1, __byte_perm(X.x, X.y, 0x7632), __byte_perm(X.z, X.w, 0x7632));
