@@ -529,22 +529,25 @@ static void layer_rms(void)
     free(x), free(w), free(yr), free(yt);
 }
 
-enum { HT = 5, HN = 4, HD = 256, HMIX = (2 + HN) * HN };
+/* HD not a multiple of 8: the cuda finish splits a token's weighted sum over a cluster of 8 CTAs.
+ * The streams n: 4 (V4's; the cuda Sinkhorn unrolled for it), 2 (the generic lanes' Sinkhorn of
+ * n * n <= 32) and 6 (the one of larger n). */
+enum { HT = 5, HN_MAX = 6, HD = 260 };
 
 typedef struct hc_host {
     float *fn, scale[3], *base;
     dsv4_tensor tfn, tscale, tbase;
-    int nmix;
+    int n, nmix;
 } hc_host;
 
-static void hc_make(hc_host *h, int nmix)
+static void hc_make(hc_host *h, int n, int nmix)
 {
-    h->nmix = nmix;
-    h->fn = f32_rand((size_t)nmix * HN * HD, 0.02f, 0.0f);
+    h->n = n, h->nmix = nmix;
+    h->fn = f32_rand((size_t)nmix * n * HD, 0.02f, 0.0f);
     h->base = f32_rand((size_t)nmix, 0.5f, 0.0f);
     for (int i = 0; i < 3; i++) h->scale[i] = 0.5f + 0.3f * (float)i;
-    h->tfn = view(h->fn, DSV4_F32, 2, nmix, HN * HD, 0);
-    h->tscale = view(h->scale, DSV4_F32, 1, nmix == HN ? 1 : 3, 0, 0);
+    h->tfn = view(h->fn, DSV4_F32, 2, nmix, n * HD, 0);
+    h->tscale = view(h->scale, DSV4_F32, 1, nmix == n ? 1 : 3, 0, 0);
     h->tbase = view(h->base, DSV4_F32, 1, nmix, 0, 0);
 }
 
@@ -555,21 +558,22 @@ static dsv4_hc_site hc_site_on(dsv4_ctx *c, const hc_host *h)
 }
 
 typedef struct hc_out {
-    uint16_t y[HT * HD], streams[HT * HN * HD];
-    float post[HT * HN], comb[HT * HN * HN];
+    uint16_t y[HT * HD], streams[HT * HN_MAX * HD];
+    float post[HT * HN_MAX], comb[HT * HN_MAX * HN_MAX];
 } hc_out;
 
 /* which: 0 hc_pre, 1 hc_post, 2 hc_post_pre, 3 hc_head */
 static dsv4_status hc_on(dsv4_ctx *c, int which, const hc_host *site, const uint16_t *x, const uint16_t *sub,
                          const float *post, const float *comb, hc_out *o)
 {
+    const int n = site->n;
     memset(o, 0xA5, sizeof *o);
     if (!post) post = o->post, comb = o->comb; /* hc_pre / hc_head read neither */
     dsv4_hc_site s = hc_site_on(c, site);
-    dsv4_tensor hx = view((void *)x, DSV4_BF16, 3, HT, HN, HD), hsub = view((void *)sub, DSV4_BF16, 2, HT, HD, 0);
-    dsv4_tensor hp = view((void *)post, DSV4_F32, 2, HT, HN, 0), hcm = view((void *)comb, DSV4_F32, 3, HT, HN, HN);
-    dsv4_tensor hy = view(o->y, DSV4_BF16, 2, HT, HD, 0), hs = view(o->streams, DSV4_BF16, 3, HT, HN, HD);
-    dsv4_tensor hpo = view(o->post, DSV4_F32, 2, HT, HN, 0), hco = view(o->comb, DSV4_F32, 3, HT, HN, HN);
+    dsv4_tensor hx = view((void *)x, DSV4_BF16, 3, HT, n, HD), hsub = view((void *)sub, DSV4_BF16, 2, HT, HD, 0);
+    dsv4_tensor hp = view((void *)post, DSV4_F32, 2, HT, n, 0), hcm = view((void *)comb, DSV4_F32, 3, HT, n, n);
+    dsv4_tensor hy = view(o->y, DSV4_BF16, 2, HT, HD, 0), hs = view(o->streams, DSV4_BF16, 3, HT, n, HD);
+    dsv4_tensor hpo = view(o->post, DSV4_F32, 2, HT, n, 0), hco = view(o->comb, DSV4_F32, 3, HT, n, n);
     dsv4_tensor tx = on(c, &hx), tsub = on(c, &hsub), tp = on(c, &hp), tcm = on(c, &hcm), ty = on(c, &hy),
                 ts = on(c, &hs), tpo = on(c, &hpo), tco = on(c, &hco);
     dsv4_status st;
@@ -587,31 +591,35 @@ static dsv4_status hc_on(dsv4_ctx *c, int which, const hc_host *site, const uint
 static void layer_mhc(void)
 {
     static const char *const names[4] = {"hc_pre", "hc_post", "hc_post_pre", "hc_head"};
+    static const int ns[3] = {4, 2, HN_MAX};
     const int have[4] = {HAS(layer, hc_pre), HAS(layer, hc_post), HAS(layer, hc_post_pre), HAS(layer, hc_head)};
-    hc_host site, head;
-    hc_make(&site, HMIX);
-    hc_make(&head, HN);
-    uint16_t *x = bf16_rand(HT * HN * HD, 2.0f), *sub = bf16_rand(HT * HD, 1.0f);
-    static hc_out pre, r, t;
-    CHECK_STATUS(hc_on(ref, 0, &site, x, sub, NULL, NULL, &pre), DSV4_OK); /* post and comb of a real site */
-    for (int which = 0; which < 4; which++) {
-        char op[32];
-        snprintf(op, sizeof op, "layer.%s", names[which]);
-        if (missing(op, have[which])) continue;
-        const hc_host *s = which == 3 ? &head : &site;
-        ran(names[which], hc_on(tc, which, s, x, sub, pre.post, pre.comb, &t),
-            hc_on(ref, which, s, x, sub, pre.post, pre.comb, &r));
-        if (which != 1) near_bf16(names[which], "y", t.y, r.y, HT * HD);
-        if (which == 0 || which == 2) {
-            near_f32(names[which], "post", t.post, r.post, HT * HN, 2e-5f);
-            near_f32(names[which], "comb", t.comb, r.comb, HT * HN * HN, 2e-5f);
+    for (int ni = 0; ni < 3; ni++) {
+        const int n = ns[ni];
+        hc_host site, head;
+        hc_make(&site, n, (2 + n) * n);
+        hc_make(&head, n, n);
+        uint16_t *x = bf16_rand(HT * n * HD, 2.0f), *sub = bf16_rand(HT * HD, 1.0f);
+        static hc_out pre, r, t;
+        CHECK_STATUS(hc_on(ref, 0, &site, x, sub, NULL, NULL, &pre), DSV4_OK); /* post and comb of a real site */
+        for (int which = 0; which < 4; which++) {
+            char op[32], what[48];
+            snprintf(op, sizeof op, "layer.%s", names[which]);
+            if (missing(op, have[which])) continue;
+            snprintf(what, sizeof what, "%s n=%d", names[which], n);
+            const hc_host *s = which == 3 ? &head : &site;
+            ran(what, hc_on(tc, which, s, x, sub, pre.post, pre.comb, &t), hc_on(ref, which, s, x, sub, pre.post, pre.comb, &r));
+            if (which != 1) near_bf16(what, "y", t.y, r.y, HT * HD);
+            if (which == 0 || which == 2) {
+                near_f32(what, "post", t.post, r.post, HT * n, 2e-5f);
+                near_f32(what, "comb", t.comb, r.comb, HT * n * n, 2e-5f);
+            }
+            if (which == 1 || which == 2) {
+                if (tb->device == DSV4_DEVICE_CPU) same(what, "streams", t.streams, r.streams, sizeof(uint16_t) * HT * n * HD);
+                else near_bf16(what, "streams", t.streams, r.streams, HT * n * HD);
+            }
         }
-        if (which == 1 || which == 2) {
-            if (tb->device == DSV4_DEVICE_CPU) same(names[which], "streams", t.streams, r.streams, sizeof r.streams);
-            else near_bf16(names[which], "streams", t.streams, r.streams, HT * HN * HD);
-        }
+        free(site.fn), free(site.base), free(head.fn), free(head.base), free(x), free(sub);
     }
-    free(site.fn), free(site.base), free(head.fn), free(head.base), free(x), free(sub);
 }
 
 /* Router: the experts chosen are the same (the random scores here have no near-ties), and their
@@ -620,7 +628,7 @@ static void layer_mhc(void)
 /* One shape; the cuda kernel streams BF16 rows of 16-byte multiples in tiles of 256 values through
  * shared memory (layer_cuda.cu warp_dot_ring) and spreads the experts over a cluster's 256 warps:
  * shape 1 is D = 256 (one tile), 64 experts; shape 2 has a tail past its tiles, more experts than
- * warps and 8 slots. */
+ * warps and 8 slots; shape 3 a row of x longer than the kernel keeps in shared memory (8192). */
 static void layer_route_case(int T, int D, int E, int K, int V, uint16_t *x, uint16_t *gw, float *bias)
 {
     int32_t *tid = malloc(sizeof(int32_t) * V * K), *tok = malloc(sizeof(int32_t) * T);
@@ -665,6 +673,13 @@ static void layer_route(void)
         float *bias2 = f32_rand(E2, 0.1f, 0.0f);
         layer_route_case(T2, D2, E2, K2, V2, x2, gw2, bias2);
         free(x2), free(gw2), free(bias2);
+    }
+    {
+        enum { T3 = 2, D3 = 8256, E3 = 24, K3 = 4, V3 = 10 };
+        uint16_t *x3 = bf16_rand(T3 * D3, 1.0f), *gw3 = bf16_rand(E3 * D3, 0.05f);
+        float *bias3 = f32_rand(E3, 0.1f, 0.0f);
+        layer_route_case(T3, D3, E3, K3, V3, x3, gw3, bias3);
+        free(x3), free(gw3), free(bias3);
     }
     if (tb->device != DSV4_DEVICE_CPU) { /* a table in device memory: bounds kept on the device */
         int32_t bad_tid[V * K], bad_tok[T], it[T * K];

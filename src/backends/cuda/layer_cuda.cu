@@ -22,31 +22,49 @@ DSV4_CU_INLINE void st_any(void *p, int bf16, long long i, float v)
     else ((float *)p)[i] = v;
 }
 
-/* One CTA per row. */
+/* One CTA per row. A row of at most RMS_AHEAD * RMS_THREADS values (V4-Flash's 4096) is read once
+ * into registers, its weights before cu_pdl_wait (they are no kernel's output), so the row costs
+ * one trip to memory; a longer row is read twice, RMS_AHEAD elements a thread at a time. Either
+ * way a thread sums its elements in the order of one after another. */
 __global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long long ldx, int x_bf16, const void *w,
                                                           int w_bf16, void *y, long long ldy, int y_bf16, long long d,
                                                           float eps)
 {
+    constexpr int A = RMS_AHEAD;
+    const bool held = d <= (long long)A * RMS_THREADS;
+    float v[A], g[A];
+    if (held)
+#pragma unroll
+        for (int a = 0; a < A; a++) {
+            const long long i = threadIdx.x + (long long)a * RMS_THREADS;
+            g[a] = i < d && w ? ld_any(w, w_bf16, i) : 0.0f;
+        }
     cu_pdl_wait();
     cu_pdl_release();
     const long long r = blockIdx.x;
     const char *xr = (const char *)x + r * ldx * (x_bf16 ? 2 : 4);
     char *yr = (char *)y + r * ldy * (y_bf16 ? 2 : 4);
-    /* RMS_AHEAD elements a thread at a time: the batch's loads before its arithmetic (the sums in
-     * the order of one element after another) */
-    constexpr int A = RMS_AHEAD;
     float s = 0.0f;
-    for (long long i0 = threadIdx.x; i0 < d; i0 += A * RMS_THREADS) {
-        float v[A];
+    if (held) {
 #pragma unroll
         for (int a = 0; a < A; a++) {
-            const long long i = i0 + (long long)a * RMS_THREADS;
+            const long long i = threadIdx.x + (long long)a * RMS_THREADS;
             v[a] = i < d ? ld_any(xr, x_bf16, i) : 0.0f;
         }
 #pragma unroll
         for (int a = 0; a < A; a++)
-            if (i0 + (long long)a * RMS_THREADS < d) s = __fadd_rn(s, __fmul_rn(v[a], v[a]));
-    }
+            if (threadIdx.x + (long long)a * RMS_THREADS < d) s = __fadd_rn(s, __fmul_rn(v[a], v[a]));
+    } else
+        for (long long i0 = threadIdx.x; i0 < d; i0 += A * RMS_THREADS) {
+#pragma unroll
+            for (int a = 0; a < A; a++) {
+                const long long i = i0 + (long long)a * RMS_THREADS;
+                v[a] = i < d ? ld_any(xr, x_bf16, i) : 0.0f;
+            }
+#pragma unroll
+            for (int a = 0; a < A; a++)
+                if (i0 + (long long)a * RMS_THREADS < d) s = __fadd_rn(s, __fmul_rn(v[a], v[a]));
+        }
     __shared__ float part[RMS_THREADS / 32];
 #pragma unroll
     for (int o = 16; o; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, o));
@@ -57,13 +75,13 @@ __global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long lo
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(tot, (float)d), eps)));
     /* a thread writes only the elements it read (y may be x) */
     for (long long i0 = threadIdx.x; i0 < d; i0 += A * RMS_THREADS) {
-        float v[A], g[A];
+        if (!held)
 #pragma unroll
-        for (int a = 0; a < A; a++) {
-            const long long i = i0 + (long long)a * RMS_THREADS;
-            v[a] = i < d ? ld_any(xr, x_bf16, i) : 0.0f;
-            g[a] = i < d && w ? ld_any(w, w_bf16, i) : 0.0f;
-        }
+            for (int a = 0; a < A; a++) {
+                const long long i = i0 + (long long)a * RMS_THREADS;
+                v[a] = i < d ? ld_any(xr, x_bf16, i) : 0.0f;
+                g[a] = i < d && w ? ld_any(w, w_bf16, i) : 0.0f;
+            }
 #pragma unroll
         for (int a = 0; a < A; a++) {
             const long long i = i0 + (long long)a * RMS_THREADS;
@@ -154,11 +172,11 @@ extern "C" int dsv4_cu_hc_post_launch(long long T, long long D, int n, const uin
  * Two launches. (1) grid (S, T): CTA s takes the s-th slice of token t's flattened streams and
  * writes, for every row i of fn and then for the sum of squares, its partial sum into token t's
  * row of y (as fp32 bit pairs: y is overwritten by (2) anyway, which is why the op needs
- * 2·D >= 4·S·(nmix+1) bytes there). (2) one CTA per token: the partials summed in slice order,
- * the split and Sinkhorn of layer_ref.c dsv4_hc_split in its operation order by one thread, then
- * the weighted sum of the streams into y. S depends on n and D only, so the summation order does
- * too. */
-enum { HC_THREADS = 256, HC_MAX_N = 8, HC_MAX_MIX = (2 + HC_MAX_N) * HC_MAX_N, HC_MAX_SLICES = 64, HC_SUM_AHEAD = 8 };
+ * 2·D >= 4·S·(nmix+1) bytes there). (2) a cluster of CTAs per token (hc_finish_kernel): the
+ * partials summed in slice order, the split and Sinkhorn of layer_ref.c dsv4_hc_split in its
+ * operation order, and the weighted sum of the streams into y. S depends on n and D only, so the
+ * summation order does too. */
+enum { HC_THREADS = 256, HC_MAX_N = 8, HC_MAX_MIX = (2 + HC_MAX_N) * HC_MAX_N, HC_MAX_SLICES = 64 };
 
 DSV4_CU_INLINE float block_sum(float v, float *sh)
 {
@@ -254,25 +272,94 @@ __global__ void __launch_bounds__(HC_THREADS) hc_dots_all_kernel(long long T, lo
 
 DSV4_CU_INLINE float sigmoid_rn(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z))); }
 
-__global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int n, int nmix, const float *scale,
-                                                               const float *base, int iters, float eps, float norm_eps,
-                                                               const uint16_t *x, long long x_t, long long x_j,
-                                                               uint16_t *y, long long ldy, int S, float *post_out,
-                                                               long long post_t, float *comb_out, long long comb_t,
-                                                               long long comb_j)
+/* A cluster of HC_CLUSTER CTAs a token: each reads the partials it needs (CTA 0 all of them, the
+ * others those of pre's sums), computes pre itself (the same operations: the same bits in every
+ * CTA) and writes its HC_CLUSTER-th of the weighted sum; CTA 0's warp 0 computes post and the
+ * combination (Sinkhorn) meanwhile. The partials sit in y's row, so no CTA writes y before every
+ * CTA of the cluster has read them (the cluster barrier between them). One CTA a token waited on
+ * its loads of all n * D stream values, n trips of a batch at a time (16 µs a call at D = 4096,
+ * BENCHMARKS.md "The engine on the GPU"). */
+/* Sinkhorn on warp 0 with lane i*n + k holding entry (i, k) of cm (n * n <= 32): each lane gathers
+ * its row (column) by shuffles and sums it in the order of one thread, then divides its own entry,
+ * so a phase is one division deep instead of n (the same operations: the same bits). NF = n known
+ * at compile time (V4's n = 4) unrolls the gathers: a phase's shuffles issue together. */
+template <int NF>
+DSV4_CU_INLINE void sinkhorn_lanes(const float *cm, int n_rt, int iters, float eps, float *comb, long long comb_j)
 {
+    const int n = NF ? NF : n_rt, j = threadIdx.x, nn = n * n, ri = j < nn ? j / n : 0, ck = j < nn ? j % n : 0;
+    float v = j < nn ? cm[j] : 0.0f;
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < (NF ? NF : HC_MAX_N); k++)
+                if (k < n) s = __fadd_rn(s, __shfl_sync(0xFFFFFFFFu, v, ri * n + k));
+            v = __fdiv_rn(v, __fadd_rn(s, eps));
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < (NF ? NF : HC_MAX_N); i++)
+            if (i < n) s = __fadd_rn(s, __shfl_sync(0xFFFFFFFFu, v, i * n + ck));
+        v = __fdiv_rn(v, __fadd_rn(s, eps));
+    }
+    if (j < nn) comb[ri * comb_j + ck] = v;
+}
+
+enum { HC_CLUSTER = 8, HC_SUM_AHEAD = 4, HC_PART_AHEAD = 8 /* 8 * HC_THREADS: a site's 25 sums of 64 slices in one batch */, HC_MIX_AHEAD = 16 };
+
+__global__ void __cluster_dims__(HC_CLUSTER, 1, 1) __launch_bounds__(HC_THREADS)
+    hc_finish_kernel(long long D, int n, int nmix, const float *scale, const float *base, int iters, float eps,
+                     float norm_eps, const uint16_t *x, long long x_t, long long x_j, uint16_t *y, long long ldy, int S,
+                     float *post_out, long long post_t, float *comb_out, long long comb_t, long long comb_j)
+{
+    namespace cg = cooperative_groups;
     __shared__ float mix[HC_MAX_MIX + 1], pre[HC_MAX_N], cm[HC_MAX_N * HC_MAX_N];
     __shared__ float part[HC_MAX_SLICES * (HC_MAX_MIX + 1)];
+    cg::cluster_group cl = cg::this_cluster();
+    const unsigned rank = cl.block_rank();
     cu_pdl_wait();
     cu_pdl_release();
-    const long long t = blockIdx.x;
+    const long long t = blockIdx.x / HC_CLUSTER;
     uint16_t *yt = y + t * ldy;
-    for (int i = threadIdx.x; i < S * (nmix + 1); i += HC_THREADS) part[i] = get_f32(yt, i); /* all loads at once */
+    const int m1 = nmix + 1, need = rank == 0 ? m1 : n + 1; /* sums a CTA needs: pre's n, then the squares' */
+    /* The partials, every load of a thread before its stores (a loop of one load and one store an
+     * iteration waited a trip to memory per partial): CTA 0 all S * m1 of them, HC_PART_AHEAD a
+     * thread; the others those of thread p's slice p. */
+    if (rank == 0) {
+        constexpr int PA = HC_PART_AHEAD;
+        for (int i0 = threadIdx.x; i0 < S * m1; i0 += PA * HC_THREADS) {
+            float v[PA];
+#pragma unroll
+            for (int a = 0; a < PA; a++) v[a] = i0 + a * HC_THREADS < S * m1 ? get_f32(yt, i0 + a * HC_THREADS) : 0.0f;
+#pragma unroll
+            for (int a = 0; a < PA; a++)
+                if (i0 + a * HC_THREADS < S * m1) part[i0 + a * HC_THREADS] = v[a];
+        }
+    } else if ((int)threadIdx.x < S) {
+        const int p = threadIdx.x;
+        float v[HC_MAX_N + 1];
+#pragma unroll
+        for (int r = 0; r <= HC_MAX_N; r++) v[r] = r < n ? get_f32(yt, p * m1 + r) : r == n ? get_f32(yt, p * m1 + nmix) : 0.0f;
+#pragma unroll
+        for (int r = 0; r <= HC_MAX_N; r++)
+            if (r <= n) part[p * m1 + (r < n ? r : nmix)] = v[r];
+    }
     __syncthreads();
-    for (int i = threadIdx.x; i <= nmix; i += HC_THREADS) {
-        float s = part[i];
-        for (int p = 1; p < S; p++) s = __fadd_rn(s, part[p * (nmix + 1) + i]);
-        mix[i] = s;
+    cl.barrier_arrive(); /* this CTA's reads of the partials are done */
+    /* the sums in slice order, HC_MIX_AHEAD partials read before they are added */
+    for (int i = threadIdx.x; i < need; i += HC_THREADS) {
+        const int row = i < n || rank == 0 ? i : nmix;
+        constexpr int MA = HC_MIX_AHEAD;
+        float s = part[row];
+        for (int p0 = 1; p0 < S; p0 += MA) {
+            float v[MA];
+#pragma unroll
+            for (int a = 0; a < MA; a++) v[a] = p0 + a < S ? part[(p0 + a) * m1 + row] : 0.0f;
+#pragma unroll
+            for (int a = 0; a < MA; a++)
+                if (p0 + a < S) s = __fadd_rn(s, v[a]);
+        }
+        mix[row] = s;
     }
     __syncthreads();
     /* Warp 0: lane j < n takes row j (pre, post, the row's softmax, the row phases of Sinkhorn)
@@ -284,9 +371,9 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
         r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(mix[nmix], (float)((long long)n * D)), norm_eps)));
         if (j < n) pre[j] = __fadd_rn(sigmoid_rn(__fadd_rn(__fmul_rn(__fmul_rn(mix[j], r), scale[0]), base[j])), eps);
     }
-    __syncthreads(); /* pre is set, and the partials in y are read: y may be written */
-    /* warp 0: post and the combination (Sinkhorn) while the other warps write the weighted sum */
-    if (j < 32) {
+    __syncthreads(); /* pre is set */
+    /* CTA 0's warp 0: post and the combination (Sinkhorn) while the other warps write the sum */
+    if (rank == 0 && j < 32) {
         if (j < n) {
             if (nmix != n) {
                 post_out[t * post_t + j] =
@@ -301,24 +388,9 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
             }
         }
         __syncwarp();
-        if (nmix != n && n * n <= 32) {
-            /* Sinkhorn with lane i*n + k holding entry (i, k): each lane gathers its row (column)
-             * by shuffles and sums it in the order of one thread, then divides its own entry, so
-             * a phase is one division deep instead of n (the same operations: the same bits) */
-            const int nn = n * n, ri = j < nn ? j / n : 0, ck = j < nn ? j % n : 0;
-            float v = j < nn ? cm[j] : 0.0f;
-            for (int it = 0; it < iters; it++) {
-                if (it > 0) {
-                    float s = 0.0f;
-                    for (int k = 0; k < n; k++) s = __fadd_rn(s, __shfl_sync(0xFFFFFFFFu, v, ri * n + k));
-                    v = __fdiv_rn(v, __fadd_rn(s, eps));
-                }
-                float s = 0.0f;
-                for (int i = 0; i < n; i++) s = __fadd_rn(s, __shfl_sync(0xFFFFFFFFu, v, i * n + ck));
-                v = __fdiv_rn(v, __fadd_rn(s, eps));
-            }
-            if (j < nn) comb_out[t * comb_t + ri * comb_j + ck] = v;
-        } else if (nmix != n) {
+        if (nmix != n && n == 4) sinkhorn_lanes<4>(cm, n, iters, eps, comb_out + t * comb_t, comb_j);
+        else if (nmix != n && n * n <= 32) sinkhorn_lanes<0>(cm, n, iters, eps, comb_out + t * comb_t, comb_j);
+        else if (nmix != n) {
             for (int it = 0; it < iters; it++) {
                 if (it > 0) {
                     if (j < n) {
@@ -338,31 +410,45 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(long long D, int 
             }
             for (int i = j; i < n * n; i += 32) comb_out[t * comb_t + (i / n) * comb_j + i % n] = cm[i];
         }
+        cl.barrier_wait();
         return;
     }
     const uint16_t *xt = x + t * x_t;
-    /* HC_SUM_AHEAD elements a thread at a time, every load of the batch before its stores (x and y
-     * are distinct buffers, which the compiler cannot know) */
-    constexpr int A = HC_SUM_AHEAD, SUMT = HC_THREADS - 32;
-    for (long long d0 = threadIdx.x - 32; d0 < D; d0 += A * SUMT) {
-        float s[A];
+    /* this CTA's part of the weighted sum, HC_SUM_AHEAD elements of every stream a thread at a time,
+     * all their loads before the sums (x and y are distinct buffers, which the compiler cannot
+     * know); the stores wait for every CTA's reads of the partials. Offsets within the part are
+     * 32-bit (a part is at most D / HC_CLUSTER + 1 elements; dsv4_cu_hc_pre_launch bounds D). */
+    const int first = rank == 0 ? 32 : 0, sumt = HC_THREADS - first;
+    const long long chunk = (D + HC_CLUSTER - 1) / HC_CLUSTER, lo = rank * chunk, hi = lo + chunk < D ? lo + chunk : D;
+    const int len = hi > lo ? (int)(hi - lo) : 0;
+    const uint16_t *xs[HC_MAX_N];
 #pragma unroll
-        for (int a = 0; a < A; a++) {
-            const long long d = d0 + (long long)a * SUMT;
-            s[a] = d < D ? __fmul_rn(pre[0], cu_bf16_f32(__ldg(xt + d))) : 0.0f;
-        }
-        for (int h = 1; h < n; h++)
+    for (int h = 0; h < HC_MAX_N; h++) xs[h] = xt + (h < n ? h : 0) * x_j + lo;
+    uint16_t *ys = yt + lo;
+    constexpr int A = HC_SUM_AHEAD;
+    bool waited = false;
+    for (int d0 = (int)threadIdx.x - first; d0 < len; d0 += A * sumt) {
+        float v[HC_MAX_N][A];
+#pragma unroll
+        for (int h = 0; h < HC_MAX_N; h++)
 #pragma unroll
             for (int a = 0; a < A; a++) {
-                const long long d = d0 + (long long)a * SUMT;
-                if (d < D) s[a] = __fadd_rn(s[a], __fmul_rn(pre[h], cu_bf16_f32(__ldg(xt + h * x_j + d))));
+                const int d = d0 + a * sumt;
+                v[h][a] = h < n && d < len ? cu_bf16_f32(__ldg(xs[h] + d)) : 0.0f;
             }
+        if (!waited) cl.barrier_wait(), waited = true;
 #pragma unroll
         for (int a = 0; a < A; a++) {
-            const long long d = d0 + (long long)a * SUMT;
-            if (d < D) yt[d] = (uint16_t)cu_f32_bf16(s[a]);
+            const int d = d0 + a * sumt;
+            if (d >= len) continue;
+            float s = __fmul_rn(pre[0], v[0][a]);
+#pragma unroll
+            for (int h = 1; h < HC_MAX_N; h++)
+                if (h < n) s = __fadd_rn(s, __fmul_rn(pre[h], v[h][a]));
+            ys[d] = (uint16_t)cu_f32_bf16(s);
         }
     }
+    if (!waited) cl.barrier_wait();
 }
 
 extern "C" int dsv4_cu_hc_slices(long long D, int nmix)
@@ -378,7 +464,8 @@ extern "C" int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream)
 {
     if (a->T == 0) return 0;
     const int S = dsv4_cu_hc_slices(a->D, a->nmix);
-    if (S < 1 || a->n < 1 || a->n > HC_MAX_N || a->T > 0x7FFFFFFFll) return (int)cudaErrorInvalidValue;
+    if (S < 1 || a->n < 1 || a->n > HC_MAX_N || a->T > 0x7FFFFFFFll / HC_CLUSTER || a->D > 0x7FFFFFFFll)
+        return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
     const dim3 grid((unsigned)S, (unsigned)(a->T < 65535 ? a->T : 65535));
     const bool pdl = dsv4_cu_linear_pdl() != 0;
@@ -393,7 +480,7 @@ extern "C" int dsv4_cu_hc_pre_launch(const dsv4_cu_hc_pre *a, void *stream)
         e = cu_launch_dependent(hc_dots_kernel, grid, HC_THREADS, s, pdl, a->T, a->D, a->n, a->nmix, a->fn, a->ldfn, a->x,
                                 a->x_t, a->x_j, a->y, a->ldy, S);
     if (e != cudaSuccess) return (int)e;
-    return (int)cu_launch_dependent(hc_finish_kernel, dim3((unsigned)a->T), HC_THREADS, s, pdl, a->D, a->n, a->nmix,
+    return (int)cu_launch_dependent(hc_finish_kernel, dim3((unsigned)(a->T * HC_CLUSTER)), HC_THREADS, s, pdl, a->D, a->n, a->nmix,
                                     a->scale, a->base, a->iters, a->eps, a->norm_eps, a->x, a->x_t, a->x_j, a->y, a->ldy,
                                     S, a->post_out, a->post_t, a->comb_out, a->comb_t, a->comb_j);
 }
@@ -420,11 +507,11 @@ DSV4_CU_INLINE bool ranks_before(float ka, int ia, float kb, int ib)
     return ka > kb || (ka == kb && ia < ib);
 }
 
-/* Σ_k w[k]·x[k] over a warp (every lane gets it). */
-DSV4_CU_INLINE float warp_dot(const void *w, int w_bf16, const void *x, int x_bf16, long long d, int lane)
+/* Σ_k w[k]·x(k) over a warp (every lane gets it). */
+template <typename XF> DSV4_CU_INLINE float warp_dot(const void *w, int w_bf16, XF &&x, long long d, int lane)
 {
     float s = 0.0f;
-    for (long long k = lane; k < d; k += 32) s = fmaf(ld_any(w, w_bf16, k), ld_any(x, x_bf16, k), s);
+    for (long long k = lane; k < d; k += 32) s = fmaf(ld_any(w, w_bf16, k), x(k), s);
 #pragma unroll
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
     return s;
@@ -445,8 +532,8 @@ DSV4_CU_INLINE void rt_issue(const uint16_t *w, long long tiles, long long i, ui
     cu_cp_async_commit(); /* empty past the last tile: the groups stay one per step */
 }
 
-DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, const void *x, int x_bf16, long long d, int lane, uint16_t *ring,
-                                   bool pre)
+template <typename XF>
+DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, XF &&x, long long d, int lane, uint16_t *ring, bool pre)
 {
     const long long tiles = d / RT_TILE;
     if (!pre)
@@ -458,11 +545,11 @@ DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, const void *x, int x_bf16,
         const uint16_t *tl = ring + (i % RT_RING) * RT_TILE;
         const long long k0 = i * RT_TILE + lane;
 #pragma unroll
-        for (int j = 0; j < RT_TILE / 32; j++) s = fmaf(cu_bf16_f32(tl[lane + 32 * j]), ld_any(x, x_bf16, k0 + 32 * j), s);
+        for (int j = 0; j < RT_TILE / 32; j++) s = fmaf(cu_bf16_f32(tl[lane + 32 * j]), x(k0 + 32 * j), s);
         __syncwarp(); /* the slot is refilled next */
         rt_issue(w, tiles, i + RT_RING, ring, lane);
     }
-    for (long long k = tiles * RT_TILE + lane; k < d; k += 32) s = fmaf(cu_bf16_f32(w[k]), ld_any(x, x_bf16, k), s);
+    for (long long k = tiles * RT_TILE + lane; k < d; k += 32) s = fmaf(cu_bf16_f32(w[k]), x(k), s);
 #pragma unroll
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
     return s;
@@ -473,8 +560,11 @@ DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, const void *x, int x_bf16,
  * into CTA 0's shared memory; after the cluster barrier CTA 0 alone selects: the keys (score +
  * bias) in shared memory, then warp 0 takes topk rounds of a warp-wide maximum under
  * ranks_before. Launched as a programmatic dependent: before cu_pdl_wait it reads only its gate
- * rows' first tiles. */
-enum { RT_CLUSTER = 8, RT_GWARPS = RT_CLUSTER * RT_WARPS, RT_SMEM = RT_WARPS * RT_RING * RT_TILE * 2 };
+ * rows' first tiles. A row of x of at most RT_XS values is first copied into shared memory as
+ * fp32 by the whole CTA (one trip to memory; read from global memory, each tile's values of x
+ * were a trip of their own between the ring's waits: about 19 µs a call). */
+enum { RT_CLUSTER = 8, RT_GWARPS = RT_CLUSTER * RT_WARPS, RT_RINGS = RT_WARPS * RT_RING * RT_TILE * 2, RT_XS = 8192,
+       RT_SMEM = RT_RINGS + RT_XS * 4 };
 
 __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS) route_kernel(dsv4_cu_route a)
 {
@@ -483,7 +573,7 @@ __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS)
     __shared__ unsigned char used[DSV4_CU_ROUTE_MAX_EXPERTS];
     __shared__ int sel[DSV4_CU_ROUTE_MAX_TOPK];
     __shared__ float sel_w[DSV4_CU_ROUTE_MAX_TOPK];
-    extern __shared__ __align__(16) uint16_t rt_rings[]; /* RT_WARPS rings of RT_RING tiles */
+    extern __shared__ __align__(16) uint16_t rt_rings[]; /* RT_WARPS rings of RT_RING tiles, then x */
     cg::cluster_group cl = cg::this_cluster();
     const unsigned rank = cl.block_rank();
     const long long t = blockIdx.x / RT_CLUSTER;
@@ -500,6 +590,13 @@ __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS)
     float *score0 = cl.map_shared_rank(score, 0u), *sel_w0 = cl.map_shared_rank(sel_w, 0u);
     int *sel0 = cl.map_shared_rank(sel, 0u);
     const void *xt = (const char *)a.x + t * a.ldx * (a.x_bf16 ? 2 : 4);
+    float *xs = (float *)(rt_rings + RT_RINGS / 2);
+    const bool shared_x = a.D <= RT_XS;
+    if (shared_x) {
+        for (long long k = threadIdx.x; k < a.D; k += RT_THREADS) xs[k] = ld_any(xt, a.x_bf16, k);
+        __syncthreads();
+    }
+    auto xv = [&](long long k) { return shared_x ? xs[k] : ld_any(xt, a.x_bf16, k); };
     if (a.tid2eid) {
         const long long tok = gw < a.topk ? ld_index(a.token_ids, a.tok_i64, t * a.tok_stride) : -1;
         float z = 0.0f;
@@ -510,8 +607,8 @@ __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS)
             if (!ok) e = -1;
             else {
                 const void *wr = (const char *)a.w + e * wrow;
-                z = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, false)
-                          : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
+                z = tiled ? warp_dot_ring((const uint16_t *)wr, xv, a.D, lane, ring, false)
+                          : warp_dot(wr, a.w_bf16, xv, a.D, lane);
             }
         }
         cl.barrier_wait();
@@ -519,22 +616,22 @@ __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS)
         for (int s = gw + RT_GWARPS; s < a.topk; s += RT_GWARPS) { /* more slots than warps: never at V4's sizes */
             const long long e2 = tok >= 0 && tok < a.V ? ld_index(a.tid2eid, a.tid_i64, tok * a.ldtid + s) : -1;
             const bool ok = e2 >= 0 && e2 < a.E;
-            const float z2 = ok ? warp_dot((const char *)a.w + e2 * wrow, a.w_bf16, xt, a.x_bf16, a.D, lane) : 0.0f;
+            const float z2 = ok ? warp_dot((const char *)a.w + e2 * wrow, a.w_bf16, xv, a.D, lane) : 0.0f;
             if (lane == 0) sel0[s] = ok ? (int)e2 : -1, sel_w0[s] = ok ? router_score(z2) : 0.0f;
         }
     } else {
         float z = 0.0f;
         if (gw < a.E) {
             const void *wr = (const char *)a.w + gw * wrow;
-            z = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, true)
-                      : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
+            z = tiled ? warp_dot_ring((const uint16_t *)wr, xv, a.D, lane, ring, true)
+                      : warp_dot(wr, a.w_bf16, xv, a.D, lane);
         }
         cl.barrier_wait();
         if (gw < a.E && lane == 0) score0[gw] = router_score(z);
         for (int e = gw + RT_GWARPS; e < a.E; e += RT_GWARPS) {
             const void *wr = (const char *)a.w + e * wrow;
-            const float z2 = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, false)
-                                   : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
+            const float z2 = tiled ? warp_dot_ring((const uint16_t *)wr, xv, a.D, lane, ring, false)
+                                   : warp_dot(wr, a.w_bf16, xv, a.D, lane);
             if (lane == 0) score0[e] = router_score(z2);
         }
     }

@@ -64,7 +64,10 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int32_t 
         const int e = p < R ? pair_expert(ids, ldids, k, E, p) : -1;
         const unsigned same = __match_any_sync(0xFFFFFFFFu, e);
         const int rank = __popc(same & ((1u << lane) - 1u));
-        for (int w = 0; w < GROUP_WARPS; w++) {
+        /* only the warps that hold pairs of the chunk take turns (a decode step's 6 pairs: one) */
+        const long long left = (R - c + 31) / 32;
+        const int turns = left < GROUP_WARPS ? (int)left : GROUP_WARPS;
+        for (int w = 0; w < turns; w++) {
             if (w == warp && p < R) {
                 if (e >= 0) {
                     const int i = cur[e] + rank;
