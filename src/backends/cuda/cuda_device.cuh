@@ -10,6 +10,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "formats/codec.h" /* dsv4_e2m1_from_f32: the E2M1 rule, host and device */
@@ -33,8 +34,9 @@ DSV4_CU_INLINE float cu_pow2f(int k)
     return k >= -126 ? __uint_as_float((uint32_t)(k + 127) << 23) : __uint_as_float(1u << (k + 149));
 }
 
-/* UE8M0 byte -> 2^(b-127), 255 -> NaN. */
-DSV4_CU_INLINE float cu_e8m0_f32(uint32_t b) { return b == 255u ? __uint_as_float(0x7FC00000u) : cu_pow2f((int)b - 127); }
+/* UE8M0 byte -> 2^(b-127), 255 -> NaN: b << 23 for the codes 1..254; code 0 (2^-127, a
+ * subnormal) and 255 (NaN) both add bit 22 (cu_pow2f's and the NaN's bits in fewer operations). */
+DSV4_CU_INLINE float cu_e8m0_f32(uint32_t b) { return __uint_as_float((b << 23) | ((b + 1u) & 0xFEu ? 0u : 0x00400000u)); }
 
 /* float -> E4M3FN: RNE, saturating to +-448, NaN -> sign|0x7F (the codec's NaN keeps its sign). */
 DSV4_CU_INLINE uint32_t cu_f32_e4m3(float x)
@@ -405,12 +407,29 @@ DSV4_CU_INLINE void cu_pdl_wait()
 #endif
 }
 
+/* $DSV4_CUDA_CARVEOUT (percent of the largest shared-memory configuration, 0..100), read once:
+ * every kernel of cu_launch_dependent prefers that split of L1 and shared memory; unset, the driver
+ * picks one per kernel (timing experiments). */
+static int cu_carveout()
+{
+    static int v = -2;
+    if (v == -2) {
+        const char *e = getenv("DSV4_CUDA_CARVEOUT");
+        v = e && *e ? atoi(e) : -1;
+    }
+    return v;
+}
+
 /* kernel<<<grid, threads, smem, s>>>(args...), with pdl as a programmatic dependent of the kernel
  * before it on s (see cu_pdl_wait). */
 template <typename... P, typename... A>
 static cudaError_t cu_launch_dependent_smem(void (*kernel)(P...), dim3 grid, int threads, size_t smem, cudaStream_t s,
                                             bool pdl, A &&...args)
 {
+    if (cu_carveout() >= 0) {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cu_carveout());
+        if (e != cudaSuccess) return e;
+    }
     cudaLaunchAttribute attr[1];
     memset(attr, 0, sizeof attr);
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

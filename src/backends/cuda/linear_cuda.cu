@@ -567,22 +567,29 @@ DSV4_CU_INLINE uint32_t e4m3x2_f16x2(uint32_t v)
     return r;
 }
 
-/* Nibbles i and i + 4 of an FP4 word as FP16x2, each its value times 2^-14 (decode_word's rule). */
-DSV4_CU_INLINE uint32_t e2m1x2_f16x2(uint32_t w, int i)
-{
-    const uint32_t mag = i == 0 ? w << 9 : i == 1 ? w << 5 : i == 2 ? w << 1 : w >> 3;
-    const uint32_t sgn = i == 0 ? w << 12 : i == 1 ? w << 8 : i == 2 ? w << 4 : w;
-    return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
-}
+/* An FP4 word's nibbles as the high bytes of their FP16 codes, each its value times 2^-14
+ * (decode_word's rule: the sign to bit 7, the magnitude to bits 3..1, the low byte zero): the even
+ * nibbles 0, 2, 4, 6 in bytes 0..3 of lo, the odd ones in hi. */
+struct e2m1_bytes {
+    uint32_t lo, hi;
+    DSV4_CU_INLINE explicit e2m1_bytes(uint32_t w)
+        : lo(((w << 4) & 0x80808080u) | ((w << 1) & 0x0E0E0E0Eu)), hi((w & 0x80808080u) | ((w >> 3) & 0x0E0E0E0Eu))
+    {
+    }
+    /* nibbles i and i + 4 as FP16x2: one byte permutation (with the shifts and masks above, 11
+     * operations a word where a pair shifted and masked its magnitude and its sign took 15) */
+    DSV4_CU_INLINE uint32_t pair(int i) const { return __byte_perm(i & 1 ? hi : lo, 0u, i < 2 ? 0x2404u : 0x3414u); }
+};
 
 /* The m16 operand halves of one mma block: FP4 block b of rows g, g+8 (words wq[row][b]), or the
  * FP8 piece of rows g, g+8 (a lane's 8 bytes of each), every tensor-core path's decode. */
 DSV4_CU_INLINE void fp4_frags(const uint32_t (&wq)[2][2], int b, uint32_t *A0, uint32_t *A1)
 {
+    const e2m1_bytes r0(wq[0][b]), r1(wq[1][b]);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        A0[2 * h] = e2m1x2_f16x2(wq[0][b], h), A0[2 * h + 1] = e2m1x2_f16x2(wq[1][b], h);
-        A1[2 * h] = e2m1x2_f16x2(wq[0][b], 2 + h), A1[2 * h + 1] = e2m1x2_f16x2(wq[1][b], 2 + h);
+        A0[2 * h] = r0.pair(h), A0[2 * h + 1] = r1.pair(h);
+        A1[2 * h] = r0.pair(2 + h), A1[2 * h + 1] = r1.pair(2 + h);
     }
 }
 DSV4_CU_INLINE void fp8_frags(uint2 w0, uint2 w1, uint32_t *A0, uint32_t *A1)
