@@ -44,18 +44,12 @@ static float hsum(__m256 v)
  * vcvtph2ps 1): codes go straight into fp32 bit patterns, with no conversion. E4M3 codes
  * (e4m3_quarter) and E2M1 ones (fp4x32) both land at a fixed power of two of their value. */
 typedef struct dec_consts {
-    __m256i place[2], pair, keep, keep4;
+    __m256i pair, keep, keep4;
 } dec_consts;
 
 INLINE dec_consts dec_init(void)
 {
     dec_consts d;
-    /* bytes 8e..8e+3 (128-bit lane 0) and 8e+4..8e+7 (lane 1) of 16 to the top bytes of the words */
-    for (int e = 0; e < 2; e++)
-        d.place[e] = _mm256_setr_epi8(-1, -1, -1, (char)(8 * e), -1, -1, -1, (char)(8 * e + 1), -1, -1, -1,
-                                      (char)(8 * e + 2), -1, -1, -1, (char)(8 * e + 3), -1, -1, -1, (char)(8 * e + 4),
-                                      -1, -1, -1, (char)(8 * e + 5), -1, -1, -1, (char)(8 * e + 6), -1, -1, -1,
-                                      (char)(8 * e + 7));
     /* bytes l and 8 + l (l = 0..3 in 128-bit lane 0, 4..7 in lane 1) of 16 to bytes 3 and 1 of word l */
     d.pair = _mm256_setr_epi8(-1, 8, -1, 0, -1, 9, -1, 1, -1, 10, -1, 2, -1, 11, -1, 3, -1, 12, -1, 4, -1, 13, -1, 5, -1, 14,
                               -1, 6, -1, 15, -1, 7);
@@ -65,17 +59,23 @@ INLINE dec_consts dec_init(void)
 }
 
 /* Quarter q of 32 E4M3 codes (elements 8q .. 8q + 7) -> 8 values times 2^-120, in K order: the
- * 16 codes of half q / 2 in both 128-bit lanes (vbroadcasti128), a vpshufb puts 8 of them in the
- * top bytes of the 32-bit words, an arithmetic shift right by 4 keeps the sign in bit 31 and puts
- * the 4-bit exponent in the low end of fp32's 8-bit field and the 3-bit mantissa on top of fp32's;
- * clearing the sign's copies in bits 27-30 leaves the fp32 number code * 2^-120 (subnormal codes
- * land on fp32 subnormals, also exactly). 3 single-uop instructions per 8 weights, no conversion.
- * NaN codes (magnitude 0x7F) would come out finite: e4m3_mag keeps the largest magnitude byte of
- * each position for the caller. */
+ * 16 codes of half q / 2 in both 128-bit lanes (vbroadcasti128), a vpshufb puts codes l and 8 + l
+ * (l = 0..3 in 128-bit lane 0, 4..7 in lane 1) in bytes 3 and 1 of word l (dec_consts.pair, shared
+ * with the E2M1 decoding), a 16-bit arithmetic shift right by 4 keeps each code's sign in the top
+ * bit of its 16-bit half and puts the 4-bit exponent in the low end of fp32's 8-bit field and the
+ * 3-bit mantissa on top of fp32's (for the bottom half once a 32-bit shift left by 16 has lifted
+ * it: the odd quarter); clearing the sign's copies in bits 27-30 and the bits below 20 leaves the
+ * fp32 number code * 2^-120 (subnormal codes land on fp32 subnormals, also exactly). The two
+ * quarters of a half share the vpshufb and the shift (the compiler computes them once): 12
+ * single-uop instructions per 32 weights, 6 of them shifts / shuffles (one vpshufb per quarter
+ * took 8, and was 5-9 % slower on the 2-core EPYC: BENCHMARKS.md, "Linear layers vs ggml"), no
+ * conversion. NaN codes (magnitude 0x7F) would come out finite: e4m3_mag keeps the largest
+ * magnitude byte of each position for the caller. */
 INLINE __m256 e4m3_quarter(const dec_consts *d, const uint8_t *p, const int q)
 {
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 16 * (q / 2))));
-    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(b, d->place[q % 2]), 4), d->keep));
+    const __m256i w = _mm256_srai_epi16(_mm256_shuffle_epi8(b, d->pair), 4);
+    return _mm256_castsi256_ps(_mm256_and_si256(q % 2 ? _mm256_slli_epi32(w, 16) : w, d->keep));
 }
 
 /* The running maximum *mag of the code magnitudes of 32 E4M3 codes, byte by byte (0x7F: a NaN). */
@@ -84,8 +84,8 @@ INLINE void e4m3_mag(const uint8_t *p, __m256i *mag)
     *mag = _mm256_max_epu8(*mag, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8(0x7F)));
 }
 
-/* 32 E4M3 codes -> four vectors of 8 values times 2^-120 (e4m3_quarter, one vbroadcasti128 per
- * half), and their magnitudes into *mag. */
+/* 32 E4M3 codes -> four vectors of 8 values times 2^-120 (e4m3_quarter: one vbroadcasti128,
+ * vpshufb and 16-bit shift per half), and their magnitudes into *mag. */
 INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i *mag)
 {
     e4m3_mag(p, mag);
