@@ -3,7 +3,7 @@
  * 128-element block sum is scaled by its scale with one FMA: activation codes times 2^119, weight
  * codes times 2^-120 (FP8, MXFP8) or E2M1 values times 2^-126 (FP4), the block sum scaled by
  * 2 * s_x * s_w or 2^7 * s_x * s_w (see pair_scales). Tiles of MT activation
- * rows x NT weight rows (1 x 8 at M = 1, up to 4 x 2 for batches, see shape) decode each 32
+ * rows x NT weight rows (1 x 4 at M = 1, up to 4 x 2 for batches, see shape) decode each 32
  * weights of a row once for the MT rows; per output the operation sequence is fixed, so results
  * do not depend on the tiling, the other rows of the call or the thread count. */
 #include "backends/cpu/cpu_formats.h"
@@ -219,7 +219,7 @@ static int row_has_nan(const uint8_t *w, int64_t n)
  * NT weight vectors (4 x 2: its partial sums, x vectors and constants would fill the 16 registers).
  * Measured on the 2-core EPYC (BENCHMARKS.md, "Linear layers vs ggml"): 4-8 % faster than that
  * loop for MXFP8 at M = 2 and 8, where FP8 (a 128-block: the sums scaled every fourth step) and
- * FP4 gained nothing, and 7 % slower at M = 1 (1 x 8). */
+ * FP4 gained nothing; not used at M = 1, where a 1 x 8 tile measured 7 % slower with it. */
 INLINE void mx_step(const dsv4_lin_tile *t, const uint8_t *const *w, const float *const *act, const dec_consts *dc,
                     int64_t b0, const int MT, const int NT, __m256 p[DSV4_LIN_MT][DSV4_LIN_NT], __m256i *mag)
 {
@@ -407,7 +407,7 @@ INLINE void tile_plain(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_N
 PLAIN_SHAPES(DEFINE_PLAIN)
 
 /* The tile shapes of the block-scaled formats, MT x NT. */
-#define SHAPES(X) X(1, 8) X(1, 4) X(2, 4) X(3, 2) X(4, 2)
+#define SHAPES(X) X(1, 4) X(2, 4) X(3, 2) X(4, 2)
 
 #define DEFINE_TILES(MT, NT)                                                                                  \
     static void tile_##MT##x##NT(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])                 \
@@ -420,9 +420,11 @@ PLAIN_SHAPES(DEFINE_PLAIN)
     }
 SHAPES(DEFINE_TILES)
 
-/* Block-scaled formats: M = 1 one x eight weight rows (eight independent FMA chains; FP4, whose
- * decoding is the heavier part, one x four), M = 2 two x four, M = 3 three x two, then four x two:
- * the best of the shapes measured on the 2-core EPYC (BENCHMARKS.md, AVX2 path). BF16 / F32
+/* Block-scaled formats: M = 1 one x four (the totals in registers; from memory one x eight, with
+ * eight weight rows streaming and its totals in memory, took 25-35 % longer for FP8 and MXFP8 on
+ * the 2-core EPYC, where both ran at the same speed from L2: BENCHMARKS.md, "Linear layers vs
+ * ggml"), M = 2 two x four, M = 3 three x two, then four x two: the best of the shapes measured
+ * on that machine (BENCHMARKS.md, AVX2 path). BF16 / F32
  * weights: one x four, two x six, three x four, then four x three (12 sums in registers). */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 {
@@ -432,7 +434,7 @@ static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
         return;
     }
     *mt = m < 4 ? (int)m : 4;
-    *nt = m == 1 ? (fmt == DSV4_LINEAR_FP4 ? 4 : 8) : m == 2 ? 4 : 2;
+    *nt = m == 1 || m == 2 ? 4 : 2;
 }
 
 static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
@@ -447,7 +449,6 @@ static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
         return;
     }
     switch (t->mt * 10 + t->nt) {
-    case 18: tile_1x8(t, out); break;
     case 14: tile_1x4(t, out); break;
     case 24: tile_2x4(t, out); break;
     case 32: tile_3x2(t, out); break;
