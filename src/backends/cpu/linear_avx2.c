@@ -68,9 +68,9 @@ INLINE dec_consts dec_init(void)
  * fp32 number code * 2^-120 (subnormal codes land on fp32 subnormals, also exactly). The two
  * quarters of a half share the vpshufb and the shift (the compiler computes them once): 12
  * single-uop instructions per 32 weights, 6 of them shifts / shuffles (one vpshufb per quarter
- * took 8, and was 5-9 % slower on the 2-core EPYC: BENCHMARKS.md, "Linear layers vs ggml"), no
- * conversion. NaN codes (magnitude 0x7F) would come out finite: e4m3_mag keeps the largest
- * magnitude byte of each position for the caller. */
+ * took 8, and 5-9 % longer at M = 1 from L2 on the 2-core EPYC), no conversion. NaN codes
+ * (magnitude 0x7F) would come out finite: e4m3_mag keeps the largest magnitude byte of each
+ * position for the caller. */
 INLINE __m256 e4m3_quarter(const dec_consts *d, const uint8_t *p, const int q)
 {
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 16 * (q / 2))));
@@ -217,9 +217,10 @@ static int row_has_nan(const uint8_t *w, int64_t n)
  * quarter so that each x vector is loaded once for the NT rows and each weight vector decoded once
  * for the MT rows: with the MT x vectors of the quarter in registers (tiles up to 2 x 4), else the
  * NT weight vectors (4 x 2: its partial sums, x vectors and constants would fill the 16 registers).
- * Measured on the 2-core EPYC (BENCHMARKS.md, "Linear layers vs ggml"): 4-8 % faster than that
- * loop for MXFP8 at M = 2 and 8, where FP8 (a 128-block: the sums scaled every fourth step) and
- * FP4 gained nothing; not used at M = 1, where a 1 x 8 tile measured 7 % slower with it. */
+ * Measured on the 2-core EPYC (the runs of 2026-12-03 in BENCHMARKS.md, "Linear layers vs ggml"):
+ * 2-8 % faster than that loop for MXFP8 at M = 8 and 32, where FP8 (a 128-block: the sums scaled
+ * every fourth step) and FP4 gained nothing; not used at M = 1, where a 1 x 8 tile measured 7 %
+ * slower with it. */
 INLINE void mx_step(const dsv4_lin_tile *t, const uint8_t *const *w, const float *const *act, const dec_consts *dc,
                     int64_t b0, const int MT, const int NT, __m256 p[DSV4_LIN_MT][DSV4_LIN_NT], __m256i *mag)
 {
@@ -422,8 +423,8 @@ SHAPES(DEFINE_TILES)
 
 /* Block-scaled formats: M = 1 one x four (the totals in registers; from memory one x eight, with
  * eight weight rows streaming and its totals in memory, took 25-35 % longer for FP8 and MXFP8 on
- * the 2-core EPYC, where both ran at the same speed from L2: BENCHMARKS.md, "Linear layers vs
- * ggml"), M = 2 two x four, M = 3 three x two, then four x two: the best of the shapes measured
+ * the 2-core EPYC, where both ran at the same speed from L2: the runs of 2026-12-03 in
+ * BENCHMARKS.md, "Linear layers vs ggml"), M = 2 two x four, M = 3 three x two, then four x two: the best of the shapes measured
  * on that machine (BENCHMARKS.md, AVX2 path). BF16 / F32
  * weights: one x four, two x six, three x four, then four x three (12 sums in registers). */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
