@@ -424,8 +424,8 @@ SHAPES(DEFINE_TILES)
 /* Block-scaled formats: M = 1 one x four (the totals in registers; from memory one x eight, with
  * eight weight rows streaming and its totals in memory, took 25-35 % longer for FP8 and MXFP8 on
  * the 2-core EPYC, where both ran at the same speed from L2: the runs of 2026-12-03 in
- * BENCHMARKS.md, "Linear layers vs ggml"), M = 2 two x four, M = 3 three x two, then four x two: the best of the shapes measured
- * on that machine (BENCHMARKS.md, AVX2 path). BF16 / F32
+ * BENCHMARKS.md, "Linear layers vs ggml"), M = 2 two x four, M = 3 three x two, then four x
+ * two: the best of the shapes measured on that machine (BENCHMARKS.md, AVX2 path). BF16 / F32
  * weights: one x four, two x six, three x four, then four x three (12 sums in registers). */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 {
