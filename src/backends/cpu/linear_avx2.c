@@ -3,7 +3,7 @@
  * 128-element block sum is scaled by its scale with one FMA: activation codes times 2^119, weight
  * codes times 2^-120 (FP8, MXFP8) or E2M1 values times 2^-126 (FP4), the block sum scaled by
  * 2 * s_x * s_w or 2^7 * s_x * s_w (see pair_scales). Tiles of MT activation
- * rows x NT weight rows (1 x 8 at M = 1, up to 4 x 2 for batches, see shape) decode each 32
+ * rows x NT weight rows (1 x 4 at M = 1, up to 4 x 2 for batches, see shape) decode each 32
  * weights of a row once for the MT rows; per output the operation sequence is fixed, so results
  * do not depend on the tiling, the other rows of the call or the thread count. */
 #include "backends/cpu/cpu_formats.h"
@@ -42,20 +42,14 @@ static float hsum(__m256 v)
 /* Weight decoding with in-lane moves only (vpshufb, shifts, logic: two a cycle or more on the cores
  * measured, where lane-crossing ones, vpmovzx/sx, vextracti128, vpermps, take 1-1.5 cycles, and
  * vcvtph2ps 1): codes go straight into fp32 bit patterns, with no conversion. E4M3 codes
- * (e4m3x32) and E2M1 ones (fp4x32) both land at a fixed power of two of their value. */
+ * (e4m3_quarter) and E2M1 ones (fp4x32) both land at a fixed power of two of their value. */
 typedef struct dec_consts {
-    __m256i place[2], pair, keep, keep4;
+    __m256i pair, keep, keep4;
 } dec_consts;
 
 INLINE dec_consts dec_init(void)
 {
     dec_consts d;
-    /* bytes 8e..8e+3 (128-bit lane 0) and 8e+4..8e+7 (lane 1) of 16 to the top bytes of the words */
-    for (int e = 0; e < 2; e++)
-        d.place[e] = _mm256_setr_epi8(-1, -1, -1, (char)(8 * e), -1, -1, -1, (char)(8 * e + 1), -1, -1, -1,
-                                      (char)(8 * e + 2), -1, -1, -1, (char)(8 * e + 3), -1, -1, -1, (char)(8 * e + 4),
-                                      -1, -1, -1, (char)(8 * e + 5), -1, -1, -1, (char)(8 * e + 6), -1, -1, -1,
-                                      (char)(8 * e + 7));
     /* bytes l and 8 + l (l = 0..3 in 128-bit lane 0, 4..7 in lane 1) of 16 to bytes 3 and 1 of word l */
     d.pair = _mm256_setr_epi8(-1, 8, -1, 0, -1, 9, -1, 1, -1, 10, -1, 2, -1, 11, -1, 3, -1, 12, -1, 4, -1, 13, -1, 5, -1, 14,
                               -1, 6, -1, 15, -1, 7);
@@ -64,24 +58,39 @@ INLINE dec_consts dec_init(void)
     return d;
 }
 
-/* 32 E4M3 codes -> four vectors of 8 values times 2^-120, in K order: 16 codes in both 128-bit
- * lanes (vbroadcasti128), a vpshufb puts 8 of them in the top bytes of the 32-bit words, an
- * arithmetic shift right by 4 keeps the sign in bit 31 and puts the 4-bit exponent in the low end
- * of fp32's 8-bit field and the 3-bit mantissa on top of fp32's; clearing the sign's copies in bits
- * 27-30 leaves the fp32 number code * 2^-120 (subnormal codes land on fp32 subnormals, also
- * exactly). 3 single-uop instructions per 8 weights, no conversion. NaN codes (magnitude 0x7F)
- * would come out finite: *mag keeps the largest magnitude byte of each position for the caller. */
-INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i *mag)
+/* Quarter q of 32 E4M3 codes (elements 8q .. 8q + 7) -> 8 values times 2^-120, in K order: the
+ * 16 codes of half q / 2 in both 128-bit lanes (vbroadcasti128), a vpshufb puts codes l and 8 + l
+ * (l = 0..3 in 128-bit lane 0, 4..7 in lane 1) in bytes 3 and 1 of word l (dec_consts.pair, shared
+ * with the E2M1 decoding), a 16-bit arithmetic shift right by 4 keeps each code's sign in the top
+ * bit of its 16-bit half and puts the 4-bit exponent in the low end of fp32's 8-bit field and the
+ * 3-bit mantissa on top of fp32's (for the bottom half once a 32-bit shift left by 16 has lifted
+ * it: the odd quarter); clearing the sign's copies in bits 27-30 and the bits below 20 leaves the
+ * fp32 number code * 2^-120 (subnormal codes land on fp32 subnormals, also exactly). The two
+ * quarters of a half share the vpshufb and the shift (the compiler computes them once): 12
+ * single-uop instructions per 32 weights, 6 of them shifts / shuffles (one vpshufb per quarter
+ * took 8, and 5-9 % longer at M = 1 from L2 on the 2-core EPYC), no conversion. NaN codes
+ * (magnitude 0x7F) would come out finite: e4m3_mag keeps the largest magnitude byte of each
+ * position for the caller. */
+INLINE __m256 e4m3_quarter(const dec_consts *d, const uint8_t *p, const int q)
+{
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 16 * (q / 2))));
+    const __m256i w = _mm256_srai_epi16(_mm256_shuffle_epi8(b, d->pair), 4);
+    return _mm256_castsi256_ps(_mm256_and_si256(q % 2 ? _mm256_slli_epi32(w, 16) : w, d->keep));
+}
+
+/* The running maximum *mag of the code magnitudes of 32 E4M3 codes, byte by byte (0x7F: a NaN). */
+INLINE void e4m3_mag(const uint8_t *p, __m256i *mag)
 {
     *mag = _mm256_max_epu8(*mag, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8(0x7F)));
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
-#pragma GCC unroll 2
-        for (int e = 0; e < 2; e++)
-            v[2 * h + e] = _mm256_castsi256_ps(
-                _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(b, d->place[e]), 4), d->keep));
-    }
+}
+
+/* 32 E4M3 codes -> four vectors of 8 values times 2^-120 (e4m3_quarter: one vbroadcasti128,
+ * vpshufb and 16-bit shift per half), and their magnitudes into *mag. */
+INLINE void e4m3x32(const dec_consts *d, const uint8_t *p, __m256 v[4], __m256i *mag)
+{
+    e4m3_mag(p, mag);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) v[q] = e4m3_quarter(d, p, q);
 }
 
 /* 16 packed bytes (32 E2M1 values, element 2b in the low nibble of byte b, 2b + 1 in the high one)
@@ -203,6 +212,54 @@ static int row_has_nan(const uint8_t *w, int64_t n)
     return 0;
 }
 
+/* One MXFP8 block (32 elements at b0) of an MT x NT tile, MT > 1, into the partial sums p: the same FMAs,
+ * in the same order per output, as the other formats' loop in tile_blocks, taken quarter by
+ * quarter so that each x vector is loaded once for the NT rows and each weight vector decoded once
+ * for the MT rows: with the MT x vectors of the quarter in registers (tiles up to 2 x 4), else the
+ * NT weight vectors (4 x 2: its partial sums, x vectors and constants would fill the 16 registers).
+ * Measured on the 2-core EPYC (the runs of 2026-12-03 in BENCHMARKS.md, "Linear layers vs ggml"):
+ * 2-8 % faster than that loop for MXFP8 at M = 8 and 32, where FP8 (a 128-block: the sums scaled
+ * every fourth step) and FP4 gained nothing; not used at M = 1, where a 1 x 8 tile measured 7 %
+ * slower with it. */
+INLINE void mx_step(const dsv4_lin_tile *t, const uint8_t *const *w, const float *const *act, const dec_consts *dc,
+                    int64_t b0, const int MT, const int NT, __m256 p[DSV4_LIN_MT][DSV4_LIN_NT], __m256i *mag)
+{
+    const int xs = MT + MT * NT + 4 < 16;
+    if (b0 % 64 == 0) prefetch_rows(t, NT, b0, t->k);
+    __m256i m = _mm256_setzero_si256(); /* one update of the tile's maximum per block */
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; j++) e4m3_mag(w[j] + b0, &m);
+    *mag = _mm256_max_epu8(*mag, m);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        __m256 x[DSV4_LIN_MT], v[DSV4_LIN_NT];
+        if (xs) {
+#pragma GCC unroll 8
+            for (int i = 0; i < MT; i++) {
+                x[i] = _mm256_loadu_ps(act[i] + b0 + 8 * q);
+                __asm__("" : "+x"(x[i])); /* one load, not an FMA operand from memory per weight row */
+            }
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < NT; j++) {
+            v[j] = e4m3_quarter(dc, w[j] + b0, q);
+            if (xs) {
+#pragma GCC unroll 8
+                for (int i = 0; i < MT; i++) p[i][j] = _mm256_fmadd_ps(x[i], v[j], p[i][j]);
+            }
+        }
+        if (!xs) {
+#pragma GCC unroll 8
+            for (int i = 0; i < MT; i++) {
+                __m256 xi = _mm256_loadu_ps(act[i] + b0 + 8 * q);
+                __asm__("" : "+x"(xi));
+#pragma GCC unroll 8
+                for (int j = 0; j < NT; j++) p[i][j] = _mm256_fmadd_ps(xi, v[j], p[i][j]);
+            }
+        }
+    }
+}
+
 /* The block-scaled formats (FP8 128-blocks, MXFP8, FP4 32-blocks), MT activation rows x NT weight
  * rows: each 32 weights of a row are decoded once for the MT rows; per output, one 8-lane partial
  * sum per block over K in order (lane l: elements l, l + 8, l + 16, l + 24 of each 32; FP4: 2l,
@@ -251,28 +308,29 @@ INLINE void tile_blocks(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_
             for (int i = 0; i < MT; i++)
 #pragma GCC unroll 8
                 for (int j = 0; j < NT; j++) p[i][j] = _mm256_setzero_ps();
-            for (int64_t kk = b0; kk < end; kk += 32) {
-                if (kk % line == 0) prefetch_rows(t, NT, fp4 ? kk / 2 : kk, row_bytes);
+            if (fmt == DSV4_LINEAR_MXFP8 && MT > 1)
+                mx_step(t, w, act, &dc, b0, MT, NT, p, &mag);
+            else
+                for (int64_t kk = b0; kk < end; kk += 32) {
+                    if (kk % line == 0) prefetch_rows(t, NT, fp4 ? kk / 2 : kk, row_bytes);
 #pragma GCC unroll 8
-                for (int j = 0; j < NT; j++) {
-                    __m256 v[4];
-                    if (fp4)
-                        fp4x32(&dc, w[j] + kk / 2, v);
-                    else
-                        e4m3x32(&dc, w[j] + kk, v, &mag);
-                    /* with the totals in registers, the x rows read again for each weight row
-                     * (FMAs from memory): an empty asm hides that they were read already */
-                    /* with the totals in registers, the x row read again for each weight row
-                     * (FMAs from memory): an empty asm hides that it was read already */
-                    const float *x0 = act[0] + kk;
-                    if (regs) __asm__ volatile("" : "+r"(x0));
+                    for (int j = 0; j < NT; j++) {
+                        __m256 v[4];
+                        if (fp4)
+                            fp4x32(&dc, w[j] + kk / 2, v);
+                        else
+                            e4m3x32(&dc, w[j] + kk, v, &mag);
+                        /* with the totals in registers, the x row read again for each weight row
+                         * (FMAs from memory): an empty asm hides that it was read already */
+                        const float *x0 = act[0] + kk;
+                        if (regs) __asm__ volatile("" : "+r"(x0));
 #pragma GCC unroll 8
-                    for (int q = 0; q < 4; q++)
+                        for (int q = 0; q < 4; q++)
 #pragma GCC unroll 8
-                        for (int i = 0; i < MT; i++)
-                            p[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps((regs && i == 0 ? x0 : act[i] + kk) + 8 * q), v[q], p[i][j]);
+                            for (int i = 0; i < MT; i++)
+                                p[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps((regs && i == 0 ? x0 : act[i] + kk) + 8 * q), v[q], p[i][j]);
+                    }
                 }
-            }
 #pragma GCC unroll 8
             for (int j = 0; j < NT; j++)
 #pragma GCC unroll 8
@@ -350,7 +408,7 @@ INLINE void tile_plain(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_N
 PLAIN_SHAPES(DEFINE_PLAIN)
 
 /* The tile shapes of the block-scaled formats, MT x NT. */
-#define SHAPES(X) X(1, 8) X(1, 4) X(2, 4) X(3, 2) X(4, 2)
+#define SHAPES(X) X(1, 4) X(2, 4) X(3, 2) X(4, 2)
 
 #define DEFINE_TILES(MT, NT)                                                                                  \
     static void tile_##MT##x##NT(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])                 \
@@ -363,9 +421,11 @@ PLAIN_SHAPES(DEFINE_PLAIN)
     }
 SHAPES(DEFINE_TILES)
 
-/* Block-scaled formats: M = 1 one x eight weight rows (eight independent FMA chains; FP4, whose
- * decoding is the heavier part, one x four), M = 2 two x four, M = 3 three x two, then four x two:
- * the best of the shapes measured on the 2-core EPYC (BENCHMARKS.md, AVX2 path). BF16 / F32
+/* Block-scaled formats: M = 1 one x four (the totals in registers; from memory one x eight, with
+ * eight weight rows streaming and its totals in memory, took 25-35 % longer for FP8 and MXFP8 on
+ * the 2-core EPYC, where both ran at the same speed from L2: the runs of 2026-12-03 in
+ * BENCHMARKS.md, "Linear layers vs ggml"), M = 2 two x four, M = 3 three x two, then four x
+ * two: the best of the shapes measured on that machine (BENCHMARKS.md, AVX2 path). BF16 / F32
  * weights: one x four, two x six, three x four, then four x three (12 sums in registers). */
 static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
 {
@@ -375,7 +435,7 @@ static void shape(dsv4_linear_format fmt, int64_t m, int *mt, int *nt)
         return;
     }
     *mt = m < 4 ? (int)m : 4;
-    *nt = m == 1 ? (fmt == DSV4_LINEAR_FP4 ? 4 : 8) : m == 2 ? 4 : 2;
+    *nt = m == 1 || m == 2 ? 4 : 2;
 }
 
 static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
@@ -390,7 +450,6 @@ static void tile(const dsv4_lin_tile *t, float out[DSV4_LIN_MT][DSV4_LIN_NT])
         return;
     }
     switch (t->mt * 10 + t->nt) {
-    case 18: tile_1x8(t, out); break;
     case 14: tile_1x4(t, out); break;
     case 24: tile_2x4(t, out); break;
     case 32: tile_3x2(t, out); break;
