@@ -10,7 +10,6 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "formats/codec.h" /* dsv4_e2m1_from_f32: the E2M1 rule, host and device */
@@ -407,29 +406,12 @@ DSV4_CU_INLINE void cu_pdl_wait()
 #endif
 }
 
-/* $DSV4_CUDA_CARVEOUT (percent of the largest shared-memory configuration, 0..100), read once:
- * every kernel of cu_launch_dependent prefers that split of L1 and shared memory; unset, the driver
- * picks one per kernel (timing experiments). */
-static int cu_carveout()
-{
-    static int v = -2;
-    if (v == -2) {
-        const char *e = getenv("DSV4_CUDA_CARVEOUT");
-        v = e && *e ? atoi(e) : -1;
-    }
-    return v;
-}
-
 /* kernel<<<grid, threads, smem, s>>>(args...), with pdl as a programmatic dependent of the kernel
  * before it on s (see cu_pdl_wait). */
 template <typename... P, typename... A>
 static cudaError_t cu_launch_dependent_smem(void (*kernel)(P...), dim3 grid, int threads, size_t smem, cudaStream_t s,
                                             bool pdl, A &&...args)
 {
-    if (cu_carveout() >= 0) {
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cu_carveout());
-        if (e != cudaSuccess) return e;
-    }
     cudaLaunchAttribute attr[1];
     memset(attr, 0, sizeof attr);
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
