@@ -628,7 +628,7 @@ static void layer_mhc(void)
 /* One shape; the cuda kernel streams BF16 rows of 16-byte multiples in tiles of 256 values through
  * shared memory (layer_cuda.cu warp_dot_ring) and spreads the experts over a cluster's 256 warps:
  * shape 1 is D = 256 (one tile), 64 experts; shape 2 has a tail past its tiles, more experts than
- * warps and 8 slots; shape 3 a row of x longer than the kernel keeps in shared memory (8192). */
+ * warps and 8 slots; shape 3 a row of 8256 values (32 tiles and a tail), few experts. */
 static void layer_route_case(int T, int D, int E, int K, int V, uint16_t *x, uint16_t *gw, float *bias)
 {
     int32_t *tid = malloc(sizeof(int32_t) * V * K), *tok = malloc(sizeof(int32_t) * T);

@@ -45,26 +45,16 @@ __global__ void __launch_bounds__(RMS_THREADS) rms_kernel(const void *x, long lo
     const char *xr = (const char *)x + r * ldx * (x_bf16 ? 2 : 4);
     char *yr = (char *)y + r * ldy * (y_bf16 ? 2 : 4);
     float s = 0.0f;
-    if (held) {
+    for (long long i0 = threadIdx.x; i0 < d; i0 += A * RMS_THREADS) { /* once for a held row: v stays */
 #pragma unroll
         for (int a = 0; a < A; a++) {
-            const long long i = threadIdx.x + (long long)a * RMS_THREADS;
+            const long long i = i0 + (long long)a * RMS_THREADS;
             v[a] = i < d ? ld_any(xr, x_bf16, i) : 0.0f;
         }
 #pragma unroll
         for (int a = 0; a < A; a++)
-            if (threadIdx.x + (long long)a * RMS_THREADS < d) s = __fadd_rn(s, __fmul_rn(v[a], v[a]));
-    } else
-        for (long long i0 = threadIdx.x; i0 < d; i0 += A * RMS_THREADS) {
-#pragma unroll
-            for (int a = 0; a < A; a++) {
-                const long long i = i0 + (long long)a * RMS_THREADS;
-                v[a] = i < d ? ld_any(xr, x_bf16, i) : 0.0f;
-            }
-#pragma unroll
-            for (int a = 0; a < A; a++)
-                if (i0 + (long long)a * RMS_THREADS < d) s = __fadd_rn(s, __fmul_rn(v[a], v[a]));
-        }
+            if (i0 + (long long)a * RMS_THREADS < d) s = __fadd_rn(s, __fmul_rn(v[a], v[a]));
+    }
     __shared__ float part[RMS_THREADS / 32];
 #pragma unroll
     for (int o = 16; o; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, o));
@@ -322,9 +312,8 @@ __global__ void __cluster_dims__(HC_CLUSTER, 1, 1) __launch_bounds__(HC_THREADS)
     const long long t = blockIdx.x / HC_CLUSTER;
     uint16_t *yt = y + t * ldy;
     const int m1 = nmix + 1, need = rank == 0 ? m1 : n + 1; /* sums a CTA needs: pre's n, then the squares' */
-    /* The partials, every load of a thread before its stores (a loop of one load and one store an
-     * iteration waited a trip to memory per partial): CTA 0 all S * m1 of them, HC_PART_AHEAD a
-     * thread; the others those of thread p's slice p. */
+    /* The partials, every load of a thread before its stores: CTA 0 all S * m1 of them,
+     * HC_PART_AHEAD a thread; the others those of thread p's slice p. */
     if (rank == 0) {
         constexpr int PA = HC_PART_AHEAD;
         for (int i0 = threadIdx.x; i0 < S * m1; i0 += PA * HC_THREADS) {
@@ -507,11 +496,11 @@ DSV4_CU_INLINE bool ranks_before(float ka, int ia, float kb, int ib)
     return ka > kb || (ka == kb && ia < ib);
 }
 
-/* Σ_k w[k]·x(k) over a warp (every lane gets it). */
-template <typename XF> DSV4_CU_INLINE float warp_dot(const void *w, int w_bf16, XF &&x, long long d, int lane)
+/* Σ_k w[k]·x[k] over a warp (every lane gets it). */
+DSV4_CU_INLINE float warp_dot(const void *w, int w_bf16, const void *x, int x_bf16, long long d, int lane)
 {
     float s = 0.0f;
-    for (long long k = lane; k < d; k += 32) s = fmaf(ld_any(w, w_bf16, k), x(k), s);
+    for (long long k = lane; k < d; k += 32) s = fmaf(ld_any(w, w_bf16, k), ld_any(x, x_bf16, k), s);
 #pragma unroll
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
     return s;
@@ -532,8 +521,8 @@ DSV4_CU_INLINE void rt_issue(const uint16_t *w, long long tiles, long long i, ui
     cu_cp_async_commit(); /* empty past the last tile: the groups stay one per step */
 }
 
-template <typename XF>
-DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, XF &&x, long long d, int lane, uint16_t *ring, bool pre)
+DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, const void *x, int x_bf16, long long d, int lane, uint16_t *ring,
+                                   bool pre)
 {
     const long long tiles = d / RT_TILE;
     if (!pre)
@@ -545,11 +534,11 @@ DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, XF &&x, long long d, int l
         const uint16_t *tl = ring + (i % RT_RING) * RT_TILE;
         const long long k0 = i * RT_TILE + lane;
 #pragma unroll
-        for (int j = 0; j < RT_TILE / 32; j++) s = fmaf(cu_bf16_f32(tl[lane + 32 * j]), x(k0 + 32 * j), s);
+        for (int j = 0; j < RT_TILE / 32; j++) s = fmaf(cu_bf16_f32(tl[lane + 32 * j]), ld_any(x, x_bf16, k0 + 32 * j), s);
         __syncwarp(); /* the slot is refilled next */
         rt_issue(w, tiles, i + RT_RING, ring, lane);
     }
-    for (long long k = tiles * RT_TILE + lane; k < d; k += 32) s = fmaf(cu_bf16_f32(w[k]), x(k), s);
+    for (long long k = tiles * RT_TILE + lane; k < d; k += 32) s = fmaf(cu_bf16_f32(w[k]), ld_any(x, x_bf16, k), s);
 #pragma unroll
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
     return s;
@@ -560,11 +549,8 @@ DSV4_CU_INLINE float warp_dot_ring(const uint16_t *w, XF &&x, long long d, int l
  * into CTA 0's shared memory; after the cluster barrier CTA 0 alone selects: the keys (score +
  * bias) in shared memory, then warp 0 takes topk rounds of a warp-wide maximum under
  * ranks_before. Launched as a programmatic dependent: before cu_pdl_wait it reads only its gate
- * rows' first tiles. A row of x of at most RT_XS values is first copied into shared memory as
- * fp32 by the whole CTA (one trip to memory; read from global memory, each tile's values of x
- * were a trip of their own between the ring's waits: about 19 µs a call). */
-enum { RT_CLUSTER = 8, RT_GWARPS = RT_CLUSTER * RT_WARPS, RT_RINGS = RT_WARPS * RT_RING * RT_TILE * 2, RT_XS = 8192,
-       RT_SMEM = RT_RINGS + RT_XS * 4 };
+ * rows' first tiles. */
+enum { RT_CLUSTER = 8, RT_GWARPS = RT_CLUSTER * RT_WARPS, RT_SMEM = RT_WARPS * RT_RING * RT_TILE * 2 };
 
 __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS) route_kernel(dsv4_cu_route a)
 {
@@ -573,7 +559,7 @@ __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS)
     __shared__ unsigned char used[DSV4_CU_ROUTE_MAX_EXPERTS];
     __shared__ int sel[DSV4_CU_ROUTE_MAX_TOPK];
     __shared__ float sel_w[DSV4_CU_ROUTE_MAX_TOPK];
-    extern __shared__ __align__(16) uint16_t rt_rings[]; /* RT_WARPS rings of RT_RING tiles, then x */
+    extern __shared__ __align__(16) uint16_t rt_rings[]; /* RT_WARPS rings of RT_RING tiles */
     cg::cluster_group cl = cg::this_cluster();
     const unsigned rank = cl.block_rank();
     const long long t = blockIdx.x / RT_CLUSTER;
@@ -590,13 +576,6 @@ __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS)
     float *score0 = cl.map_shared_rank(score, 0u), *sel_w0 = cl.map_shared_rank(sel_w, 0u);
     int *sel0 = cl.map_shared_rank(sel, 0u);
     const void *xt = (const char *)a.x + t * a.ldx * (a.x_bf16 ? 2 : 4);
-    float *xs = (float *)(rt_rings + RT_RINGS / 2);
-    const bool shared_x = a.D <= RT_XS;
-    if (shared_x) {
-        for (long long k = threadIdx.x; k < a.D; k += RT_THREADS) xs[k] = ld_any(xt, a.x_bf16, k);
-        __syncthreads();
-    }
-    auto xv = [&](long long k) { return shared_x ? xs[k] : ld_any(xt, a.x_bf16, k); };
     if (a.tid2eid) {
         const long long tok = gw < a.topk ? ld_index(a.token_ids, a.tok_i64, t * a.tok_stride) : -1;
         float z = 0.0f;
@@ -607,8 +586,8 @@ __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS)
             if (!ok) e = -1;
             else {
                 const void *wr = (const char *)a.w + e * wrow;
-                z = tiled ? warp_dot_ring((const uint16_t *)wr, xv, a.D, lane, ring, false)
-                          : warp_dot(wr, a.w_bf16, xv, a.D, lane);
+                z = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, false)
+                          : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
             }
         }
         cl.barrier_wait();
@@ -616,22 +595,22 @@ __global__ void __cluster_dims__(RT_CLUSTER, 1, 1) __launch_bounds__(RT_THREADS)
         for (int s = gw + RT_GWARPS; s < a.topk; s += RT_GWARPS) { /* more slots than warps: never at V4's sizes */
             const long long e2 = tok >= 0 && tok < a.V ? ld_index(a.tid2eid, a.tid_i64, tok * a.ldtid + s) : -1;
             const bool ok = e2 >= 0 && e2 < a.E;
-            const float z2 = ok ? warp_dot((const char *)a.w + e2 * wrow, a.w_bf16, xv, a.D, lane) : 0.0f;
+            const float z2 = ok ? warp_dot((const char *)a.w + e2 * wrow, a.w_bf16, xt, a.x_bf16, a.D, lane) : 0.0f;
             if (lane == 0) sel0[s] = ok ? (int)e2 : -1, sel_w0[s] = ok ? router_score(z2) : 0.0f;
         }
     } else {
         float z = 0.0f;
         if (gw < a.E) {
             const void *wr = (const char *)a.w + gw * wrow;
-            z = tiled ? warp_dot_ring((const uint16_t *)wr, xv, a.D, lane, ring, true)
-                      : warp_dot(wr, a.w_bf16, xv, a.D, lane);
+            z = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, true)
+                      : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
         }
         cl.barrier_wait();
         if (gw < a.E && lane == 0) score0[gw] = router_score(z);
         for (int e = gw + RT_GWARPS; e < a.E; e += RT_GWARPS) {
             const void *wr = (const char *)a.w + e * wrow;
-            const float z2 = tiled ? warp_dot_ring((const uint16_t *)wr, xv, a.D, lane, ring, false)
-                                   : warp_dot(wr, a.w_bf16, xv, a.D, lane);
+            const float z2 = tiled ? warp_dot_ring((const uint16_t *)wr, xt, a.x_bf16, a.D, lane, ring, false)
+                                   : warp_dot(wr, a.w_bf16, xt, a.x_bf16, a.D, lane);
             if (lane == 0) score0[e] = router_score(z2);
         }
     }
